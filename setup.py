@@ -1,0 +1,37 @@
+"""tb_gradcheck: per-layer gradient statistics and gradient checks, shown in TensorBoard's Gradients tab."""
+
+import pathlib
+
+import setuptools
+
+HERE = pathlib.Path(__file__).parent
+
+setuptools.setup(
+    name="tb_gradcheck",
+    version="0.1.0",
+    description="Per-layer gradient statistics and gradient checks for TensorFlow, in a TensorBoard Gradients tab",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8") if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    # The frontend lives at the top level of the repository (frontend/) and
+    # ships inside the package as tb_gradcheck/frontend, where plugin.py looks
+    # first.
+    packages=["tb_gradcheck", "tb_gradcheck.frontend"],
+    package_dir={"tb_gradcheck": "tb_gradcheck", "tb_gradcheck.frontend": "frontend"},
+    package_data={"tb_gradcheck.frontend": ["*.js", "*.css"]},
+    # TensorFlow is not a hard requirement: the plugin and the report command
+    # run without it (reading logs on a laptop), and "tensorflow" would not be
+    # satisfied by an installed tensorflow-cpu, so pip would fetch a second TF.
+    # The writer needs one of the two; pick it with an extra.
+    install_requires=["numpy", "tensorboard>=2.21,<2.22"],
+    extras_require={
+        "tensorflow": ["tensorflow>=2.21,<2.22"],
+        "cpu": ["tensorflow-cpu>=2.21,<2.22"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "playwright"],
+    },
+    entry_points={
+        "tensorboard_plugins": ["gradients = tb_gradcheck.plugin:GradientsLoader"],
+        "console_scripts": ["tb-gradcheck = tb_gradcheck.cli:main"],
+    },
+)

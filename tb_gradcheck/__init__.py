@@ -1,0 +1,25 @@
+"""tb_gradcheck: per-layer gradient statistics and gradient checks for TensorBoard's Gradients tab.
+
+The TensorBoard plugin imports ``tb_gradcheck.plugin`` only, so this package
+imports TensorFlow lazily: ``import tb_gradcheck`` is cheap until a writer or
+check is used.
+"""
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "GradientWriter": ("tb_gradcheck.summary", "GradientWriter"),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tb_gradcheck' has no attribute {name!r}")
