@@ -346,7 +346,7 @@ def _as_step(step):
         if step.shape.rank not in (0, None):
             raise ValueError(f"Expected `step` to be a scalar. Received: shape {step.shape}")
         return tf.cast(tf.convert_to_tensor(step), tf.int64)
-    raise TypeError(f"Expected `step` to be an integer. Received: {type(step).__name__}")
+    raise TypeError(f"Expected `step` to be an integer. Received: {step!r} of type {type(step).__name__}")
 
 
 # Writers still open at interpreter exit get flushed and closed, so a normal

@@ -1,0 +1,191 @@
+"""The writer: stored layout, metadata once per tag, windows, flushing, and its errors."""
+
+import glob
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_file_loader
+from tensorboard.compat.proto import summary_pb2
+
+from tb_gradcheck import GradientWriter, metadata, stats
+
+COL = {c: i for i, c in enumerate(metadata.STAT_COLUMNS)}
+
+
+def events(logdir):
+    """Every summary value in the run's event files, as (step, tag, metadata, numpy)."""
+    out = []
+    for path in sorted(glob.glob(str(logdir / "events.out.tfevents.*"))):
+        for event in event_file_loader.EventFileLoader(path).Load():
+            for value in event.summary.value:
+                out.append((event.step, value.tag, value.metadata, tf.make_ndarray(value.tensor)))
+    return out
+
+
+def two_layer_model():
+    return tf.keras.Sequential(
+        [tf.keras.Input((2,)), tf.keras.layers.Dense(2, name="a"), tf.keras.layers.Dense(1, name="b")], name="m"
+    )
+
+
+def test_layout_metadata_rides_on_the_first_event_of_each_tag_only(tmp_path):
+    model = two_layer_model()
+    variables = model.trainable_variables
+    with GradientWriter(tmp_path) as writer:
+        for step in range(3):
+            writer.write([tf.ones_like(v) for v in variables], variables, step)
+    stats_events = [e for e in events(tmp_path) if "/stats/layer/" in e[1]]
+    assert [e[0] for e in stats_events] == [0, 1, 2]
+    first, later = stats_events[0][2], stats_events[1][2]
+    for md in (first, later):
+        assert md.plugin_data.plugin_name == "gradients"
+        assert md.data_class == summary_pb2.DATA_CLASS_TENSOR
+    content = metadata.parse(first.plugin_data.content)
+    assert content["rows"] == ["m/a", "m/b"] and content["sizes"] == [6, 3]
+    assert content["columns"] == list(metadata.STAT_COLUMNS) and content["aggregates"] == ["last"]
+    assert stats_events[0][1] == metadata.tag_for(content)
+    assert later.plugin_data.content == b""
+    arr = stats_events[2][3]
+    assert arr.shape == (1, 2, len(metadata.STAT_COLUMNS)) and arr.dtype == np.float32
+    assert arr[0, 0, COL["grad_norm"]] == pytest.approx(np.sqrt(6))
+
+
+def test_record_if_false_does_not_use_up_the_full_metadata(tmp_path):
+    v = tf.Variable([1.0], name="v")
+    with GradientWriter(tmp_path) as writer:
+        with tf.summary.record_if(False):
+            writer.write([tf.ones(1)], [v], 0)
+        writer.write([tf.ones(1)], [v], 1)
+    stats_events = [e for e in events(tmp_path) if "/stats/" in e[1]]
+    assert {e[0] for e in stats_events} == {1}
+    assert all(e[2].plugin_data.content for e in stats_events)
+
+
+def test_windowed_writes_keep_last_mean_max_min_and_sum(tmp_path):
+    v = tf.Variable(np.ones(4, np.float32), name="v")
+    values = [1.0, 2.0, 50.0, 3.0, 4.0, 5.0, 6.0]  # a spike at step 2
+    with GradientWriter(tmp_path, every_n_steps=5) as writer:
+
+        @tf.function
+        def step_fn(g, step):
+            writer.write([tf.fill([4], g)], [v], step)
+
+        for step, g in enumerate(values):
+            step_fn(tf.constant(g), tf.constant(step, tf.int64))
+        assert step_fn.experimental_get_tracing_count() <= 2
+    stats_events = [e for e in events(tmp_path) if "/stats/variable/" in e[1]]
+    # Writes at steps 0 and 5, and the partial window (step 6) at close().
+    assert [e[0] for e in stats_events] == [0, 5, 6]
+    content = metadata.parse(stats_events[0][2].plugin_data.content)
+    assert content["aggregates"] == list(metadata.AGGREGATES) and content["window"] == 5
+    agg = {a: stats_events[1][3][i, 0] for i, a in enumerate(metadata.AGGREGATES)}
+    max_abs = COL["grad_max_abs"]
+    window = [2.0, 50.0, 3.0, 4.0, 5.0]  # steps 1..5
+    assert agg["last"][max_abs] == 5.0
+    assert agg["max"][max_abs] == 50.0  # the spike between writes is not lost
+    assert agg["min"][max_abs] == 2.0
+    assert agg["mean"][max_abs] == pytest.approx(np.mean(window))
+    assert agg["sum"][max_abs] == pytest.approx(np.sum(window))
+    assert agg["last"][COL["weight_norm"]] == pytest.approx(2.0)
+    assert agg["max"][COL["grad_to_weight"]] == pytest.approx(100.0 / 2.0)  # ||50 * ones(4)|| / ||ones(4)||
+    assert stats_events[2][3][0, 0, max_abs] == 6.0
+
+
+def test_window_nan_shows_in_every_reduced_aggregate_and_counts_sum(tmp_path):
+    v = tf.Variable(np.ones(2, np.float32), name="v")
+    with GradientWriter(tmp_path, every_n_steps=4) as writer:
+        for step, g in enumerate([[1.0, 1.0], [np.nan, 1.0], [np.nan, np.inf], [1.0, 1.0], [1.0, 1.0]]):
+            writer.write([tf.constant(g, tf.float32)], [v], step)
+    window = [e for e in events(tmp_path) if "/stats/variable/" in e[1]][1][3]
+    agg = {a: window[i, 0] for i, a in enumerate(metadata.AGGREGATES)}
+    assert agg["sum"][COL["grad_nonfinite"]] == 3
+    assert agg["max"][COL["grad_nonfinite"]] == 2
+    for a in ("mean", "max", "min"):
+        assert np.isnan(agg[a][COL["grad_norm"]]), a
+    assert agg["last"][COL["grad_norm"]] == pytest.approx(np.sqrt(2))
+
+
+def test_window_missing_gradient_stays_missing(tmp_path):
+    a = tf.Variable([1.0], name="a")
+    b = tf.Variable([1.0], name="b")
+    with GradientWriter(tmp_path, every_n_steps=2) as writer:
+        for step in range(3):
+            writer.write([tf.ones(1), None], [a, b], step)
+    window = [e for e in events(tmp_path) if "/stats/variable/" in e[1]][1][3]
+    assert (window[:, 1, : stats.GRADIENT_COLUMNS] == stats.MISSING).all()
+    sum_slab = metadata.AGGREGATES.index("sum")
+    norms = window[:, 0, COL["grad_norm"]]
+    assert norms[sum_slab] == 2.0 and np.delete(norms, sum_slab).tolist() == [1.0] * 4
+
+
+def test_existing_writer_is_used_and_left_open(tmp_path):
+    v = tf.Variable([1.0], name="v")
+    summary_writer = tf.summary.create_file_writer(str(tmp_path))
+    with GradientWriter(writer=summary_writer) as writer:
+        writer.write([tf.ones(1)], [v], 0)
+    with summary_writer.as_default():
+        tf.summary.scalar("still_open", 1.0, step=0)  # would raise if closed
+    summary_writer.flush()
+    assert {e[1].split("/")[1] for e in events(tmp_path) if e[1].startswith("gradients/")} == {"stats", "progress"}
+
+
+def test_close_flushes_and_writing_after_close_raises(tmp_path):
+    v = tf.Variable([1.0], name="v")
+    writer = GradientWriter(tmp_path, flush_millis=10**9)
+    writer.write([tf.ones(1)], [v], 0)
+    writer.close()
+    writer.close()  # twice is fine
+    assert len([e for e in events(tmp_path) if "/stats/" in e[1]]) == 2
+    with pytest.raises(ValueError, match="closed"):
+        writer.write([tf.ones(1)], [v], 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({}, ValueError, "exactly one of `logdir` and `writer`"),
+        ({"logdir": "x", "writer": "y"}, ValueError, "exactly one"),
+        ({"writer": "not a writer"}, TypeError, "tf.summary.SummaryWriter.*Received: str"),
+        ({"logdir": 3}, TypeError, "path. Received: int"),
+        ({"logdir": "x", "every_n_steps": 0}, ValueError, "positive integer. Received: 0"),
+        ({"logdir": "x", "every_n_steps": 2.5}, ValueError, "Received: 2.5"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        GradientWriter(**kwargs)
+
+
+def test_write_rejects_bad_arguments(tmp_path):
+    v = tf.Variable([1.0], name="v")
+    with GradientWriter(tmp_path) as writer:
+        with pytest.raises(TypeError, match="`step` to be an integer. Received: 1.5"):
+            writer.write([tf.ones(1)], [v], 1.5)
+        with pytest.raises(TypeError, match="float32 tensor"):
+            writer.write([tf.ones(1)], [v], tf.constant(1.0))
+        with pytest.raises(ValueError, match="non-negative"):
+            writer.write([tf.ones(1)], [v], -1)
+        with pytest.raises(TypeError, match="`step` to be an integer. Received: True"):
+            writer.write([tf.ones(1)], [v], True)
+        with pytest.raises(ValueError, match="non-empty list of variables"):
+            writer.write([], [], 0)
+        with pytest.raises(TypeError, match="`gradients` to be a list. Received: EagerTensor"):
+            writer.write(tf.ones(1), [v], 0)
+        with pytest.raises(ValueError, match="len\\(gradients\\)=2, len\\(variables\\)=1"):
+            writer.write([tf.ones(1), tf.ones(1)], [v], 0)
+    assert not [e for e in events(tmp_path) if "/stats/" in e[1]]  # nothing half-written
+
+
+def test_eager_and_graph_writes_store_the_same_numbers(tmp_path):
+    model = two_layer_model()
+    variables = model.trainable_variables
+    grads = [tf.random.stateless_normal(v.shape, seed=[i, 1]) for i, v in enumerate(variables)]
+    with GradientWriter(tmp_path / "eager") as writer:
+        writer.write(grads, variables, 0)
+    with GradientWriter(tmp_path / "graph") as writer:
+        tf.function(lambda: writer.write(grads, variables, 0))()
+    eager = [e[3] for e in events(tmp_path / "eager") if "/stats/" in e[1]]
+    graph = [e[3] for e in events(tmp_path / "graph") if "/stats/" in e[1]]
+    for x, y in zip(eager, graph):
+        np.testing.assert_array_equal(x, y)
