@@ -193,8 +193,10 @@ export function valueDomain(values, missing, kind) {
  * @param {{min: number, max: number}|null} domain From valueDomain. A
  *   degenerate domain (min == max) is widened: by a decade each side on log,
  *   by half the value's magnitude (or 1 around zero) on linear, so a
- *   constant matrix draws in the middle colour. null gives [1e-8, 1] on log
- *   and [0, 1] on linear (nothing to draw, but the legend stays sane).
+ *   constant matrix draws in the middle colour; on linear it becomes [0, v]
+ *   (or [v, 0] below zero), so a constant draws at the far end and an all-zero
+ *   matrix at the low end of [0, 1]. null gives [1e-8, 1] on log and [0, 1]
+ *   on linear (nothing to draw, but the legend stays sane).
  * @returns {{kind: string, min: number, max: number, unit: (v: number) => number}}
  *   unit(v) is in [0, 1] (clamped) for a value on the scale, NaN for one that
  *   is not (non-finite, or <= 0 on log).
@@ -223,9 +225,11 @@ export function makeScale(kind, domain) {
   }
   ({min, max} = domain || {min: 0, max: 1});
   if (!(max > min)) {
-    const d = min === 0 ? 1 : Math.abs(min) / 2;
-    min -= d;
-    max += d;
+    // A constant: compare it with zero, the one reference every metric here
+    // has (norms, fractions and counts are all >= 0).
+    if (min === 0) max = 1;
+    else if (min > 0) min = 0;
+    else max = 0;
   }
   const span = max - min;
   return {
@@ -270,9 +274,10 @@ export function linearTicks(min, max, count = 5) {
 }
 
 /**
- * Log ticks: powers of ten inside [min, max], thinned to at most maxTicks by
- * taking every k-th decade. A range narrower than two decades gets 1, 2, 5
- * times powers of ten, and failing that the linear ticks.
+ * Log ticks. Up to three decades: 1, 2 and 5 times powers of ten when that
+ * gives 3 to maxTicks ticks. Otherwise powers of ten inside [min, max],
+ * thinned to at most maxTicks by taking every k-th decade; failing both (a
+ * range narrower than a 1-2-5 step), the linear ticks.
  * @param {number} min > 0
  * @param {number} max >= min
  * @param {number} maxTicks Default 7.
@@ -283,6 +288,17 @@ export function logTicks(min, max, maxTicks = 7) {
   const lo = Math.ceil(Math.log10(min) - 1e-9);
   const hi = Math.floor(Math.log10(max) + 1e-9);
   const decades = hi - lo + 1;
+  if (decades <= 3) {
+    const ticks = [];
+    for (let e = lo - 1; e <= hi; e++) {
+      for (const m of [1, 2, 5]) {
+        const v = Number(`${m}e${e}`);
+        if (v >= min * (1 - 1e-9) && v <= max * (1 + 1e-9)) ticks.push(v);
+      }
+    }
+    if (ticks.length >= 3 && ticks.length <= maxTicks) return ticks;
+    if (decades < 2 && ticks.length >= 2 && ticks.length <= maxTicks) return ticks;
+  }
   if (decades >= 2) {
     const every = Math.ceil(decades / maxTicks);
     // Align thinned decades on multiples of `every` (1e-9, 1e-6, 1e-3, 1e0).
@@ -291,14 +307,6 @@ export function logTicks(min, max, maxTicks = 7) {
     for (let e = start; e <= hi; e += every) ticks.push(Number(`1e${e}`));
     if (ticks.length >= 2) return ticks;
   }
-  const ticks = [];
-  for (let e = lo - 1; e <= hi; e++) {
-    for (const m of [1, 2, 5]) {
-      const v = Number(`${m}e${e}`);
-      if (v >= min * (1 - 1e-9) && v <= max * (1 + 1e-9)) ticks.push(v);
-    }
-  }
-  if (ticks.length >= 2 && ticks.length <= maxTicks) return ticks;
   return linearTicks(min, max, Math.min(4, maxTicks)).filter((v) => v > 0);
 }
 
@@ -604,6 +612,11 @@ export function plotHeight(rows, available, opts = {}) {
 // ---------------------------------------------------------------------------
 // Canvas view (browser only)
 
+// Smallest size, in device pixels, of a non-finite cell's mark, and the most
+// cells marked that way.
+const MIN_MARK = 3;
+const MAX_MARKS = 5000;
+
 /**
  * The heatmap canvas plus an overlay for hover and highlights. Drawing the
  * base image happens only on data, scale or size changes; the mouse only
@@ -688,10 +701,36 @@ export class HeatmapCanvas {
     octx.putImageData(new ImageData(this.pixels, b.cols, b.rows), 0, 0);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(off, 0, 0, b.cols, b.rows, 0, 0, pw, ph);
+    this._markNonfinite(ctx, b, pw, ph);
     if (b.status) this._drawMismatch(ctx, b, pw, ph);
     this.drawOverlay();
     this.lastDrawMs = performance.now() - t0;
     return this.lastDrawMs;
+  }
+
+  // A lone NaN in 10,000 steps is one device pixel wide: widen such cells to
+  // MIN_MARK pixels so they can be seen. Only when there are few; many
+  // non-finite cells are visible as an area anyway.
+  _markNonfinite(ctx, b, pw, ph) {
+    const cw = pw / b.cols;
+    const rh = ph / b.rows;
+    if (cw >= MIN_MARK && rh >= MIN_MARK) return;
+    const marks = [];
+    for (let i = 0; i < b.values.length && marks.length <= MAX_MARKS; i++) {
+      const v = b.values[i];
+      if (!b.missing[i] && (v !== v || v === Infinity || v === -Infinity)) marks.push(i);
+    }
+    if (marks.length > MAX_MARKS) return;
+    ctx.fillStyle = rgbCss(SPECIAL_COLORS.nonfinite);
+    const w = Math.max(cw, MIN_MARK);
+    const h = Math.max(rh, MIN_MARK);
+    for (const i of marks) {
+      const r = Math.floor(i / b.cols);
+      const c = i - r * b.cols;
+      const x = Math.min(Math.max(0, (c + 0.5) * cw - w / 2), pw - w);
+      const y = Math.min(Math.max(0, (r + 0.5) * rh - h / 2), ph - h);
+      ctx.fillRect(Math.round(x), Math.round(y), Math.round(w), Math.round(h));
+    }
   }
 
   _drawMismatch(ctx, b, pw, ph) {

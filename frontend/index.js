@@ -367,7 +367,10 @@ export function render() {
         aggregate: sel.aggregate ?? null,
         scale: state.scale,
         rows: state.resp ? state.resp.layers.slice() : [],
-        steps: state.resp ? state.resp.steps.length : 0,
+        // Steps the heatmap covers (num_steps), and the columns it came in
+        // (fewer when the server binned them to the canvas width).
+        steps: state.resp ? (state.resp.num_steps ?? state.resp.steps.length) : 0,
+        columns: state.resp ? state.resp.steps.length : 0,
         drawn: state.drawn,
       };
     },

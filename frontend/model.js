@@ -210,7 +210,7 @@ export function statusParts(info, resp, drawn) {
   const window = info && info.window;
   if (window > 1) {
     const agg = resp.aggregate || 'last';
-    parts.push({text: `each step: ${agg} over ${window} training steps`, kind: 'info'});
+    parts.push({text: `written every ${window} training steps, ${agg} of each window`, kind: 'info'});
   }
   const total = resp.total_steps != null ? resp.total_steps : info && info.total_steps;
   if (info && info.sampled) {

@@ -146,8 +146,11 @@ test('scales_widen_a_constant_domain', () => {
   const log = makeScale('log', {min: 0.01, max: 0.01});
   assert.ok(log.min < 0.01 && log.max > 0.01);
   assert.ok(Math.abs(log.unit(0.01) - 0.5) < 1e-12);
-  const lin = makeScale('linear', {min: 0, max: 0});
-  assert.equal(lin.unit(0), 0.5);
+  const zeros = makeScale('linear', {min: 0, max: 0});
+  assert.deepEqual([zeros.min, zeros.max, zeros.unit(0)], [0, 1, 0]);
+  const constant = makeScale('linear', {min: 0.25, max: 0.25});
+  assert.deepEqual([constant.min, constant.max, constant.unit(0.25)], [0, 0.25, 1]);
+  assert.equal(makeScale('linear', {min: -2, max: -2}).unit(-2), 0);
   assert.equal(makeScale('linear', {min: 2, max: 4}).unit(3), 0.5);
 });
 
@@ -164,6 +167,9 @@ test('log_ticks_thin_many_decades', () => {
 
 test('log_ticks_narrow_range_uses_1_2_5', () => {
   assert.deepEqual(logTicks(0.15, 0.9), [0.2, 0.5]);
+  assert.deepEqual(logTicks(0.04, 3, 7), [0.05, 0.1, 0.2, 0.5, 1, 2]);
+  // Too many 1-2-5 ticks for maxTicks: decades instead.
+  assert.deepEqual(logTicks(0.0011, 3, 5), [0.01, 0.1, 1]);
   const t = logTicks(0.31, 0.34);
   assert.ok(t.length >= 1 && t.every((v) => v >= 0.31 && v <= 0.34));
 });

@@ -173,7 +173,7 @@ test('status_line_says_sampled_and_binned', () => {
   const text = statusParts(RUNS[1], r, {cols: 2, rows: 3}).map((p) => p.text).join(' | ');
   assert.match(text, /showing 100 of 500 steps \(TensorBoard sampled this series; start it with --samples_per_plugin gradients=0 to keep all\)/);
   assert.match(text, /binned to 2 columns \(max per bin\)/);
-  assert.match(text, /each step: last over 10 training steps/);
+  assert.match(text, /written every 10 training steps, last of each window/);
   assert.match(text, /100 steps \(0\u2013990\)/);
 });
 
