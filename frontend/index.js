@@ -124,6 +124,7 @@ export function render() {
       title: `${metricLabel(resp.metric)}${state.scale === 'log' ? ', log' : ''}`,
       showZero: state.scale === 'log',
       showMismatch: !!state.grid.status,
+      noScale: empty || domain === null,
     });
     const drawnGrid = heat.binned || {cols: resp.steps.length, rows: names.length};
     renderStatus(ui.status, statusParts(runInfo(), resp, drawnGrid));

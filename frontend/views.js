@@ -277,10 +277,17 @@ export function renderXAxis(axis, ticks, width) {
  * Draws the legend: colour bar with ticks, and the special colours.
  * @param {HTMLElement} legend #legend
  * @param {{kind, min, max, unit}} scale
- * @param {{title: string, showZero?: boolean, showMismatch?: boolean}} opts
+ * @param {{title: string, showZero?: boolean, showMismatch?: boolean,
+ *   noScale?: boolean}} opts noScale: no value is on the scale (no steps, or
+ *   every cell non-finite or missing), so the bar would describe nothing.
  */
 export function renderLegend(legend, scale, opts) {
   const doc = legend.ownerDocument;
+  const swatches = legendSwatches(doc, opts);
+  if (opts.noScale) {
+    legend.replaceChildren(el(doc, 'span', {className: 'legend-title', text: opts.title}), swatches);
+    return;
+  }
   const bar = doc.createElement('canvas');
   bar.className = 'legend-bar';
   bar.width = LUT_SIZE;
@@ -296,17 +303,17 @@ export function renderLegend(legend, scale, opts) {
     ticks.append(t);
   });
   const scaleBox = el(doc, 'div', {className: 'legend-scale'}, bar, ticks);
+  legend.replaceChildren(el(doc, 'span', {className: 'legend-title', text: opts.title}), scaleBox, swatches);
+}
+
+function legendSwatches(doc, opts) {
   const items = [
     swatch(doc, rgbCss(SPECIAL_COLORS.nonfinite), 'NaN / Inf'),
     swatch(doc, rgbCss(SPECIAL_COLORS.missing), 'no gradient'),
   ];
   if (opts.showZero) items.push(swatch(doc, rgbCss(SPECIAL_COLORS.zero), '\u2264 0'));
   if (opts.showMismatch) items.push(swatch(doc, 'transparent', 'mismatch', MISMATCH_COLOR));
-  legend.replaceChildren(
-    el(doc, 'span', {className: 'legend-title', text: opts.title}),
-    scaleBox,
-    el(doc, 'div', {className: 'legend-swatches'}, ...items),
-  );
+  return el(doc, 'div', {className: 'legend-swatches'}, ...items);
 }
 
 function swatch(doc, fill, text, outline) {
