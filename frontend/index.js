@@ -5,7 +5,7 @@
 // (document base plugin/gradients/) and calls render() once per page load.
 
 import {HeatmapCanvas, formatValue, makeScale, parseHeatmap, plotHeight, sharedPrefix, stepTicks, valueDomain} from './heatmap.js';
-import {Api, aggregatesOf, metricLabel, reconcileSelection, statusParts} from './model.js';
+import {Api, aggregatesOf, exportUrl, metricLabel, reconcileSelection, statusParts} from './model.js';
 import {
   buildLayout, hideTooltip, labelColumnWidth, makeMeasure, renderLegend, renderRowLabels, renderStatus,
   renderXAxis, setActiveRow, setOptions, setSegmented, showError, showProblems, showTooltip,
@@ -145,6 +145,8 @@ export function render() {
     ui.aggregateControl.hidden = aggs.length <= 1;
     setOptions(ui.aggregateSelect, aggs.map((a) => ({value: a, label: a})), sel.aggregate);
     showProblems(ui.problems, info.problems);
+    ui.download.href = exportUrl(sel, 'csv');
+    ui.download.hidden = false;
   }
 
   function select(change) {
@@ -197,6 +199,7 @@ export function render() {
       ui.empty.hidden = false;
       ui.view.hidden = true;
       ui.selectors.hidden = true;
+      ui.download.hidden = true;
       showProblems(ui.problems, null);
       setReady(true);
       return;

@@ -58,6 +58,22 @@ export function heatmapUrl(q) {
 }
 
 /**
+ * The URL of the export route: the unbinned matrix of a selection as a file.
+ * @param {{run: string, metric: string, granularity?: string, aggregate?: string|null}} q
+ * @param {'csv'|'json'} format Default "csv".
+ * @returns {string} e.g. "export?run=a&metric=grad_norm&granularity=layer&format=csv"
+ */
+export function exportUrl(q, format = 'csv') {
+  const params = new URLSearchParams();
+  params.set('run', q.run);
+  params.set('metric', q.metric);
+  if (q.granularity) params.set('granularity', q.granularity);
+  if (q.aggregate) params.set('aggregate', q.aggregate);
+  params.set('format', format);
+  return 'export?' + params.toString();
+}
+
+/**
  * Runs one request at a time per channel: starting a new one aborts the
  * previous, and a response that arrives after a newer request started is
  * reported as stale instead of being used.

@@ -87,8 +87,18 @@ export function buildLayout(root) {
     scale,
     aggregateControl,
   );
-  // Actions: refresh now; a download button belongs here later.
-  const actions = el(doc, 'div', {className: 'actions'}, refresh);
+  // A plain link: the export route answers with Content-Disposition, so the
+  // browser downloads it; no script and no blob needed.
+  const download = el(doc, 'a', {
+    id: 'download',
+    className: 'button',
+    text: 'CSV',
+    title: 'Download this matrix, unbinned, as CSV',
+    attrs: {download: '', role: 'button'},
+  });
+  download.prepend(el(doc, 'span', {className: 'download-icon', text: '\u2913', attrs: {'aria-hidden': 'true'}}));
+  download.hidden = true;
+  const actions = el(doc, 'div', {className: 'actions'}, download, refresh);
   const toolbar = el(doc, 'header', {className: 'toolbar'}, selectors, actions);
 
   const error = el(doc, 'div', {id: 'error', className: 'message message-error', attrs: {role: 'alert'}});
@@ -130,7 +140,7 @@ export function buildLayout(root) {
   return {
     app, toolbar, selectors, runSelect, metricSelect, aggregateSelect, aggregateControl,
     granularity: granularity.querySelector('.segmented'), scale: scale.querySelector('.segmented'),
-    refresh, error, problems, empty, status, legend, view, plot, findings, tooltip,
+    refresh, download, error, problems, empty, status, legend, view, plot, findings, tooltip,
   };
 }
 

@@ -4,7 +4,7 @@ import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
 import {
-  Api, HttpError, LatestRequest, aggregatesOf, fetchJson, heatmapUrl, metricLabel, reconcileSelection, statusParts,
+  Api, HttpError, LatestRequest, aggregatesOf, exportUrl, fetchJson, heatmapUrl, metricLabel, reconcileSelection, statusParts,
 } from '../../frontend/model.js';
 
 const RUNS = [
@@ -52,6 +52,14 @@ test('heatmap_url_is_relative_and_encodes_names', () => {
   assert.equal(params.has('aggregate'), false);
   assert.equal(new URLSearchParams(heatmapUrl({run: 'r', metric: 'm', width: 1e9}).split('?')[1]).get('width'), '100000');
   assert.match(heatmapUrl({run: 'r', metric: 'm', aggregate: 'max'}), /aggregate=max/);
+});
+
+test('export_url_is_relative_and_names_the_selection', () => {
+  assert.equal(
+    exportUrl({run: 'a&b', metric: 'grad_norm', granularity: 'variable', aggregate: 'max'}),
+    'export?run=a%26b&metric=grad_norm&granularity=variable&aggregate=max&format=csv',
+  );
+  assert.equal(exportUrl({run: 'r', metric: 'check_error', aggregate: null}, 'json'), 'export?run=r&metric=check_error&format=json');
 });
 
 test('reconcile_selection_keeps_what_is_still_valid', () => {
