@@ -196,7 +196,7 @@ export function aggregatesOf(info, metric) {
 /** "layer" -> "layers", "variable" -> "variables", with a count. */
 export function rowNoun(granularity, n) {
   const noun = granularity === 'variable' ? 'variable' : 'layer';
-  return `${n} ${noun}${n === 1 ? '' : 's'}`;
+  return `${n.toLocaleString('en-US')} ${noun}${n === 1 ? '' : 's'}`;
 }
 
 function plural(n, word) {
@@ -245,7 +245,7 @@ export function statusParts(info, resp, drawn) {
     parts.push({text: `binned to ${cols.toLocaleString('en-US')} columns (${reduce} per bin)`, kind: 'info'});
   }
   if (drawn && drawn.rows < resp.layers.length) {
-    parts.push({text: `${drawn.rows} row bins (max per bin)`, kind: 'info'});
+    parts.push({text: `rows binned to ${drawn.rows.toLocaleString('en-US')} (max per bin)`, kind: 'info'});
   }
   return parts;
 }

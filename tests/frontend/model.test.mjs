@@ -190,3 +190,9 @@ test('status_line_says_client_side_binning', () => {
   const text = statusParts(RUNS[0], resp({steps, num_steps: 5000}), {cols: 1200, rows: 3}).map((p) => p.text);
   assert.ok(text.includes('binned to 1,200 columns (max per bin)'), text.join(' | '));
 });
+
+test('status_line_says_row_binning', () => {
+  const layers = Array.from({length: 5000}, (_, i) => `l${i}`);
+  const text = statusParts(RUNS[0], resp({layers}), {cols: 3, rows: 4000}).map((p) => p.text);
+  assert.deepEqual(text, ['3 steps (0\u20132)', '5,000 layers', 'rows binned to 4,000 (max per bin)']);
+});
