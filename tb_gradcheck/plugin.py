@@ -167,15 +167,18 @@ class GradientsPlugin(base_plugin.TBPlugin):
                 "total_steps": None,
                 "sampled": False,
                 "problems": [p.to_dict() for p in index.problems],
+                "last_write": index.last_write(),
             }
             kept = 0
             for kind in (metadata.KIND_STATS, metadata.KIND_CHECK):
+                kind_metrics = [m for m in aggregates if (m == metadata.CHECK_METRIC) == (kind == metadata.KIND_CHECK)]
                 for granularity in metadata.GRANULARITIES:
-                    if granularity in entry["granularities"] or not index.layouts(kind, granularity):
+                    if not index.layouts(kind, granularity):
                         continue
                     matrix = self._store.matrix(ctx, experiment_id, index, kind, granularity)
                     entry["problems"].extend(p.to_dict() for p in matrix.problems)
-                    entry["granularities"][granularity] = _describe(matrix)
+                    described = entry["granularities"].setdefault(granularity, _describe(matrix))
+                    described.setdefault("metrics", []).extend(kind_metrics)
                     if kind == metadata.KIND_STATS:
                         kept = max(kept, len(matrix.steps))
             if metadata.KIND_STATS in index.kinds():

@@ -66,6 +66,11 @@ class RunIndex:
         """Rows any layout marks as having sparse (IndexedSlices) gradients."""
         return sorted({n for s in self.layouts(metadata.KIND_STATS, granularity) for n in s.content.get("sparse_rows", [])})
 
+    def last_write(self):
+        """Wall time of the run's newest point, or None: changes whenever new data arrives."""
+        times = [s.max_wall_time for layouts in self.series.values() for s in layouts]
+        return max(times) if times else None
+
     def window(self):
         return max((s.content.get("window", 1) for s in self.layouts(metadata.KIND_STATS, "layer")), default=1)
 
@@ -86,7 +91,7 @@ class Matrix:
       columns: Column names (``metadata.STAT_COLUMNS`` or ``CHECK_COLUMNS``).
       aggregates: Slab names (stats) or ``[None]`` (check).
       steps: int64 ``[S]``, ascending.
-      values: float64 ``[S, A, R, C]``.
+      values: float32 ``[S, A, R, C]`` (read-only: it may be the cached decoded array).
       missing: bool ``[S, A, R, C]``: no value (no gradient, row absent from
         that step's layout, or an aggregate the layout did not store).
       problems: ``Problem`` for every point or tag that was skipped.
@@ -122,7 +127,7 @@ class Heatmap:
     Attributes:
       rows: Row names in depth order.
       steps: int64 ``[S]``.
-      values: float64 ``[S, R]``.
+      values: float ``[S, R]``.
       missing: bool ``[S, R]``.
       status: float ``[S, R]`` check status codes (index into
         ``metadata.CHECK_STATUSES``) for ``check_error``, else None.
@@ -170,6 +175,7 @@ class Store:
         self._provider = data_provider
         self._lock = threading.Lock()
         self._cache = {}  # (eid, run, tag) -> (version, steps, values, problems)
+        self._merged = {}  # (eid, run, kind, granularity) -> (versions, Matrix)
 
     def runs(self, ctx, experiment_id):
         """Returns ``{run: RunIndex}`` for every run with gradient data."""
@@ -204,14 +210,33 @@ class Store:
           A ``Matrix``; its ``steps`` may be empty.
         """
         layouts = index.layouts(kind, granularity)
+        key = (experiment_id, index.run, kind, granularity)
+        version = tuple((s.tag, s.max_step, s.max_wall_time) for s in layouts)
+        with self._lock:
+            hit = self._merged.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        matrix = self._merge(ctx, experiment_id, index, kind, granularity, layouts)
+        with self._lock:
+            self._merged[key] = (version, matrix)
+        return matrix
+
+    def _merge(self, ctx, experiment_id, index, kind, granularity, layouts):
         columns = list(metadata.STAT_COLUMNS if kind == metadata.KIND_STATS else metadata.CHECK_COLUMNS)
         aggregates = index.aggregates() if kind == metadata.KIND_STATS else [None]
         rows = index.rows(kind, granularity)
         parts = [(s, self._read(ctx, experiment_id, index.run, s)) for s in layouts]
         problems = [p for _, (_, _, probs) in parts for p in probs]
+        if len(parts) == 1:
+            s, (steps, data, _) = parts[0]
+            if kind == metadata.KIND_CHECK:
+                data = data[:, None]
+            if s.content["columns"] == columns and (kind == metadata.KIND_CHECK or s.content["aggregates"] == aggregates):
+                # The common case, one layout: serve the decoded array as it is.
+                return Matrix(rows, columns, aggregates, steps, data, _missing(kind, data), problems)
         steps = np.unique(np.concatenate([st for _, (st, _, _) in parts] or [np.zeros(0, np.int64)]))
         shape = (len(steps), len(aggregates), len(rows), len(columns))
-        values = np.full(shape, np.nan)
+        values = np.full(shape, np.nan, np.float32)
         missing = np.ones(shape, bool)
         row_index = {name: i for i, name in enumerate(rows)}
         # Layouts are sorted by last write time: where two layouts share a
@@ -291,7 +316,8 @@ class Store:
         jb = {r: j for j, r in enumerate(b.rows)}
         for k, row in enumerate(rows):
             if row in ja and row in jb:
-                va, vb = a.values[ia, ja[row]], b.values[ib, jb[row]]
+                va = a.values[ia, ja[row]].astype(np.float64)
+                vb = b.values[ib, jb[row]].astype(np.float64)
                 with np.errstate(divide="ignore", invalid="ignore"):
                     values[:, k] = va / vb
                 missing[:, k] = a.missing[ia, ja[row]] | b.missing[ib, jb[row]]
