@@ -2,7 +2,7 @@
 
 ``Rows`` groups variables into layers (static, from Python objects); ``compute``
 turns one step's gradients into two float32 matrices, one row per layer and one
-row per variable, one column per name in ``metadata.STAT_COLUMNS``. Missing
+row per variable, one column per name in ``metadata.STORED_STAT_COLUMNS``. Missing
 gradients are written as ``MISSING`` (-1): every gradient column is
 non-negative by definition, so a negative value can only mean "no gradient".
 """
@@ -16,9 +16,8 @@ from tb_gradcheck import metadata
 # variable does not affect the loss). Distinct from NaN, which is data.
 MISSING = -1.0
 
-_GRAD_NORM = metadata.STAT_COLUMNS.index("grad_norm")
-_ZERO_FRACTION = metadata.STAT_COLUMNS.index("grad_zero_fraction")
-_WEIGHT_NORM = metadata.STAT_COLUMNS.index("weight_norm")
+_ZERO_FRACTION = metadata.STORED_STAT_COLUMNS.index("grad_zero_fraction")
+_WEIGHT_NORM = metadata.STORED_STAT_COLUMNS.index("weight_norm")
 # The gradient columns: reduced per step over a window. The weight columns
 # after them are taken at the write step.
 GRADIENT_COLUMNS = _WEIGHT_NORM
@@ -110,7 +109,7 @@ def compute(gradients, variables, rows, weights=True):
     Returns:
       ``(layer_stats, variable_stats)``: float32 tensors of shape
       ``[len(rows.layer_names), C]`` and ``[len(rows.variable_names), C]``,
-      ``C = len(metadata.STAT_COLUMNS)``.
+      ``C = len(metadata.STORED_STAT_COLUMNS)``.
     """
     gradients = list(gradients)
     if len(gradients) != len(variables):
@@ -173,22 +172,17 @@ def weight_norms(variables, rows):
 
 
 def with_weights(stats, weight_norm):
-    """Fills the ``weight_norm`` and ``grad_to_weight`` columns of ``stats``.
+    """Fills the ``weight_norm`` column of ``stats``.
 
     Args:
       stats: float32 ``[..., R, C]`` statistics (any leading aggregate axes).
       weight_norm: float32 ``[R]`` weight norms.
 
     Returns:
-      ``stats`` with column ``weight_norm`` set and ``grad_to_weight`` =
-      ``grad_norm / weight_norm``; MISSING where the gradient is missing or
-      the weights are all zero (a fresh bias: the ratio is undefined, not Inf).
+      ``stats`` with column ``weight_norm`` set in every slab.
     """
-    grad_norm = stats[..., _GRAD_NORM]
-    w = tf.broadcast_to(weight_norm, tf.shape(grad_norm))
-    defined = present(stats) & (w > 0)
-    ratio = _where(defined, grad_norm / _where(defined, w, 1.0), MISSING)
-    return tf.concat([stats[..., :_WEIGHT_NORM], w[..., None], ratio[..., None]], axis=-1)
+    w = tf.broadcast_to(weight_norm, tf.shape(stats[..., _WEIGHT_NORM]))
+    return tf.concat([stats[..., :_WEIGHT_NORM], w[..., None], stats[..., _WEIGHT_NORM + 1 :]], axis=-1)
 
 
 def present(stats):
@@ -299,12 +293,12 @@ def _combine_norms(norms, segments, n):
 
 
 def _assemble(norm, max_abs, zeros, nonfinite, size, present):
-    """Stacks the gradient columns, float32, MISSING where absent; weight columns MISSING."""
+    """Stacks the gradient columns, float32, MISSING where absent; the weight column MISSING."""
     zero_fraction = _where(size > 0, zeros / tf.maximum(size, 1.0), 0.0)
     cols = tf.stack([norm, max_abs, zero_fraction, nonfinite], axis=1)
     cols = _where(present[:, None], cols, MISSING)
-    weight_cols = tf.fill([tf.shape(cols)[0], 2], tf.constant(MISSING, tf.float64))
-    return tf.cast(tf.concat([cols, weight_cols], axis=1), tf.float32)
+    weight_col = tf.fill([tf.shape(cols)[0], 1], tf.constant(MISSING, tf.float64))
+    return tf.cast(tf.concat([cols, weight_col], axis=1), tf.float32)
 
 
 def _where(condition, x, y):

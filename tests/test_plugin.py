@@ -154,3 +154,18 @@ def test_empty_logdir_lists_no_runs(tmp_path, data_path):
     client, _ = make_app(tmp_path, data_path)
     assert get_json(client, "/data/plugin/gradients/runs")["runs"] == []
     assert json.loads(client.get("/data/plugins_listing").data)["gradients"]["enabled"]
+
+
+def test_grad_to_weight_is_derived_and_missing_for_zero_weights(tmp_path, data_path):
+    import tensorflow as tf
+
+    from tb_gradcheck import GradientWriter
+
+    kernel = tf.Variable(np.full((2, 2), 0.5, np.float32), name="kernel")
+    bias = tf.Variable(np.zeros(2, np.float32), name="bias")  # a fresh bias: ratio undefined
+    with GradientWriter(tmp_path / "r") as writer:
+        writer.write([tf.ones([2, 2]), tf.ones(2)], [kernel, bias], 0)
+    client, _ = make_app(tmp_path, data_path)
+    wait_for_steps(client, "r", 1)
+    body = get_json(client, "/data/plugin/gradients/heatmap?run=r&metric=grad_to_weight")
+    assert body["values"] == [[pytest.approx(2.0), None]]  # ||ones(2,2)|| / ||0.5 * ones(2,2)|| = 2 / 1
