@@ -155,9 +155,8 @@ export function buildLayout(root) {
   compareNote.hidden = true;
   const plots = el(
     doc, 'div', {className: 'plots'},
-    el(doc, 'div', {id: 'main-pane', className: 'pane'}, plotTitle, plot.root),
+    el(doc, 'div', {id: 'main-pane', className: 'pane'}, plotTitle, compareNote, plot.root),
     otherBox,
-    compareNote,
   );
   // Findings: to the right of the plots on wide screens, under them on narrow.
   const findings = buildFindingsPanel(doc);
