@@ -15,7 +15,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-MODULES = ("writer", "check_cost", "backend", "frontend")
+MODULES = ("writer", "check_cost", "backend", "frontend", "load")
 
 
 def print_table(rows, out=sys.stdout):
@@ -25,13 +25,17 @@ def print_table(rows, out=sys.stdout):
         target = r.get("target")
         lower = r.get("lower_is_better", True)
         met = r.get("met")
+        sign = "<= " if lower else ">= "
+        goal = "" if target is None else sign + _num(target)
+        if r.get("limit") is not None:
+            goal = (goal + ", " if goal else "") + f"value {sign}{_num(r['limit'])} {r.get('unit', '')}".rstrip()
         lines.append([
             r["name"],
             _num(r.get("baseline")),
             _num(r.get("value")),
             r.get("unit", ""),
             _num(r.get("ratio")),
-            "" if target is None else ("<= " if lower else ">= ") + _num(target),
+            goal,
             "" if met is None else ("yes" if met else "NO"),
         ])
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(headers)]

@@ -29,7 +29,7 @@ def interleaved(candidates, repeats, inner):
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-def row(name, baseline, value, unit, target=None, lower_is_better=True):
+def row(name, baseline, value, unit, target=None, lower_is_better=True, limit=None):
     """One result: ``value`` against ``baseline`` measured in the same run.
 
     Args:
@@ -39,10 +39,13 @@ def row(name, baseline, value, unit, target=None, lower_is_better=True):
       unit: Unit of both figures.
       target: The ratio the issue asks for, or None.
       lower_is_better: Whether the ratio should be at most (True) or at least (False) ``target``.
+      limit: An absolute bound on ``value`` the issue asks for (e.g. 250 ms), or None.
     """
     ratio = value / baseline if baseline else float("nan")
     met = None
     if target is not None:
         met = ratio <= target if lower_is_better else ratio >= target
+    if limit is not None:
+        met = (met is not False) and (value <= limit if lower_is_better else value >= limit)
     return {"name": name, "baseline": baseline, "value": value, "ratio": ratio, "unit": unit,
-            "target": target, "lower_is_better": lower_is_better, "met": met}
+            "target": target, "limit": limit, "lower_is_better": lower_is_better, "met": met}

@@ -8,6 +8,7 @@ merged here by row name, never by position.
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
 
@@ -169,19 +170,27 @@ class Store:
     the provider reports a new ``max_step`` or ``max_wall_time`` for the tag,
     so a heatmap request on a loaded run does no I/O.
 
+    The run listing itself is reused for ``listing_ttl`` seconds: the Rust
+    data server answers ``list_tensors`` for a large run in tens of
+    milliseconds, which would otherwise be most of every heatmap request,
+    and TensorBoard reloads the logdir only every few seconds anyway.
+
     Args:
       data_provider: A ``tensorboard.data.provider.DataProvider``.
+      listing_ttl: Seconds a run listing is reused, default 2.0; 0 disables.
     """
 
-    def __init__(self, data_provider):
+    def __init__(self, data_provider, listing_ttl=2.0):
         self._provider = data_provider
+        self._listing_ttl = listing_ttl
+        self._listings = {}  # experiment id -> (monotonic time, listing)
         self._lock = threading.Lock()
         self._cache = {}  # (eid, run, tag) -> (version, steps, values, problems)
         self._merged = {}  # (eid, run, kind, granularity) -> (versions, Matrix)
 
     def runs(self, ctx, experiment_id):
         """Returns ``{run: RunIndex}`` for every run with gradient data."""
-        listing = self._provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME)
+        listing = self._listing(ctx, experiment_id)
         out = {}
         for run, tags in listing.items():
             series, problems = {}, []
@@ -200,6 +209,17 @@ class Store:
                 layouts.sort(key=lambda s: (s.max_wall_time, s.tag))
             out[run] = RunIndex(run, series, problems)
         return out
+
+    def _listing(self, ctx, experiment_id):
+        now = time.monotonic()
+        with self._lock:
+            hit = self._listings.get(experiment_id)
+        if hit is not None and now - hit[0] < self._listing_ttl:
+            return hit[1]
+        listing = self._provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME)
+        with self._lock:
+            self._listings[experiment_id] = (now, listing)
+        return listing
 
     def matrix(self, ctx, experiment_id, index, kind, granularity):
         """Reads and merges every layout of ``kind``/``granularity`` in a run.
