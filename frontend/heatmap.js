@@ -170,6 +170,7 @@ export const STATUS_MISMATCH = 2;
  *   per layer.
  */
 export function parseHeatmap(resp) {
+  if (resp.encoding === 'f32') return parseF32Heatmap(resp);
   const rows = resp.layers.length;
   const cols = resp.steps.length;
   if (!Array.isArray(resp.values) || resp.values.length !== cols) {
@@ -204,6 +205,55 @@ export function parseHeatmap(resp) {
     }
   }
   return {rows, cols, values, missing, status};
+}
+
+/**
+ * The grid of an `encoding=f32` response: base64 little-endian float32,
+ * step-major (one float per row at each step), and a packbits bitmap of the
+ * missing cells (most significant bit first), transposed to display rows.
+ * @param {object} resp
+ * @returns {{rows: number, cols: number, values: Float64Array, missing: Uint8Array, status: Uint8Array|null}}
+ */
+export function parseF32Heatmap(resp) {
+  const rows = resp.layers.length;
+  const cols = resp.steps.length;
+  const bytes = base64Bytes(resp.values_f32);
+  if (bytes.length !== rows * cols * 4) {
+    throw new Error(
+      `Expected ${rows * cols} float32 values (${cols} steps x ${rows} rows). Received: ${bytes.length} bytes`,
+    );
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const bits = base64Bytes(resp.missing_bits);
+  const values = new Float64Array(rows * cols);
+  const missing = new Uint8Array(rows * cols);
+  for (let c = 0; c < cols; c++) {
+    for (let r = 0; r < rows; r++) {
+      const k = c * rows + r;
+      const i = r * cols + c;
+      if ((bits[k >> 3] >> (7 - (k & 7))) & 1) missing[i] = 1;
+      else values[i] = view.getFloat32(k * 4, true);
+    }
+  }
+  let status = null;
+  if (resp.status) {
+    status = new Uint8Array(rows * cols);
+    for (let c = 0; c < cols; c++) {
+      const sline = resp.status[c] || [];
+      for (let r = 0; r < rows; r++) {
+        const code = STATUS_NAMES.indexOf(sline[r] === undefined ? null : sline[r]);
+        status[r * cols + c] = code < 0 ? 0 : code;
+      }
+    }
+  }
+  return {rows, cols, values, missing, status};
+}
+
+function base64Bytes(text) {
+  const binary = atob(text || '');
+  const out = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) out[i] = binary.charCodeAt(i);
+  return out;
 }
 
 // ---------------------------------------------------------------------------

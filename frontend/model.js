@@ -6,6 +6,8 @@
 // <base href="plugin/gradients/">, which keeps working under --path_prefix,
 // /experiment/<id>/ and notebook proxies.
 
+import {parseF32Heatmap} from './heatmap.js';
+
 /** An HTTP error answer from the plugin; message holds the server's text. */
 export class HttpError extends Error {
   constructor(status, statusText, body, url) {
@@ -44,7 +46,7 @@ export async function fetchJson(url, signal, fetchImpl = globalThis.fetch) {
  * The URL of a heatmap request.
  * @param {{run: string, metric: string, granularity?: string,
  *   aggregate?: string|null, width?: number|null, reduce?: string|null}} q
- * @returns {string} e.g. "heatmap?run=a&metric=grad_norm&granularity=layer&width=1200"
+ * @returns {string} e.g. "heatmap?run=a&metric=grad_norm&granularity=layer&width=1200&encoding=f32"
  */
 export function heatmapUrl(q) {
   const params = new URLSearchParams();
@@ -54,6 +56,9 @@ export function heatmapUrl(q) {
   if (q.aggregate) params.set('aggregate', q.aggregate);
   if (q.width) params.set('width', String(Math.max(1, Math.min(100000, Math.round(q.width)))));
   if (q.reduce) params.set('reduce', q.reduce);
+  // Base64 float32 instead of JSON numbers: exact, and much cheaper for the
+  // server to encode on large runs (see docs/http_api.md).
+  params.set('encoding', 'f32');
   return 'heatmap?' + params.toString();
 }
 
@@ -61,7 +66,7 @@ export function heatmapUrl(q) {
  * The URL of a compare request (run over other, same parameters as heatmap).
  * @param {{run: string, other: string, metric: string, granularity?: string,
  *   aggregate?: string|null, width?: number|null, reduce?: string|null}} q
- * @returns {string} e.g. "compare?run=a&other=b&metric=grad_norm&width=1200"
+ * @returns {string} e.g. "compare?run=a&other=b&metric=grad_norm&width=1200&encoding=f32"
  */
 export function compareUrl(q) {
   const params = new URLSearchParams(heatmapUrl(q).slice('heatmap?'.length));
@@ -322,6 +327,7 @@ export function unionRows(a, b) {
  *   those rows.
  */
 export function alignRows(resp, rows) {
+  if (resp.encoding === 'f32') resp = nestedValues(resp);
   const index = new Map(resp.layers.map((r, j) => [r, j]));
   const cols = rows.map((r) => (index.has(r) ? index.get(r) : -1));
   const pick = (line) => cols.map((j) => (j < 0 || !line ? null : line[j]));
@@ -332,6 +338,27 @@ export function alignRows(resp, rows) {
     status: resp.status ? resp.status.map(pick) : resp.status,
     absent: cols.map((j) => j < 0),
   };
+}
+
+/**
+ * An `encoding=f32` response in the nested-list form (numbers, null for
+ * missing), for the few places that re-arrange rows before drawing.
+ * @param {object} resp
+ * @returns {object} resp with `values` as lists and `encoding: 'json'`.
+ */
+export function nestedValues(resp) {
+  const grid = parseF32Heatmap(resp);
+  const values = [];
+  for (let c = 0; c < grid.cols; c++) {
+    const line = new Array(grid.rows);
+    for (let r = 0; r < grid.rows; r++) {
+      const i = r * grid.cols + c;
+      line[r] = grid.missing[i] ? null : grid.values[i];
+    }
+    values.push(line);
+  }
+  const {values_f32: _v, missing_bits: _m, ...rest} = resp;
+  return {...rest, values, encoding: 'json'};
 }
 
 /**

@@ -100,7 +100,7 @@ test('trace_envelope_takes_min_median_max_of_on_scale_values', () => {
 
 test('compare_and_findings_urls_are_relative_and_encoded', () => {
   const url = compareUrl({run: 'a&b', other: 'c d', metric: 'grad_norm', granularity: 'layer', aggregate: 'max', width: 800.2});
-  assert.equal(url, 'compare?run=a%26b&other=c+d&metric=grad_norm&granularity=layer&aggregate=max&width=800');
+  assert.equal(url, 'compare?run=a%26b&other=c+d&metric=grad_norm&granularity=layer&aggregate=max&width=800&encoding=f32');
   assert.equal(findingsUrl('x/y'), 'findings?run=x%2Fy');
 });
 
