@@ -128,7 +128,8 @@ class _StatsView:
         have = set(matrix.aggregates)
 
         def pick(column, preferred):
-            aggregate = preferred if preferred in have else "last"
+            usable = preferred in have and preferred in metadata.METRIC_AGGREGATES[column]
+            aggregate = preferred if usable else "last"
             values, missing = matrix.slab(column, aggregate)
             return np.where(missing, np.nan, values), ~missing, aggregate
 

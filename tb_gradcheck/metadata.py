@@ -50,9 +50,17 @@ SINGLE_STEP_AGGREGATES = ("last",)
 # Which aggregates a user may ask for, per metric. A sum of norms over a
 # window is a number, but not one anybody should read; a sum of non-finite
 # counts is exactly what "how many NaNs in this window" means.
-_DEFAULT_AGGREGATES = ("last", "mean", "max", "min")
-METRIC_AGGREGATES = {c: _DEFAULT_AGGREGATES for c in STAT_COLUMNS}
-METRIC_AGGREGATES["grad_nonfinite"] = ("last", "mean", "max", "sum")
+# Only grad_norm and grad_nonfinite are reduced at every step of a window
+# (one fused pass per gradient); grad_to_weight follows grad_norm. max |g|,
+# the zero fraction and the weights are taken at the write step.
+METRIC_AGGREGATES = {
+    "grad_norm": ("last", "mean", "max", "min"),
+    "grad_max_abs": ("last",),
+    "grad_zero_fraction": ("last",),
+    "grad_nonfinite": ("last", "mean", "max", "sum"),
+    "weight_norm": ("last",),
+    "grad_to_weight": ("last", "mean", "max", "min"),
+}
 
 # Columns of a check tensor (written by GradientWriter.write_check).
 CHECK_COLUMNS = ("analytic", "numeric", "relative_error", "status")

@@ -16,7 +16,10 @@ from tb_gradcheck import metadata
 # variable does not affect the loss). Distinct from NaN, which is data.
 MISSING = -1.0
 
-_ZERO_FRACTION = metadata.STORED_STAT_COLUMNS.index("grad_zero_fraction")
+_GRAD_NORM = metadata.STORED_STAT_COLUMNS.index("grad_norm")
+# What compute(full=False) leaves out: the two statistics that need passes of
+# their own (max |g| and the zero count).
+_NOT_CHEAP = [metadata.STORED_STAT_COLUMNS.index(c) for c in ("grad_max_abs", "grad_zero_fraction")]
 _WEIGHT_NORM = metadata.STORED_STAT_COLUMNS.index("weight_norm")
 # The gradient columns: reduced per step over a window. The weight columns
 # after them are taken at the write step.
@@ -93,7 +96,7 @@ class Rows:
         return self.layer_sizes if granularity == "layer" else self.variable_sizes
 
 
-def compute(gradients, variables, rows, weights=True):
+def compute(gradients, variables, rows, weights=True, full=True):
     """Computes one step's statistics.
 
     Args:
@@ -105,6 +108,11 @@ def compute(gradients, variables, rows, weights=True):
       weights: Bool, default True. When False the weight columns hold
         MISSING; the windowed writer fills them in at write steps only
         (``with_weights``), since weights barely move within a window.
+      full: Bool, default True. When False only ``grad_norm`` and
+        ``grad_nonfinite`` are computed (one fused pass per gradient, the
+        cost a windowed writer pays at every step) and the other gradient
+        columns hold MISSING. A gradient whose squares all underflow to an
+        exact 0 (every element below ~1e-23) then reads as norm 0.
 
     Returns:
       ``(layer_stats, variable_stats)``: float32 tensors of shape
@@ -118,10 +126,12 @@ def compute(gradients, variables, rows, weights=True):
             f"Received: len(gradients)={len(gradients)}, len(variables)={len(variables)}"
         )
     present = [g is not None for g in gradients]
-    parts = [_partials(g, v) for g, v in zip(gradients, variables) if g is not None]
+    parts = [_partials(g, v, full) for g, v in zip(gradients, variables) if g is not None]
     n_var = len(variables)
     if parts:
         norm_v, max_abs_v, zeros_v, nonfinite_v = _gather_partials(parts)
+        if not full:
+            max_abs_v = zeros_v = tf.zeros_like(norm_v)  # placeholders, blanked below
         if not all(present):
             # Scatter the present variables into full-length vectors; missing
             # rows get zeros here and the MISSING marker in _assemble.
@@ -147,6 +157,8 @@ def compute(gradients, variables, rows, weights=True):
         tf.math.unsorted_segment_sum(size_v * mask, seg, n_layer),
         tf.math.unsorted_segment_max(tf.cast(present_v, tf.int32), seg, n_layer) > 0,
     )
+    if not full:
+        layer_stats, variable_stats = _blank(layer_stats, _NOT_CHEAP), _blank(variable_stats, _NOT_CHEAP)
     if weights:
         layer_w, variable_w = weight_norms(variables, rows)
         layer_stats = with_weights(layer_stats, layer_w)
@@ -188,14 +200,14 @@ def with_weights(stats, weight_norm):
 def present(stats):
     """Boolean ``[..., R]``: which rows of ``stats`` have a gradient.
 
-    Read from the zero fraction, the one gradient column that is never NaN
-    (a NaN gradient has a NaN norm but still a well-defined zero count).
+    A missing row holds exactly MISSING in grad_norm; a present one holds a
+    norm >= 0 or NaN (NaN != MISSING), and grad_norm is computed in every mode.
     """
-    return stats[..., _ZERO_FRACTION] >= 0
+    return tf.not_equal(stats[..., _GRAD_NORM], MISSING)
 
 
-def _partials(gradient, variable):
-    """The dense values, sum of squares, max |g| and zero count of one gradient."""
+def _partials(gradient, variable, full=True):
+    """The dense values, sum of squares, max |g| and zero count of one gradient (no max/count unless full)."""
     size = int(np.prod(variable.shape))
     if isinstance(gradient, tf.IndexedSlices):
         values, unique_rows = _summed_slices(gradient)
@@ -221,6 +233,8 @@ def _partials(gradient, variable):
     # the cheapest exact form TensorFlow has: l2_loss is one fused kernel (no
     # squared temporary), and an int32 count is exact to 2**31 elements.
     sumsq = tf.cast(tf.nn.l2_loss(values), tf.float64) * 2.0
+    if not full:
+        return values, sumsq, None, None
     zeros = tf.cast(tf.reduce_sum(tf.cast(tf.equal(values, 0), tf.int32)), tf.float64)
     return values, sumsq, _max_abs(values), zeros + untouched
 
@@ -228,20 +242,27 @@ def _partials(gradient, variable):
 def _gather_partials(parts):
     """Stacks per-variable partials into norms, max |g|, zero and non-finite counts."""
     values, sumsq, max_abs, zeros = (list(x) for x in zip(*parts))
-    sumsq, max_abs, zeros = tf.stack(sumsq), tf.stack(max_abs), tf.stack(zeros)
+    sumsq = tf.stack(sumsq)
     # Two things need a second look at the values, both rare: a non-finite
     # element (every one makes the sum of squares non-finite, so a finite sum
     # proves there are none and the count is paid for only on bad steps), and
     # a sum of squares outside float32's safe band. One cond covers both, so
     # a healthy step pays for a single branch.
-    finite_max = tf.math.is_finite(max_abs) & (max_abs > 0)
-    suspicious = finite_max & ((sumsq < _SUMSQ_LOW) | (sumsq > _SUMSQ_HIGH))
+    if max_abs[0] is None:  # not full: max |g| only on the rare path
+        max_abs = zeros = None
+        suspicious = ((sumsq > 0) & (sumsq < _SUMSQ_LOW)) | (sumsq > _SUMSQ_HIGH)
+    else:
+        max_abs, zeros = tf.stack(max_abs), tf.stack(zeros)
+        finite_max = tf.math.is_finite(max_abs) & (max_abs > 0)
+        suspicious = finite_max & ((sumsq < _SUMSQ_LOW) | (sumsq > _SUMSQ_HIGH))
     rare = tf.reduce_any(suspicious) | tf.logical_not(tf.reduce_all(tf.math.is_finite(sumsq)))
-    norms, nonfinite = tf.cond(
-        rare,
-        lambda: (_robust_norms(values, sumsq, max_abs), tf.stack([_count_nonfinite(v) for v in values])),
-        lambda: (tf.sqrt(sumsq), tf.zeros_like(sumsq)),
-    )
+    scale = max_abs
+
+    def careful():
+        top = scale if scale is not None else tf.stack([_max_abs(v) for v in values])
+        return _robust_norms(values, sumsq, top), tf.stack([_count_nonfinite(v) for v in values])
+
+    norms, nonfinite = tf.cond(rare, careful, lambda: (tf.sqrt(sumsq), tf.zeros_like(sumsq)))
     return norms, max_abs, zeros, nonfinite
 
 
@@ -301,6 +322,13 @@ def _assemble(norm, max_abs, zeros, nonfinite, size, present):
     cols = _where(present[:, None], cols, MISSING)
     weight_col = tf.fill([tf.shape(cols)[0], 1], tf.constant(MISSING, tf.float64))
     return tf.cast(tf.concat([cols, weight_col], axis=1), tf.float32)
+
+
+def _blank(stats, columns):
+    """``stats`` with ``columns`` set to MISSING."""
+    keep = np.ones(stats.shape[-1], np.float32)
+    keep[list(columns)] = 0.0
+    return stats * keep + MISSING * (1.0 - keep)
 
 
 def _where(condition, x, y):

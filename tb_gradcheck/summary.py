@@ -128,14 +128,17 @@ class GradientWriter:
         gradients = _as_list(gradients, "gradients")
         step = _as_step(step)
         layout = self._layout_for(variables, gradients)
-        layer, variable = stats.compute(gradients, variables, layout.rows, weights=self.every_n_steps == 1)
         with self._writer.as_default():
             if self.every_n_steps == 1:
+                layer, variable = stats.compute(gradients, variables, layout.rows)
                 self._write_stats(layout, layer[None], variable[None], step)
                 return
+            # Between writes only what a window needs: one fused pass per
+            # gradient for the norm (and, on a bad step only, the NaN count).
+            layer, variable = stats.compute(gradients, variables, layout.rows, weights=False, full=False)
             layout.window.add(layer, variable, step)
             due = tf.equal(step % self.every_n_steps, 0)
-            tf.cond(due, lambda: self._flush_window(layout, step), lambda: tf.constant(False))
+            tf.cond(due, lambda: self._flush_window(layout, step, gradients), lambda: tf.constant(False))
 
     def flush(self):
         """Writes buffered events to disk."""
@@ -181,9 +184,13 @@ class GradientWriter:
             self._layouts[key] = layout
         return layout
 
-    def _flush_window(self, layout, step):
+    def _flush_window(self, layout, step, gradients=None):
+        """Writes the window; with this step's ``gradients``, its ``last`` slab has every statistic."""
         layer_w, variable_w = stats.weight_norms(layout.variables, layout.rows)
-        layer, variable = layout.window.aggregates()
+        last = None
+        if gradients is not None:
+            last = stats.compute(gradients, layout.variables, layout.rows, weights=False)
+        layer, variable = layout.window.aggregates(last)
         self._write_stats(layout, stats.with_weights(layer, layer_w), stats.with_weights(variable, variable_w), step)
         layout.window.reset()
         return tf.constant(True)
@@ -233,11 +240,14 @@ class _Layout:
 
 
 class _Window:
-    """Running last/sum/max/min/count of the gradient columns since the last write.
+    """Running last/sum/max/min/count of grad_norm and grad_nonfinite since the last write.
 
-    Only the gradient columns are reduced; weight columns are filled in at
-    the write step. NaN propagates through sum, max and min on purpose: a
-    window that saw a NaN must not look healthy in any aggregate.
+    Those two are what a window is for (a spike or a NaN between writes) and
+    cost one fused pass per gradient; max |g| and the zero fraction need
+    passes of their own, so they are taken at the write step only (the
+    ``last`` slab) and their other slabs are MISSING. Weight columns are
+    filled in at the write step. NaN propagates through sum, max and min on
+    purpose: a window that saw a NaN must not look healthy in any aggregate.
     """
 
     def __init__(self, n_layers, n_variables):
@@ -272,22 +282,30 @@ class _Window:
     def pending(self):
         return tf.reduce_any(self._parts[0]["count"] > 0)
 
-    def aggregates(self):
-        """Returns ``(layer, variable)`` float32 ``[A, R, C]`` in ``metadata.AGGREGATES`` order."""
+    def aggregates(self, last=None):
+        """Returns ``(layer, variable)`` float32 ``[A, R, C]`` in ``metadata.AGGREGATES`` order.
+
+        Args:
+          last: ``(layer, variable)`` full statistics of the write step for the
+            ``last`` slab, or None to use the last step's windowed columns.
+        """
         out = []
-        for part in self._parts:
+        windowed = np.zeros(stats.GRADIENT_COLUMNS, bool)
+        windowed[[metadata.STORED_STAT_COLUMNS.index(c) for c in _WINDOWED]] = True
+        for k, part in enumerate(self._parts):
             count = part["count"][:, None]
             seen = count > 0
             mean = part["sum"] / tf.maximum(count, 1.0)
             slabs = {
-                "last": part["last"],
+                "last": part["last"] if last is None else last[k][:, : stats.GRADIENT_COLUMNS],
                 "mean": mean,
                 "max": part["max"],
                 "min": part["min"],
                 "sum": part["sum"],
             }
+            keep = seen & windowed  # rows seen in the window, columns reduced over it
             grad = tf.stack(
-                [slabs[a] if a == "last" else tf.where(seen, slabs[a], stats.MISSING) for a in metadata.AGGREGATES]
+                [slabs[a] if a == "last" else tf.where(keep, slabs[a], stats.MISSING) for a in metadata.AGGREGATES]
             )
             weight_col = tf.fill(tf.concat([tf.shape(grad)[:2], [1]], 0), stats.MISSING)
             out.append(tf.concat([grad, weight_col], axis=-1))
@@ -317,6 +335,9 @@ def _slim_metadata():
 
 
 _SLIM_METADATA = _slim_metadata()
+
+# The statistics a window reduces at every step (see _Window).
+_WINDOWED = ("grad_norm", "grad_nonfinite")
 
 
 def _as_list(values, name):

@@ -207,3 +207,24 @@ def test_compute_rejects_mismatched_gradients():
         stats.compute([tf.ones(3)], [v], rows)
     with pytest.raises(TypeError, match="floating-point gradients.*int32"):
         stats.compute([tf.constant([1, 2])], [v], rows)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
+def test_cheap_mode_computes_norms_and_nonfinite_only(model, graph):
+    x = tf.constant(np.random.default_rng(1).integers(0, 50, size=(8, 5)), tf.int32)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x) ** 2)
+    grads = tape.gradient(loss, model.trainable_variables)
+    grads[2] = grads[2] + np.float32(np.nan)  # one NaN layer
+    variables = model.trainable_variables
+    rows = stats.Rows(variables)
+    run = tf.function(lambda gs, full: stats.compute(gs, variables, rows, weights=False, full=full)) if graph else (
+        lambda gs, full: stats.compute(gs, variables, rows, weights=False, full=full))
+    full_l, full_v = (t.numpy() for t in run(grads, True))
+    cheap_l, cheap_v = (t.numpy() for t in run(grads, False))
+    for cheap, full in ((cheap_l, full_l), (cheap_v, full_v)):
+        for c in ("grad_norm", "grad_nonfinite"):
+            np.testing.assert_allclose(cheap[:, COL[c]], full[:, COL[c]], rtol=RTOL)
+        for c in ("grad_max_abs", "grad_zero_fraction", "weight_norm"):
+            assert (cheap[:, COL[c]] == stats.MISSING).all(), c
+    assert cheap_v[2, COL["grad_nonfinite"]] == 7  # hidden/bias: every one of its 7 elements is NaN

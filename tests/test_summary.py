@@ -102,15 +102,20 @@ def test_windowed_writes_keep_last_mean_max_min_and_sum(tmp_path):
     assert content["aggregates"] == list(metadata.AGGREGATES) and content["window"] == 5
     block = rows(content, written[1][2], "variable")
     agg = {a: block[i, 0] for i, a in enumerate(metadata.AGGREGATES)}
-    max_abs = COL["grad_max_abs"]
-    window = [2.0, 50.0, 3.0, 4.0, 5.0]  # steps 1..5
-    assert agg["last"][max_abs] == 5.0
-    assert agg["max"][max_abs] == 50.0  # the spike between writes is not lost
-    assert agg["min"][max_abs] == 2.0
-    assert agg["mean"][max_abs] == pytest.approx(np.mean(window))
-    assert agg["sum"][max_abs] == pytest.approx(np.sum(window))
+    norm, max_abs = COL["grad_norm"], COL["grad_max_abs"]
+    window = 2.0 * np.array([2.0, 50.0, 3.0, 4.0, 5.0])  # steps 1..5: ||g * ones(4)|| = 2g
+    assert agg["last"][norm] == 10.0
+    assert agg["max"][norm] == 100.0  # the spike between writes is not lost
+    assert agg["min"][norm] == 4.0
+    assert agg["mean"][norm] == pytest.approx(np.mean(window))
+    assert agg["sum"][norm] == pytest.approx(np.sum(window))
+    # max |g| and the zero fraction are taken at the write step only.
+    assert agg["last"][max_abs] == 5.0 and agg["last"][COL["grad_zero_fraction"]] == 0.0
+    for a in ("mean", "max", "min", "sum"):
+        assert agg[a][max_abs] == stats.MISSING and agg[a][COL["grad_zero_fraction"]] == stats.MISSING
     assert agg["last"][COL["weight_norm"]] == pytest.approx(2.0)
-    assert rows(content, written[2][2], "variable")[0, 0, max_abs] == 6.0
+    tail = rows(content, written[2][2], "variable")  # close(): the partial window, norms only
+    assert tail[0, 0, norm] == 12.0 and tail[0, 0, max_abs] == stats.MISSING
     assert written[2][2][0, metadata.header_row(content), 0] == 3
 
 
