@@ -65,7 +65,7 @@ class ContentError(ValueError):
     """Metadata content that this version of tb_gradcheck cannot read."""
 
 
-def layout(kind, granularity=None, rows=(), columns=(), aggregates=(), window=1, sizes=None):
+def layout(kind, granularity=None, rows=(), columns=(), aggregates=(), window=1, sizes=None, sparse_rows=()):
     """Returns the JSON-able layout dict that becomes a tag's metadata content.
 
     Args:
@@ -76,6 +76,8 @@ def layout(kind, granularity=None, rows=(), columns=(), aggregates=(), window=1,
       aggregates: Slab names, in stored order (stats only).
       window: Training steps a write summarises (1 means every step is written).
       sizes: Element count of each row (stats only), or None.
+      sparse_rows: Names of rows whose gradients are ``tf.IndexedSlices``
+        (embeddings): their zero fraction is high by nature, not dead.
 
     Returns:
       A dict; ``encode`` turns it into content bytes.
@@ -93,6 +95,8 @@ def layout(kind, granularity=None, rows=(), columns=(), aggregates=(), window=1,
         content["window"] = int(window)
     if sizes is not None:
         content["sizes"] = [int(s) for s in sizes]
+    if sparse_rows:
+        content["sparse_rows"] = list(sparse_rows)
     return content
 
 
@@ -169,6 +173,9 @@ def parse(content_bytes):
         or not all(isinstance(s, int) and not isinstance(s, bool) for s in sizes)
     ):
         raise ContentError("sizes must be one integer per row")
+    sparse = content.get("sparse_rows", [])
+    if not isinstance(sparse, list) or not set(sparse) <= set(content["rows"]):
+        raise ContentError(f"sparse_rows must be a list of row names, got {sparse!r}")
     return content
 
 

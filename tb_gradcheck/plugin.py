@@ -5,6 +5,7 @@ module must not import TensorFlow (an ImportError here would stop
 TensorBoard from starting). Routes are documented in docs/http_api.md.
 """
 
+import functools
 import pathlib
 
 import numpy as np
@@ -15,8 +16,9 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 
 from tb_gradcheck import binning
+from tb_gradcheck import export
 from tb_gradcheck import metadata
-from tb_gradcheck.store import Store
+from tb_gradcheck import store
 
 # Points kept per tag when the user does not say: all of them. TensorBoard's
 # defaults for an unknown plugin (10 in the Python path, 100 in the Rust one)
@@ -39,6 +41,21 @@ def _frontend_dir():
     raise FileNotFoundError(f"tb_gradcheck's frontend files are missing: no {here / 'frontend'}")
 
 
+def _route(handler):
+    """A WSGI route whose store errors become TensorBoard's 404 and 400 responses."""
+
+    @functools.wraps(handler)
+    def wrapped(self, request):
+        try:
+            return handler(self, request)
+        except store.NotFound as e:
+            raise errors.NotFoundError(str(e)) from None
+        except store.BadRequest as e:
+            raise errors.InvalidArgumentError(str(e)) from None
+
+    return werkzeug.wrappers.Request.application(wrapped)
+
+
 class GradientsLoader(base_plugin.TBLoader):
     """Sets the plugin's sampling default before TensorBoard builds its data ingester."""
 
@@ -58,7 +75,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context):
         self._provider = context.data_provider
-        self._store = Store(context.data_provider) if context.data_provider is not None else None
+        self._store = store.Store(context.data_provider)
         flags = getattr(context, "flags", None)
         samples = getattr(flags, "samples_per_plugin", None) or {}
         self._samples = samples.get(metadata.PLUGIN_NAME, DEFAULT_SAMPLES)
@@ -68,11 +85,16 @@ class GradientsPlugin(base_plugin.TBPlugin):
         return {
             "/runs": self._serve_runs,
             "/heatmap": self._serve_heatmap,
+            "/compare": self._serve_compare,
+            "/findings": self._serve_findings,
+            "/export": self._serve_export,
             "/static/*": self._serve_static,
         }
 
     def is_active(self):
-        return False  # activity comes from data_plugin_names()
+        # Asked only when no run has gradient data yet. Stay listed, so the
+        # tab can say how to write some instead of vanishing into "inactive".
+        return True
 
     def data_plugin_names(self):
         return (metadata.PLUGIN_NAME,)
@@ -82,28 +104,46 @@ class GradientsPlugin(base_plugin.TBPlugin):
 
     # -- routes -------------------------------------------------------------
 
-    @werkzeug.wrappers.Request.application
+    @_route
     def _serve_runs(self, request):
         ctx, eid = _context(request)
         return http_util.Respond(request, self.runs_impl(ctx, eid), "application/json")
 
-    @werkzeug.wrappers.Request.application
+    @_route
     def _serve_heatmap(self, request):
         ctx, eid = _context(request)
         args = request.args
         body = self.heatmap_impl(
-            ctx,
-            eid,
-            run=_required(args, "run"),
-            metric=_required(args, "metric"),
-            granularity=_choice(args, "granularity", metadata.GRANULARITIES, "layer"),
-            aggregate=args.get("aggregate", "last"),
-            width=_int(args, "width", 1, _MAX_WIDTH),
-            reduce=_choice(args, "reduce", binning.REDUCERS, "max"),
+            ctx, eid, _required(args, "run"), _required(args, "metric"), *_selection(args), *_binning(args)
         )
         return http_util.Respond(request, body, "application/json")
 
-    @werkzeug.wrappers.Request.application
+    @_route
+    def _serve_compare(self, request):
+        ctx, eid = _context(request)
+        args = request.args
+        body = self.compare_impl(
+            ctx, eid, _required(args, "run"), _required(args, "other"), _required(args, "metric"),
+            *_selection(args), *_binning(args),
+        )
+        return http_util.Respond(request, body, "application/json")
+
+    @_route
+    def _serve_findings(self, request):
+        ctx, eid = _context(request)
+        return http_util.Respond(request, self.findings_impl(ctx, eid, _required(request.args, "run")), "application/json")
+
+    @_route
+    def _serve_export(self, request):
+        ctx, eid = _context(request)
+        args = request.args
+        fmt = _choice(args, "format", export.FORMATS, "csv")
+        body, name = self.export_impl(ctx, eid, _required(args, "run"), _required(args, "metric"), *_selection(args), fmt)
+        headers = [("Content-Disposition", f'attachment; filename="{name}"')]
+        content_type = "text/csv" if fmt == "csv" else "application/json"
+        return http_util.Respond(request, body, content_type, headers=headers)
+
+    @_route
     def _serve_static(self, request):
         name = request.path.rsplit("/static/", 1)[-1]
         path = self._static.get(name)
@@ -117,7 +157,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         """The body of ``GET runs`` (see docs/http_api.md)."""
         out = []
         for run, index in sorted(self._store.runs(ctx, experiment_id).items()):
-            aggregates = _metric_aggregates(index)
+            aggregates = store.metric_aggregates(index)
             entry = {
                 "run": run,
                 "metrics": list(aggregates),
@@ -127,15 +167,18 @@ class GradientsPlugin(base_plugin.TBPlugin):
                 "total_steps": None,
                 "sampled": False,
                 "problems": [p.to_dict() for p in index.problems],
+                "last_write": index.last_write(),
             }
             kept = 0
             for kind in (metadata.KIND_STATS, metadata.KIND_CHECK):
+                kind_metrics = [m for m in aggregates if (m == metadata.CHECK_METRIC) == (kind == metadata.KIND_CHECK)]
                 for granularity in metadata.GRANULARITIES:
-                    if granularity in entry["granularities"] or not index.layouts(kind, granularity):
+                    if not index.layouts(kind, granularity):
                         continue
                     matrix = self._store.matrix(ctx, experiment_id, index, kind, granularity)
                     entry["problems"].extend(p.to_dict() for p in matrix.problems)
-                    entry["granularities"][granularity] = _describe(matrix)
+                    described = entry["granularities"].setdefault(granularity, _describe(matrix))
+                    described.setdefault("metrics", []).extend(kind_metrics)
                     if kind == metadata.KIND_STATS:
                         kept = max(kept, len(matrix.steps))
             if metadata.KIND_STATS in index.kinds():
@@ -145,67 +188,66 @@ class GradientsPlugin(base_plugin.TBPlugin):
                 out.append(entry)
         return {"runs": out, "samples_per_plugin": self._samples}
 
-    def heatmap_impl(self, ctx, experiment_id, *, run, metric, granularity="layer", aggregate="last",
+    def heatmap_impl(self, ctx, experiment_id, run, metric, granularity="layer", aggregate="last", width=None,
+                     reduce="max"):
+        """The body of ``GET heatmap``."""
+        heat = self._store.heatmap(ctx, experiment_id, run, metric, granularity, aggregate)
+        return _heatmap_body(heat, width, reduce)
+
+    def compare_impl(self, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last",
                      width=None, reduce="max"):
-        """The body of ``GET heatmap`` (see docs/http_api.md).
+        """The body of ``GET compare``: ``run`` over ``other``, rows aligned by name."""
+        heat, only_run, only_other = self._store.compare(ctx, experiment_id, run, other, metric, granularity, aggregate)
+        body = _heatmap_body(heat, width, reduce)
+        body.update(other=other, only_in_run=only_run, only_in_other=only_other)
+        return body
 
-        Raises:
-          errors.NotFoundError: Unknown run, or a metric or granularity the run lacks.
-          errors.InvalidArgumentError: An aggregate the run does not have for the metric.
-        """
-        index = self._store.runs(ctx, experiment_id).get(run)
-        if index is None:
-            raise errors.NotFoundError(f"no gradient data for run {run!r}")
-        allowed = _metric_aggregates(index).get(metric)
-        if allowed is None:
-            raise errors.NotFoundError(f"run {run!r} has no metric {metric!r}")
-        if aggregate not in allowed:
-            raise errors.InvalidArgumentError(
-                f"aggregate must be one of {allowed} for metric {metric!r} of run {run!r}, got {aggregate!r}"
-            )
-        check = metric == metadata.CHECK_METRIC
-        kind = metadata.KIND_CHECK if check else metadata.KIND_STATS
-        if not index.layouts(kind, granularity):
-            raise errors.NotFoundError(f"run {run!r} has no {granularity}-level {metric!r} data")
-        matrix = self._store.matrix(ctx, experiment_id, index, kind, granularity)
-        if check:
-            values, missing = matrix.slab("relative_error")
-            status, status_missing = matrix.slab("status")
-        else:
-            values, missing = matrix.slab(metric, aggregate)
-        steps, step_ends, binned = matrix.steps, None, None
-        if width is not None and len(steps) > width:
-            first, step_ends, values, missing = binning.bin_steps(steps, values, missing, width, reduce)
-            if check:
-                # Status codes are ordered by severity: a bin shows its worst.
-                _, _, status, status_missing = binning.bin_steps(steps, status, status_missing, width, "max")
-            steps, binned = first, reduce
-        return {
-            "run": run,
-            "metric": metric,
-            "granularity": granularity,
-            "aggregate": aggregate,
-            "layers": matrix.rows,
-            "steps": steps.tolist(),
-            "step_ends": None if step_ends is None else step_ends.tolist(),
-            "values": _json_matrix(values, missing),
-            "status": _status_matrix(status, status_missing) if check else None,
-            "num_steps": len(matrix.steps),
-            "total_steps": None if check else self._store.total_writes(ctx, experiment_id, index),
-            "reduce": binned,
-        }
+    def findings_impl(self, ctx, experiment_id, run):
+        """The body of ``GET findings``."""
+        findings = self._store.findings(ctx, experiment_id, run)
+        return {"run": run, "findings": [f.to_dict() for f in findings]}
+
+    def export_impl(self, ctx, experiment_id, run, metric, granularity, aggregate, fmt):
+        """``(body, filename)`` of ``GET export``: the unbinned matrix as CSV text or a JSON-able dict."""
+        heat = self._store.heatmap(ctx, experiment_id, run, metric, granularity, aggregate)
+        body = export.to_csv(heat) if fmt == "csv" else export.to_json(heat)
+        return body, export.filename(heat, fmt)
 
 
-def _metric_aggregates(index):
-    """``{metric: [aggregates]}`` a run can serve, metrics in display order."""
-    out = {}
-    if metadata.KIND_STATS in index.kinds():
-        stored = index.aggregates()
-        for m in metadata.STAT_COLUMNS:
-            out[m] = [a for a in metadata.METRIC_AGGREGATES[m] if a in stored]
-    if metadata.KIND_CHECK in index.kinds():
-        out[metadata.CHECK_METRIC] = ["last"]
-    return out
+
+def _selection(args):
+    """``(granularity, aggregate)`` from the query, validated where the store cannot."""
+    return _choice(args, "granularity", metadata.GRANULARITIES, "layer"), args.get("aggregate", "last")
+
+
+def _binning(args):
+    return _int(args, "width", 1, _MAX_WIDTH), _choice(args, "reduce", binning.REDUCERS, "max")
+
+
+def _heatmap_body(heat, width=None, reduce="max"):
+    """The JSON of ``GET heatmap`` for a ``store.Heatmap``, binned to ``width`` columns when given."""
+    values, missing, status, status_missing = heat.values, heat.missing, heat.status, heat.status_missing
+    steps, step_ends, binned = heat.steps, None, None
+    if width is not None and len(steps) > width:
+        first, step_ends, values, missing = binning.bin_steps(steps, values, missing, width, reduce)
+        if status is not None:
+            # Status codes are ordered by severity: a bin shows its worst.
+            _, _, status, status_missing = binning.bin_steps(steps, status, status_missing, width, "max")
+        steps, binned = first, reduce
+    return {
+        "run": heat.run,
+        "metric": heat.metric,
+        "granularity": heat.granularity,
+        "aggregate": heat.aggregate,
+        "layers": heat.rows,
+        "steps": steps.tolist(),
+        "step_ends": None if step_ends is None else step_ends.tolist(),
+        "values": _json_matrix(values, missing),
+        "status": None if status is None else _status_matrix(status, status_missing),
+        "num_steps": len(heat.steps),
+        "total_steps": heat.total_steps,
+        "reduce": binned,
+    }
 
 
 def _describe(matrix):

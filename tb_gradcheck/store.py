@@ -62,6 +62,15 @@ class RunIndex:
                 names.setdefault(name, None)
         return list(names)
 
+    def sparse_rows(self, granularity):
+        """Rows any layout marks as having sparse (IndexedSlices) gradients."""
+        return sorted({n for s in self.layouts(metadata.KIND_STATS, granularity) for n in s.content.get("sparse_rows", [])})
+
+    def last_write(self):
+        """Wall time of the run's newest point, or None: changes whenever new data arrives."""
+        times = [s.max_wall_time for layouts in self.series.values() for s in layouts]
+        return max(times) if times else None
+
     def window(self):
         return max((s.content.get("window", 1) for s in self.layouts(metadata.KIND_STATS, "layer")), default=1)
 
@@ -82,7 +91,7 @@ class Matrix:
       columns: Column names (``metadata.STAT_COLUMNS`` or ``CHECK_COLUMNS``).
       aggregates: Slab names (stats) or ``[None]`` (check).
       steps: int64 ``[S]``, ascending.
-      values: float64 ``[S, A, R, C]``.
+      values: float32 ``[S, A, R, C]`` (read-only: it may be the cached decoded array).
       missing: bool ``[S, A, R, C]``: no value (no gradient, row absent from
         that step's layout, or an aggregate the layout did not store).
       problems: ``Problem`` for every point or tag that was skipped.
@@ -103,6 +112,54 @@ class Matrix:
         return self.values[:, a, :, c], self.missing[:, a, :, c]
 
 
+class NotFound(LookupError):
+    """A run, metric or granularity that the data does not have (HTTP 404, exit code 2)."""
+
+
+class BadRequest(ValueError):
+    """A parameter outside what the data can answer (HTTP 400, exit code 2)."""
+
+
+@dataclasses.dataclass
+class Heatmap:
+    """One metric of one run as a steps x rows matrix (see docs/http_api.md ``GET heatmap``).
+
+    Attributes:
+      rows: Row names in depth order.
+      steps: int64 ``[S]``.
+      values: float ``[S, R]``.
+      missing: bool ``[S, R]``.
+      status: float ``[S, R]`` check status codes (index into
+        ``metadata.CHECK_STATUSES``) for ``check_error``, else None.
+      status_missing: bool ``[S, R]`` or None.
+      total_steps: Writes the writer made (progress counter), or None.
+    """
+
+    run: str
+    metric: str
+    granularity: str
+    aggregate: str
+    rows: list
+    steps: np.ndarray
+    values: np.ndarray
+    missing: np.ndarray
+    status: object = None
+    status_missing: object = None
+    total_steps: object = None
+
+
+def metric_aggregates(index):
+    """``{metric: [aggregates]}`` a run can serve, metrics in display order."""
+    out = {}
+    if metadata.KIND_STATS in index.kinds():
+        stored = index.aggregates()
+        for m in metadata.STAT_COLUMNS:
+            out[m] = [a for a in metadata.METRIC_AGGREGATES[m] if a in stored]
+    if metadata.KIND_CHECK in index.kinds():
+        out[metadata.CHECK_METRIC] = ["last"]
+    return out
+
+
 class Store:
     """Reads and caches gradient data from a TensorBoard data provider.
 
@@ -118,6 +175,7 @@ class Store:
         self._provider = data_provider
         self._lock = threading.Lock()
         self._cache = {}  # (eid, run, tag) -> (version, steps, values, problems)
+        self._merged = {}  # (eid, run, kind, granularity) -> (versions, Matrix)
 
     def runs(self, ctx, experiment_id):
         """Returns ``{run: RunIndex}`` for every run with gradient data."""
@@ -152,14 +210,33 @@ class Store:
           A ``Matrix``; its ``steps`` may be empty.
         """
         layouts = index.layouts(kind, granularity)
+        key = (experiment_id, index.run, kind, granularity)
+        version = tuple((s.tag, s.max_step, s.max_wall_time) for s in layouts)
+        with self._lock:
+            hit = self._merged.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        matrix = self._merge(ctx, experiment_id, index, kind, granularity, layouts)
+        with self._lock:
+            self._merged[key] = (version, matrix)
+        return matrix
+
+    def _merge(self, ctx, experiment_id, index, kind, granularity, layouts):
         columns = list(metadata.STAT_COLUMNS if kind == metadata.KIND_STATS else metadata.CHECK_COLUMNS)
         aggregates = index.aggregates() if kind == metadata.KIND_STATS else [None]
         rows = index.rows(kind, granularity)
         parts = [(s, self._read(ctx, experiment_id, index.run, s)) for s in layouts]
         problems = [p for _, (_, _, probs) in parts for p in probs]
+        if len(parts) == 1:
+            s, (steps, data, _) = parts[0]
+            if kind == metadata.KIND_CHECK:
+                data = data[:, None]
+            if s.content["columns"] == columns and (kind == metadata.KIND_CHECK or s.content["aggregates"] == aggregates):
+                # The common case, one layout: serve the decoded array as it is.
+                return Matrix(rows, columns, aggregates, steps, data, _missing(kind, data), problems)
         steps = np.unique(np.concatenate([st for _, (st, _, _) in parts] or [np.zeros(0, np.int64)]))
         shape = (len(steps), len(aggregates), len(rows), len(columns))
-        values = np.full(shape, np.nan)
+        values = np.full(shape, np.nan, np.float32)
         missing = np.ones(shape, bool)
         row_index = {name: i for i, name in enumerate(rows)}
         # Layouts are sorted by last write time: where two layouts share a
@@ -184,6 +261,81 @@ class Store:
                 view_v[ix] = np.where(keep, block, view_v[ix])
                 view_m[ix] = view_m[ix] & ~keep
         return Matrix(rows, columns, aggregates, steps, values, missing, problems)
+
+    def run(self, ctx, experiment_id, run):
+        """The ``RunIndex`` of one run; raises NotFound if it has no gradient data."""
+        index = self.runs(ctx, experiment_id).get(run)
+        if index is None:
+            raise NotFound(f"no gradient data for run {run!r}")
+        return index
+
+    def heatmap(self, ctx, experiment_id, run, metric, granularity="layer", aggregate="last"):
+        """One metric of one run, merged over its layouts.
+
+        Raises:
+          NotFound: Unknown run, or a metric or granularity the run lacks.
+          BadRequest: An aggregate the run does not have for the metric.
+        """
+        index = self.run(ctx, experiment_id, run)
+        allowed = metric_aggregates(index).get(metric)
+        if allowed is None:
+            raise NotFound(f"run {run!r} has no metric {metric!r}")
+        if aggregate not in allowed:
+            raise BadRequest(f"aggregate must be one of {allowed} for metric {metric!r} of run {run!r}, got {aggregate!r}")
+        check = metric == metadata.CHECK_METRIC
+        kind = metadata.KIND_CHECK if check else metadata.KIND_STATS
+        if not index.layouts(kind, granularity):
+            raise NotFound(f"run {run!r} has no {granularity}-level {metric!r} data")
+        matrix = self.matrix(ctx, experiment_id, index, kind, granularity)
+        out = Heatmap(run, metric, granularity, aggregate, matrix.rows, matrix.steps, None, None)
+        if check:
+            out.values, out.missing = matrix.slab("relative_error")
+            out.status, out.status_missing = matrix.slab("status")
+        else:
+            out.values, out.missing = matrix.slab(metric, aggregate)
+            out.total_steps = self.total_writes(ctx, experiment_id, index)
+        return out
+
+    def compare(self, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last"):
+        """``run`` over ``other``: the ratio of one metric, rows aligned by name, at the steps both have.
+
+        Returns:
+          ``(heatmap, only_in_run, only_in_other)``: a ``Heatmap`` of ratios
+          (rows of both runs, ``run``'s order first; missing where either
+          run has no value), and the row names each run alone has.
+        """
+        if metric == metadata.CHECK_METRIC:
+            raise BadRequest(f"compare takes a statistic, not {metric!r}")
+        a = self.heatmap(ctx, experiment_id, run, metric, granularity, aggregate)
+        b = self.heatmap(ctx, experiment_id, other, metric, granularity, aggregate)
+        rows = a.rows + [r for r in b.rows if r not in set(a.rows)]
+        steps, ia, ib = np.intersect1d(a.steps, b.steps, return_indices=True)
+        values = np.full((len(steps), len(rows)), np.nan)
+        missing = np.ones((len(steps), len(rows)), bool)
+        ja = {r: j for j, r in enumerate(a.rows)}
+        jb = {r: j for j, r in enumerate(b.rows)}
+        for k, row in enumerate(rows):
+            if row in ja and row in jb:
+                va = a.values[ia, ja[row]].astype(np.float64)
+                vb = b.values[ib, jb[row]].astype(np.float64)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    values[:, k] = va / vb
+                missing[:, k] = a.missing[ia, ja[row]] | b.missing[ib, jb[row]]
+        heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing)
+        return heat, [r for r in a.rows if r not in jb], [r for r in b.rows if r not in ja]
+
+    def findings(self, ctx, experiment_id, run, thresholds=None):
+        """``diagnose.find`` over one run's layer-level stats and checks."""
+        from tb_gradcheck import diagnose
+
+        index = self.run(ctx, experiment_id, run)
+        layer = "layer"
+        stats = checks = None
+        if index.layouts(metadata.KIND_STATS, layer):
+            stats = self.matrix(ctx, experiment_id, index, metadata.KIND_STATS, layer)
+        if index.layouts(metadata.KIND_CHECK, layer):
+            checks = self.matrix(ctx, experiment_id, index, metadata.KIND_CHECK, layer)
+        return diagnose.find(run, stats, checks, thresholds, sparse_rows=index.sparse_rows(layer))
 
     def total_writes(self, ctx, experiment_id, index):
         """The writer's progress counter at its last write (the M of "N of M"), or None."""
@@ -268,3 +420,25 @@ def _missing(kind, block):
         return block < 0
     status = metadata.CHECK_COLUMNS.index("status")
     return np.broadcast_to(np.isnan(block[..., status : status + 1]), block.shape)
+
+
+def local_store(logdir):
+    """A ``Store`` over a log directory, read the way TensorBoard's Python path reads it.
+
+    Every point is kept (samples_per_plugin gradients=0), as the plugin keeps
+    them. Returns ``(store, ctx, experiment_id)``.
+    """
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_ingester
+    from tensorboard.backend.event_processing import data_provider
+    from tensorboard.backend.event_processing import plugin_event_multiplexer
+
+    guidance = dict(data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE)
+    guidance[metadata.PLUGIN_NAME] = 0
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(
+        size_guidance=data_ingester.DEFAULT_SIZE_GUIDANCE, tensor_size_guidance=guidance
+    )
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(logdir))
+    return Store(provider), context.RequestContext(), ""

@@ -160,7 +160,7 @@ class GradientWriter:
         """
         self._check_open("write")
         step = _as_step(step)
-        layout = self._layout_for(variables)
+        layout = self._layout_for(variables, gradients)
         writing = _writing_replica()
         if writing is False:
             return
@@ -227,11 +227,12 @@ class GradientWriter:
         if self._closed:
             raise ValueError(f"Cannot {what}: this GradientWriter is closed. Create a new one to keep writing.")
 
-    def _layout_for(self, variables):
-        key = tuple(id(v) for v in variables)
+    def _layout_for(self, variables, gradients):
+        sparse = tuple(isinstance(g, tf.IndexedSlices) for g in gradients)
+        key = (tuple(id(v) for v in variables), sparse)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = _Layout(variables, self.every_n_steps)
+            layout = _Layout(variables, sparse, self.every_n_steps)
             self._layouts[key] = layout
         return layout
 
@@ -265,9 +266,13 @@ class GradientWriter:
 class _Layout:
     """Everything fixed for one list of variables: rows, tag contents, window state."""
 
-    def __init__(self, variables, every_n_steps):
+    def __init__(self, variables, sparse, every_n_steps):
         self.variables = list(variables)
         self.rows = stats.Rows(self.variables)
+        sparse_variables = [n for n, s in zip(self.rows.variable_names, sparse) if s]
+        sparse_layers = sorted({self.rows.layer_names[self.rows.layer_of[i]] for i, s in enumerate(sparse) if s},
+                               key=self.rows.layer_names.index)
+        sparse_rows = {"layer": sparse_layers, "variable": sparse_variables}
         aggregates = metadata.SINGLE_STEP_AGGREGATES if every_n_steps == 1 else metadata.AGGREGATES
         self.contents = [
             metadata.layout(
@@ -278,6 +283,7 @@ class _Layout:
                 aggregates=aggregates,
                 window=every_n_steps,
                 sizes=self.rows.sizes(granularity),
+                sparse_rows=sparse_rows[granularity],
             )
             for granularity in metadata.GRANULARITIES
         ]

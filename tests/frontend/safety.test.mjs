@@ -1,0 +1,44 @@
+// Static checks of the frontend sources (node --test): names are user data,
+// and the CSP allows no inline script and no external origin.
+import {test} from 'node:test';
+import assert from 'node:assert/strict';
+import {readFileSync, readdirSync} from 'node:fs';
+import {join, dirname} from 'node:path';
+import {fileURLToPath} from 'node:url';
+
+const FRONTEND = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'frontend');
+const SOURCES = readdirSync(FRONTEND).filter((f) => f.endsWith('.js'));
+
+// Source without comments, so a comment that warns about innerHTML passes.
+function code(f) {
+  return readFileSync(join(FRONTEND, f), 'utf8').replace(/\/\*[\s\S]*?\*\//g, '').replace(/(^|[^:])\/\/.*$/gm, '$1');
+}
+
+test('frontend_has_the_files_the_plugin_serves', () => {
+  for (const f of ['index.js', 'model.js', 'views.js', 'heatmap.js', 'style.css']) {
+    assert.ok(readdirSync(FRONTEND).includes(f), f);
+  }
+});
+
+test('no_html_parsing_sinks_in_frontend_sources', () => {
+  for (const f of SOURCES) {
+    const src = code(f);
+    for (const sink of ['innerHTML', 'outerHTML', 'insertAdjacentHTML', 'document.write', 'eval(', 'new Function']) {
+      assert.ok(!src.includes(sink), `${f} uses ${sink}`);
+    }
+  }
+});
+
+test('imports_and_fetches_are_relative', () => {
+  for (const f of SOURCES) {
+    const src = code(f);
+    for (const m of src.matchAll(/\bfrom\s+'([^']+)'/g)) assert.match(m[1], /^\.\/[a-z]+\.js$/, `${f}: import ${m[1]}`);
+    assert.ok(!/fetch(Json)?\(\s*['"`]\//.test(src), `${f} fetches an absolute URL`);
+    assert.ok(!/https?:\/\//.test(src), `${f} names an external URL`);
+  }
+});
+
+test('index_exports_render', () => {
+  const src = readFileSync(join(FRONTEND, 'index.js'), 'utf8');
+  assert.match(src, /export function render\(\)/);
+});

@@ -1,0 +1,195 @@
+"""Findings on real training runs, through the HTTP route and through `tb-gradcheck report`."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import get_json, make_app, wait_for_steps
+from tb_gradcheck import GradientWriter, demo, diagnose
+
+SPIKE_STEP = 237
+NAN_STEP = 30
+NAN_LAYER = "mlp/dense_2"
+
+
+def train(run_dir, steps, every_n_steps=1, spike_step=None, nan_layer=None, nan_step=None, seed=0):
+    """A real custom loop on a small ReLU MLP; optionally one loss spike or one NaN gradient."""
+    tf.keras.utils.set_random_seed(seed)
+    model = tf.keras.Sequential(
+        [tf.keras.Input((8,))]
+        + [tf.keras.layers.Dense(16, activation="relu", name=f"dense_{i}") for i in range(4)]
+        + [tf.keras.layers.Dense(1, name="out")],
+        name="mlp",
+    )
+    optimizer = tf.keras.optimizers.SGD(1e-3)
+    x = tf.random.normal([64, 8], seed=seed)
+    y = tf.reduce_sum(x, axis=1, keepdims=True)
+    variables = model.trainable_variables
+    nan_index = [i for i, v in enumerate(variables) if v.path.startswith(nan_layer + "/")] if nan_layer else []
+    with GradientWriter(run_dir, every_n_steps=every_n_steps) as writer:
+
+        @tf.function
+        def step_fn(scale, poison):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2) * scale
+            grads = tape.gradient(loss, variables)
+            logged = [g + poison if i in nan_index else g for i, g in enumerate(grads)]
+            writer.write(logged, variables, optimizer.iterations)
+            # The log sees the raw gradients; training applies them clipped (as
+            # careful loops do), so one spike does not wreck the run, and the
+            # NaN goes to the log only, so the other layers stay finite.
+            clipped, _ = tf.clip_by_global_norm(grads, 10.0)
+            optimizer.apply_gradients(zip(clipped, variables))
+
+        for step in range(steps):
+            scale = 1e6 if step == spike_step else 1.0
+            poison = np.nan if step == nan_step else 0.0
+            step_fn(tf.constant(scale), tf.constant(poison))
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("findings")
+    demo.write_runs(str(path), steps=200)
+    train(path / "spike", 500, every_n_steps=50, spike_step=SPIKE_STEP)
+    train(path / "nan", 100, nan_layer=NAN_LAYER, nan_step=NAN_STEP)
+    return path
+
+
+def by_kind(findings):
+    return {f["kind"]: f for f in findings}
+
+
+def test_findings_route_names_the_right_layers_and_steps(logdir, data_path):
+    client, _ = make_app(logdir, data_path)
+    wait_for_steps(client, "nan", 100)
+    wait_for_steps(client, "spike", 11)
+
+    sigmoid = by_kind(get_json(client, "/data/plugin/gradients/findings?run=sigmoid")["findings"])
+    assert set(sigmoid) == {"vanishing"}
+    vanishing = sigmoid["vanishing"]
+    assert vanishing["layers"][0] == "mlp/dense_0" and "mlp/logits" not in vanishing["layers"]
+    assert len(vanishing["layers"]) >= 4
+    assert vanishing["evidence"]["mlp/dense_0"]["median_orders_below_later_layers"] > 3
+    assert get_json(client, "/data/plugin/gradients/findings?run=relu_he")["findings"] == []
+
+    spike = by_kind(get_json(client, "/data/plugin/gradients/findings?run=spike")["findings"])
+    assert "exploding" in spike
+    window_end = 250  # the write that closes the window (200, 250] holding step 237
+    assert spike["exploding"]["steps"][0] <= window_end <= spike["exploding"]["steps"][1]
+    assert spike["exploding"]["aggregate"] == "max"
+
+    nan = get_json(client, "/data/plugin/gradients/findings?run=nan")["findings"]
+    non_finite = by_kind(nan)["non_finite"]
+    assert non_finite["layers"] == [NAN_LAYER]
+    assert non_finite["steps"] == [NAN_STEP, NAN_STEP]
+    assert non_finite["severity"] == "error"
+
+
+def test_max_aggregate_shows_the_spike_window(logdir):
+    client, _ = make_app(logdir, "python")
+    body = get_json(client, "/data/plugin/gradients/heatmap?run=spike&metric=grad_norm&aggregate=max")
+    assert body["steps"] == list(range(0, 500, 50)) + [499]  # every 50 steps, and the tail at close()
+    peak = np.array(body["values"], dtype=float).max(axis=1)
+    assert body["steps"][int(np.argmax(peak))] == 250
+    assert peak[body["steps"].index(250)] > 1e3 * np.median(peak)
+    last = np.array(get_json(client, "/data/plugin/gradients/heatmap?run=spike&metric=grad_norm")["values"], float)
+    assert last.max() < 1e3 * np.median(last)  # the last-step view alone would have missed it
+
+
+def report(logdir, *args):
+    out = subprocess.run(
+        [sys.executable, "-m", "tb_gradcheck.cli", "report", str(logdir), *args],
+        capture_output=True, text=True, timeout=180,
+    )
+    return out.returncode, out.stdout, out.stderr
+
+
+def test_report_cli_exit_codes_and_json(logdir):
+    code, out, _ = report(logdir, "--run", "relu_he")
+    assert code == 0 and "run relu_he: healthy" in out
+    code, out, _ = report(logdir, "--format", "json")
+    assert code == 1
+    body = json.loads(out)
+    assert body["healthy"] is False
+    kinds = {run: {f["kind"] for f in r["findings"]} for run, r in body["runs"].items()}
+    assert kinds == {"nan": {"non_finite"}, "relu_he": set(), "sigmoid": {"vanishing"}, "spike": {"exploding"}}
+    assert body["runs"]["nan"]["findings"][0]["layers"] == [NAN_LAYER]
+    code, out, _ = report(logdir, "--run", "sigmoid")
+    assert code == 1 and "vanishing" in out and "mlp/dense_0" in out
+
+
+def test_report_cli_usage_and_data_errors_exit_2(logdir, tmp_path):
+    for args, message in [
+        ((str(tmp_path / "nope"),), "no such log directory"),
+        ((str(tmp_path),), "no gradient data"),
+        ((str(logdir), "--run", "ghost"), "'ghost'"),
+        ((str(logdir), "--threshold", "persistence"), "NAME=VALUE"),
+        ((str(logdir), "--threshold", "persistence=lots"), "must be a number"),
+    ]:
+        out = subprocess.run([sys.executable, "-m", "tb_gradcheck.cli", "report", *args],
+                             capture_output=True, text=True, timeout=180)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert message in out.stderr, (args, out.stderr)
+
+
+def test_threshold_override_changes_the_verdict(logdir):
+    code, out, _ = report(logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12")
+    assert code == 0, out
+
+
+def test_export_cli_and_route_agree(logdir, tmp_path):
+    target = tmp_path / "m.csv"
+    out = subprocess.run(
+        [sys.executable, "-m", "tb_gradcheck.cli", "export", str(logdir), "--run", "nan", "--metric", "grad_nonfinite",
+         "-o", str(target)], capture_output=True, text=True, timeout=180,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = target.read_text().splitlines()
+    header = lines[0].split(",")
+    assert header[0] == "step" and header[1:] == ["mlp/dense_0", "mlp/dense_1", "mlp/dense_2", "mlp/dense_3", "mlp/out"]
+    assert len(lines) == 101
+    row = lines[1 + NAN_STEP].split(",")
+    assert row[0] == str(NAN_STEP) and float(row[3]) > 0 and float(row[1]) == 0
+    client, _ = make_app(logdir, "python")
+    response = client.get("/data/plugin/gradients/export?run=nan&metric=grad_nonfinite&format=csv")
+    assert response.status_code == 200 and response.headers["Content-Type"].startswith("text/csv")
+    assert 'filename="nan-grad_nonfinite-layer-last.csv"' in response.headers["Content-Disposition"]
+    assert response.data.decode() == target.read_text()
+
+
+def test_compare_route_aligns_rows_by_name(logdir):
+    client, _ = make_app(logdir, "python")
+    body = get_json(client, "/data/plugin/gradients/compare?run=sigmoid&other=relu_he&metric=grad_norm")
+    assert body["layers"][0] == "mlp/dense_0" and body["only_in_run"] == [] and body["only_in_other"] == []
+    sig = get_json(client, "/data/plugin/gradients/heatmap?run=sigmoid&metric=grad_norm")
+    relu = get_json(client, "/data/plugin/gradients/heatmap?run=relu_he&metric=grad_norm")
+    np.testing.assert_allclose(body["values"][5][0], sig["values"][5][0] / relu["values"][5][0], rtol=1e-12)
+    body = get_json(client, "/data/plugin/gradients/compare?run=sigmoid&other=nan&metric=grad_norm")
+    assert "mlp/logits" in body["only_in_run"] and "mlp/out" in body["only_in_other"]
+    assert get_json(client, "/data/plugin/gradients/compare?run=sigmoid&other=ghost&metric=grad_norm", 404)
+
+
+def test_dead_layer_is_found_and_embeddings_are_exempt(tmp_path):
+    dead = tf.Variable(np.ones((4, 4), np.float32), name="dead")
+    table = tf.Variable(np.ones((1000, 4), np.float32), name="table")
+    live = tf.Variable(np.ones(4, np.float32), name="live")
+    with GradientWriter(tmp_path / "r") as writer:
+        for step in range(20):
+            sparse = tf.IndexedSlices(tf.ones([3, 4]), tf.constant([1, 5, 9]), tf.constant([1000, 4]))
+            writer.write([tf.zeros([4, 4]), sparse, tf.ones(4)], [dead, table, live], step)
+    client, _ = make_app(tmp_path, "python")
+    findings = by_kind(get_json(client, "/data/plugin/gradients/findings?run=r")["findings"])
+    assert findings["dead"]["layers"] == ["dead"]  # table's 99.7% zeros are sparsity, not death
+    assert findings["dead"]["evidence"]["dead"]["median_zero_fraction"] == 1.0
+    assert "vanishing" not in findings  # a dead layer is reported once, as dead
+
+
+def test_thresholds_are_documented_dataclass_fields():
+    doc = diagnose.Thresholds.__doc__
+    for field in diagnose.Thresholds.__dataclass_fields__:
+        assert f"{field}:" in doc, field
