@@ -139,6 +139,7 @@ class GradientCallback(keras.callbacks.Callback):
         self.check_every_n_steps = None if check_every_n_steps is None else int(check_every_n_steps)
         self.check_data = None if check_data is None else tuple(check_data)
         self._session = None
+        self._in_batch = False
         self._warned = set()
 
     # -- Keras hooks ---------------------------------------------------------
@@ -184,7 +185,10 @@ class GradientCallback(keras.callbacks.Callback):
         # on_train_begin, and the loop looks it up on every step: a new one,
         # traced on first use, goes through the hooked optimizer.
         self.model.make_train_function(force=True)
-        self.model.train_function = _finish_on_error(self.model.train_function, self._finish)
+        self.model.train_function = self._guard(self.model.train_function)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._in_batch = True
 
     def on_train_batch_end(self, batch, logs=None):
         if self._session is not None and self.check_every_n_steps is not None:
@@ -212,6 +216,35 @@ class GradientCallback(keras.callbacks.Callback):
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, stacklevel=2)
+
+    def _guard(self, function):
+        """The hooked train function, which detaches the callback when it is not in a step of its own fit.
+
+        It detaches when the step raises (other than fit's end-of-data
+        signals), and when it is called outside this callback's
+        on_train_batch_begin/end: a fit that raised past on_train_end left it
+        in ``model.train_function``, and a later fit without this callback
+        reuses it. That call runs a clean function instead.
+        """
+        callback, model = self, self.model
+
+        def train_function(iterator):
+            if not callback._in_batch or callback._session is None:
+                callback._finish()
+                model.make_train_function(force=True)
+                return model.train_function(iterator)
+            # One call per on_train_batch_begin: another callback that raises
+            # before this one's on_train_batch_end must not leave it set.
+            callback._in_batch = False
+            try:
+                return function(iterator)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                raise
+            except BaseException:
+                callback._finish()
+                raise
+
+        return train_function
 
     def _finish(self):
         """Detaches from the optimizer, drops the hooked train function and closes the writer."""
@@ -425,21 +458,6 @@ class _Session:
 
 
 _ABSENT = object()
-
-
-def _finish_on_error(function, finish):
-    """``function``, detaching the callback if it raises anything but fit's end-of-data signals."""
-
-    def train_function(iterator):
-        try:
-            return function(iterator)
-        except (StopIteration, tf.errors.OutOfRangeError):
-            raise
-        except BaseException:
-            finish()
-            raise
-
-    return train_function
 
 
 def _checks_module():
