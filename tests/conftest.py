@@ -210,3 +210,26 @@ def synthetic_run(logdir, steps, every_n_steps=1, names=("dense", "dense_1", "de
             step_fn(tf.constant(step, tf.int64))
         assert step_fn.experimental_get_tracing_count() <= 2  # no retrace per step
     return sizes, scale
+
+
+def read_events(run_dir, kind="stats", granularity="layer"):
+    """The gradient summaries of one run, as TensorBoard's event file loader reads them.
+
+    Returns:
+      A list of ``(step, numpy value, event file name)`` for tags
+      ``gradients/<kind>/<granularity>/...`` (``granularity`` is ignored for
+      the progress tag), in file and record order.
+    """
+    import glob
+
+    from tensorboard.backend.event_processing import event_file_loader
+    from tensorboard.util import tensor_util
+
+    prefix = f"gradients/{kind}/" + ("" if kind == "progress" else f"{granularity}/")
+    out = []
+    for path in sorted(glob.glob(os.path.join(str(run_dir), "events.out.tfevents.*"))):
+        for event in event_file_loader.EventFileLoader(path).Load():
+            for value in event.summary.value:
+                if value.tag.startswith(prefix):
+                    out.append((event.step, tensor_util.make_ndarray(value.tensor), os.path.basename(path)))
+    return out
