@@ -414,7 +414,8 @@ class _Session:
     # -- gradient check --------------------------------------------------------
 
     def current_step(self):
-        step = int(self.optimizer.iterations)
+        # .numpy(), not int(): int() of a Keras variable fails on a MirroredVariable.
+        step = int(self.optimizer.iterations.numpy())
         if self.skipped is not None:
             step += int(self.skipped.numpy())
         return step

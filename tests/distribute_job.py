@@ -138,8 +138,11 @@ def fit(strategy, run_dir, mixed=False):
         with strategy.scope():
             model = dense_model(activation=None) if mixed else sparse_model()
             model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), loss="mse")
-        model.fit(tokens if not mixed else x, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0,
-                  callbacks=[GradientCallback(run_dir)])
+        inputs = x if mixed else tokens
+        # Checks too (they run once tb_gradcheck.checks exists; until then the
+        # callback warns): the step bookkeeping must work on mirrored variables.
+        callback = GradientCallback(run_dir, check_every_n_steps=3, check_data=(inputs[:GLOBAL_BATCH], y[:GLOBAL_BATCH]))
+        model.fit(inputs, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0, callbacks=[callback])
     finally:
         keras.mixed_precision.set_global_policy(previous)
     return [w.tolist() for w in model.get_weights()]
