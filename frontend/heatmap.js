@@ -80,8 +80,52 @@ export const SPECIAL_COLORS = Object.freeze({
   zero: Object.freeze([0, 0, 0]), // zero or negative on a log scale: #000000
 });
 
+// Diverging map for ratios (run / other), centred on 1: ColorBrewer RdBu
+// (9 classes, Cynthia Brewer, Apache-2.0), reversed so "below the other run"
+// is blue and "above" is red, with the near-white class at the centre. The
+// two darkest classes are left out: black then stays a special colour.
+const RDBU_KNOTS = [
+  [33, 102, 172], [67, 147, 195], [146, 197, 222], [209, 229, 240], [247, 247, 247],
+  [253, 219, 199], [244, 165, 130], [214, 96, 77], [178, 24, 43],
+];
+
+/**
+ * Builds a LUT by linear interpolation between evenly spaced RGB knots.
+ * @param {number[][]} knots [r, g, b] in 0..255, low end first.
+ * @returns {Uint8ClampedArray} LUT_SIZE * 4 bytes, RGBA, alpha 255.
+ */
+export function buildKnotLut(knots) {
+  const lut = new Uint8ClampedArray(LUT_SIZE * 4);
+  const last = knots.length - 1;
+  for (let k = 0; k < LUT_SIZE; k++) {
+    const x = (k / (LUT_SIZE - 1)) * last;
+    const s = Math.min(last - 1, Math.floor(x));
+    const t = x - s;
+    for (let c = 0; c < 3; c++) lut[k * 4 + c] = Math.round(knots[s][c] + (knots[s + 1][c] - knots[s][c]) * t);
+    lut[k * 4 + 3] = 255;
+  }
+  return lut;
+}
+
+/** The diverging ratio LUT: blue (ratio < 1), near white (1), red (> 1). */
+export const RATIO_LUT = buildKnotLut(RDBU_KNOTS);
+
+/**
+ * Special colours on the ratio map. Red and light grey would read as "a bit
+ * above 1" and "about 1" there, so a ratio's NaN/Inf is yellow, "no value"
+ * (either run lacks it) a mid grey, and zero (the run's value is 0) black.
+ */
+export const RATIO_SPECIAL_COLORS = Object.freeze({
+  nonfinite: Object.freeze([255, 214, 0]), // #ffd600
+  missing: Object.freeze([158, 158, 158]), // #9e9e9e
+  zero: Object.freeze([0, 0, 0]),
+});
+
 /** Outline colour for check_error cells whose status is "mismatch". */
 export const MISMATCH_COLOR = '#ff00e5';
+
+/** Outline of highlighted cells (a finding's), the tab's accent orange. */
+export const HIGHLIGHT_COLOR = '#f57c00';
 
 /** CSS colour string for an [r, g, b] triple. */
 export function rgbCss(rgb) {
@@ -126,6 +170,7 @@ export const STATUS_MISMATCH = 2;
  *   per layer.
  */
 export function parseHeatmap(resp) {
+  if (resp.encoding === 'f32') return parseF32Heatmap(resp);
   const rows = resp.layers.length;
   const cols = resp.steps.length;
   if (!Array.isArray(resp.values) || resp.values.length !== cols) {
@@ -160,6 +205,55 @@ export function parseHeatmap(resp) {
     }
   }
   return {rows, cols, values, missing, status};
+}
+
+/**
+ * The grid of an `encoding=f32` response: base64 little-endian float32,
+ * step-major (one float per row at each step), and a packbits bitmap of the
+ * missing cells (most significant bit first), transposed to display rows.
+ * @param {object} resp
+ * @returns {{rows: number, cols: number, values: Float64Array, missing: Uint8Array, status: Uint8Array|null}}
+ */
+export function parseF32Heatmap(resp) {
+  const rows = resp.layers.length;
+  const cols = resp.steps.length;
+  const bytes = base64Bytes(resp.values_f32);
+  if (bytes.length !== rows * cols * 4) {
+    throw new Error(
+      `Expected ${rows * cols} float32 values (${cols} steps x ${rows} rows). Received: ${bytes.length} bytes`,
+    );
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const bits = base64Bytes(resp.missing_bits);
+  const values = new Float64Array(rows * cols);
+  const missing = new Uint8Array(rows * cols);
+  for (let c = 0; c < cols; c++) {
+    for (let r = 0; r < rows; r++) {
+      const k = c * rows + r;
+      const i = r * cols + c;
+      if ((bits[k >> 3] >> (7 - (k & 7))) & 1) missing[i] = 1;
+      else values[i] = view.getFloat32(k * 4, true);
+    }
+  }
+  let status = null;
+  if (resp.status) {
+    status = new Uint8Array(rows * cols);
+    for (let c = 0; c < cols; c++) {
+      const sline = resp.status[c] || [];
+      for (let r = 0; r < rows; r++) {
+        const code = STATUS_NAMES.indexOf(sline[r] === undefined ? null : sline[r]);
+        status[r * cols + c] = code < 0 ? 0 : code;
+      }
+    }
+  }
+  return {rows, cols, values, missing, status};
+}
+
+function base64Bytes(text) {
+  const binary = atob(text || '');
+  const out = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) out[i] = binary.charCodeAt(i);
+  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -242,6 +336,42 @@ export function makeScale(kind, domain) {
       return t < 0 ? 0 : t > 1 ? 1 : t;
     },
   };
+}
+
+/** Smallest half-span of a ratio scale, in decades: x2 either side of 1. */
+export const MIN_RATIO_DECADES = Math.log10(2);
+
+/**
+ * The half-span, in decades, of a ratio scale centred at 1: the largest
+ * |log10(ratio)| over finite positive values, at least MIN_RATIO_DECADES
+ * (so ratios that are all about 1 stay pale instead of filling both ends).
+ * @param {Float64Array|number[]} values
+ * @param {Uint8Array|null} missing
+ * @returns {number} > 0
+ */
+export function ratioDecades(values, missing) {
+  let m = 0;
+  for (let i = 0; i < values.length; i++) {
+    if (missing && missing[i]) continue;
+    const v = values[i];
+    if (!(v > 0) || v === Infinity) continue;
+    const a = Math.abs(Math.log10(v));
+    if (a > m) m = a;
+  }
+  return Math.max(MIN_RATIO_DECADES, m);
+}
+
+/**
+ * A diverging log scale for ratios, symmetric around 1: [10^-d, 10^d].
+ * It is a log scale (colorize and the legend treat it as one) that carries
+ * its own LUT and special colours.
+ * @param {number} decades From ratioDecades.
+ * @returns {{kind: 'log', diverging: true, min, max, unit, lut, specials}}
+ */
+export function makeRatioScale(decades) {
+  const d = decades > 0 && Number.isFinite(decades) ? decades : 1;
+  const scale = makeScale('log', {min: 10 ** -d, max: 10 ** d});
+  return {...scale, diverging: true, lut: RATIO_LUT, specials: RATIO_SPECIAL_COLORS};
 }
 
 // ---------------------------------------------------------------------------
@@ -376,6 +506,43 @@ export function columnOfStep(steps, s) {
   return lo;
 }
 
+/**
+ * The columns that hold any step of [first, last].
+ * @param {number[]} steps First step of each column, ascending.
+ * @param {number[]|null} stepEnds Last step of each column when binned.
+ * @returns {[number, number]|null} Inclusive [col0, col1], or null when no
+ *   column holds a step of the range (outside the data, or in a gap).
+ */
+export function columnRange(steps, stepEnds, first, last) {
+  const n = steps.length;
+  if (n === 0 || last < first) return null;
+  const end = (c) => (stepEnds ? stepEnds[c] : steps[c]);
+  let c0 = columnOfStep(steps, first);
+  if (c0 < 0) c0 = 0;
+  else if (end(c0) < first) c0 += 1;
+  const c1 = columnOfStep(steps, last);
+  if (c0 >= n || c1 < c0) return null;
+  return [c0, c1];
+}
+
+/**
+ * Merges highlighted cells of consecutive rows with the same columns into
+ * blocks, so a finding over many layers is one outlined area.
+ * @param {[number, number, number][]} cells [row, col0, col1], any order.
+ * @returns {[number, number, number, number][]} [row0, row1, col0, col1].
+ */
+export function mergeCellRuns(cells) {
+  const sorted = cells.slice().sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+  const out = [];
+  for (const [r, c0, c1] of sorted) {
+    const last = out[out.length - 1];
+    if (last && last[1] + 1 === r && last[2] === c0 && last[3] === c1) last[1] = r;
+    else if (last && last[1] === r && last[2] === c0 && last[3] === c1) continue;
+    else out.push([r, r, c0, c1]);
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------
 // Downsampling
 
@@ -471,19 +638,23 @@ export function downsampleGrid(grid, maxCols, maxRows) {
 /**
  * Colours a grid into RGBA pixels, one per cell.
  * @param {{rows, cols, values, missing}} grid
- * @param {{kind: string, unit: Function, min: number, max: number}} scale From makeScale.
- * @param {Uint8ClampedArray} lut Default VIRIDIS_LUT.
+ * @param {{kind: string, unit: Function, min: number, max: number,
+ *   lut?: Uint8ClampedArray, specials?: object}} scale From makeScale or
+ *   makeRatioScale; its lut and specials (if any) replace viridis and
+ *   SPECIAL_COLORS.
+ * @param {Uint8ClampedArray} lut Default the scale's LUT, else VIRIDIS_LUT.
  * @param {Uint8ClampedArray} [out] Reused when it has the right length.
  * @returns {Uint8ClampedArray} rows * cols * 4 bytes, row-major.
  */
-export function colorize(grid, scale, lut = VIRIDIS_LUT, out) {
+export function colorize(grid, scale, lut = scale.lut || VIRIDIS_LUT, out) {
   const n = grid.rows * grid.cols;
   const px = out && out.length === n * 4 ? out : new Uint8ClampedArray(n * 4);
   const {values, missing} = grid;
   const top = LUT_SIZE - 1;
-  const [mr, mg, mb] = SPECIAL_COLORS.missing;
-  const [nr, ng, nb] = SPECIAL_COLORS.nonfinite;
-  const [zr, zg, zb] = SPECIAL_COLORS.zero;
+  const specials = scale.specials || SPECIAL_COLORS;
+  const [mr, mg, mb] = specials.missing;
+  const [nr, ng, nb] = specials.nonfinite;
+  const [zr, zg, zb] = specials.zero;
   const log = scale.kind === 'log';
   // Inline the scale for speed: one log10 per cell, no closure call.
   const lmin = log ? Math.log10(scale.min) : scale.min;
@@ -693,7 +864,7 @@ export class HeatmapCanvas {
       this.binKey = key;
     }
     const b = this.binned;
-    this.pixels = colorize(b, scale, VIRIDIS_LUT, this.pixels);
+    this.pixels = colorize(b, scale, scale.lut || VIRIDIS_LUT, this.pixels);
     const off = this.offscreen;
     if (off.width !== b.cols) off.width = b.cols;
     if (off.height !== b.rows) off.height = b.rows;
@@ -701,7 +872,7 @@ export class HeatmapCanvas {
     octx.putImageData(new ImageData(this.pixels, b.cols, b.rows), 0, 0);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(off, 0, 0, b.cols, b.rows, 0, 0, pw, ph);
-    this._markNonfinite(ctx, b, pw, ph);
+    this._markNonfinite(ctx, b, pw, ph, scale.specials || SPECIAL_COLORS);
     if (b.status) this._drawMismatch(ctx, b, pw, ph);
     this.drawOverlay();
     this.lastDrawMs = performance.now() - t0;
@@ -711,7 +882,7 @@ export class HeatmapCanvas {
   // A lone NaN in 10,000 steps is one device pixel wide: widen such cells to
   // MIN_MARK pixels so they can be seen. Only when there are few; many
   // non-finite cells are visible as an area anyway.
-  _markNonfinite(ctx, b, pw, ph) {
+  _markNonfinite(ctx, b, pw, ph, specials) {
     const cw = pw / b.cols;
     const rh = ph / b.rows;
     if (cw >= MIN_MARK && rh >= MIN_MARK) return;
@@ -721,7 +892,7 @@ export class HeatmapCanvas {
       if (!b.missing[i] && (v !== v || v === Infinity || v === -Infinity)) marks.push(i);
     }
     if (marks.length > MAX_MARKS) return;
-    ctx.fillStyle = rgbCss(SPECIAL_COLORS.nonfinite);
+    ctx.fillStyle = rgbCss(specials.nonfinite);
     const w = Math.max(cw, MIN_MARK);
     const h = Math.max(rh, MIN_MARK);
     for (const i of marks) {
@@ -781,14 +952,31 @@ export class HeatmapCanvas {
   }
 
   /**
-   * Outlines cells, e.g. for a finding: rows by source index, steps by value.
+   * Spotlights cells, e.g. a finding's: the rest of the heatmap is washed
+   * out and each highlighted run of cells is outlined.
    * @param {number[]} rowIndices Source row indices (null or [] clears).
-   * @param {[number, number]|null} stepRange Inclusive [first, last] step;
-   *   null means every step.
+   * @param {[number, number]|null|Array<[number, number]|null>} stepRange
+   *   Inclusive [first, last] step for every row, null for every step, or
+   *   an array with one such range per entry of rowIndices.
    */
   highlightCells(rowIndices, stepRange) {
     this.highlight = rowIndices && rowIndices.length ? {rows: rowIndices, stepRange} : null;
     this.drawOverlay();
+  }
+
+  /** The highlighted cells as [row, col0, col1] (source indices), or []. */
+  highlightedCells() {
+    if (!this.highlight || !this.grid) return [];
+    const {rows, stepRange} = this.highlight;
+    const perRow = Array.isArray(stepRange) && stepRange.length > 0 && (Array.isArray(stepRange[0]) || stepRange[0] === null);
+    const out = [];
+    rows.forEach((r, i) => {
+      if (r < 0 || r >= this.grid.rows) return;
+      const range = perRow ? stepRange[i] : stepRange;
+      const cols = range ? columnRange(this.steps, this.stepEnds, range[0], range[1]) : [0, this.grid.cols - 1];
+      if (cols) out.push([r, cols[0], cols[1]]);
+    });
+    return out;
   }
 
   drawOverlay() {
@@ -800,26 +988,23 @@ export class HeatmapCanvas {
     if (!b || !this.grid) return;
     const sx = ov.width / this.grid.cols;
     const sy = ov.height / this.grid.rows;
-    if (this.highlight) {
-      const {rows, stepRange} = this.highlight;
-      let c0 = 0;
-      let c1 = this.grid.cols - 1;
-      if (stepRange) {
-        c0 = Math.max(0, columnOfStep(this.steps, stepRange[0]));
-        c1 = Math.max(c0, columnOfStep(this.steps, stepRange[1]));
-      }
-      ctx.fillStyle = 'rgba(255, 255, 255, 0.25)';
-      ctx.strokeStyle = '#f57c00';
-      ctx.lineWidth = 2;
-      for (const r of rows) {
-        if (r < 0 || r >= this.grid.rows) continue;
+    const blocks = mergeCellRuns(this.highlightedCells());
+    if (blocks.length) {
+      const rects = blocks.map(([r0, r1, c0, c1]) => {
         const x = Math.floor(c0 * sx);
-        const y = Math.floor(r * sy);
-        const w = Math.max(3, Math.ceil((c1 + 1) * sx) - x);
-        const h = Math.max(3, Math.ceil((r + 1) * sy) - y);
-        ctx.fillRect(x, y, w, h);
-        ctx.strokeRect(x + 1, y + 1, w - 2, h - 2);
-      }
+        const y = Math.floor(r0 * sy);
+        // At least 4 device pixels: a one-step finding in 10,000 steps must show.
+        const w = Math.max(4, Math.ceil((c1 + 1) * sx) - x);
+        const h = Math.max(4, Math.ceil((r1 + 1) * sy) - y);
+        return [Math.max(0, Math.min(x, ov.width - w)), Math.max(0, Math.min(y, ov.height - h)), w, h];
+      });
+      ctx.fillStyle = 'rgba(255, 255, 255, 0.62)';
+      ctx.fillRect(0, 0, ov.width, ov.height);
+      for (const [x, y, w, h] of rects) ctx.clearRect(x, y, w, h);
+      const lw = Math.max(1, Math.min(2, Math.floor(Math.min(sy, 8) / 3)));
+      ctx.lineWidth = lw;
+      ctx.strokeStyle = HIGHLIGHT_COLOR;
+      for (const [x, y, w, h] of rects) ctx.strokeRect(x + lw / 2, y + lw / 2, w - lw, h - lw);
     }
     const hv = this.hover;
     if (hv) {
@@ -836,6 +1021,202 @@ export class HeatmapCanvas {
       ctx.strokeRect(x - 1.5, y - 1.5, w + 3, h + 3);
       ctx.strokeStyle = '#ffffff';
       ctx.strokeRect(x - 0.5, y - 0.5, w + 1, h + 1);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Trace: the rows as lines over steps, under the heatmap (browser only)
+
+/** Above this many rows the trace draws their envelope and median, not each line. */
+export const TRACE_MAX_LINES = 64;
+
+/**
+ * Per column, the min, median and max of the finite on-scale values across
+ * rows (for the trace of a heatmap with many rows).
+ * @param {{rows, cols, values, missing}} grid
+ * @param {(v: number) => number} unit The scale's unit(); NaN = off scale.
+ * @returns {{lo: Float64Array, mid: Float64Array, hi: Float64Array}} In
+ *   scale units [0, 1]; NaN where a column has no value on the scale.
+ */
+export function traceEnvelope(grid, unit) {
+  const {rows, cols, values, missing} = grid;
+  const lo = new Float64Array(cols).fill(NaN);
+  const mid = new Float64Array(cols).fill(NaN);
+  const hi = new Float64Array(cols).fill(NaN);
+  const col = [];
+  for (let c = 0; c < cols; c++) {
+    col.length = 0;
+    for (let r = 0; r < rows; r++) {
+      const i = r * cols + c;
+      if (missing[i]) continue;
+      const u = unit(values[i]);
+      if (u === u) col.push(u);
+    }
+    if (!col.length) continue;
+    col.sort((a, b) => a - b);
+    lo[c] = col[0];
+    hi[c] = col[col.length - 1];
+    const m = col.length >> 1;
+    mid[c] = col.length % 2 ? col[m] : (col[m - 1] + col[m]) / 2;
+  }
+  return {lo, mid, hi};
+}
+
+/**
+ * Line chart of a heatmap's rows over its columns, on the heatmap's scale
+ * (log or linear), x aligned with the heatmap's columns. The faint lines of
+ * every row are drawn once per data/size change; emphasis (hovered row,
+ * a finding's rows) only redraws the top canvas.
+ */
+export class TraceChart {
+  /** @param {HTMLElement} container Positioned element the canvases fill. */
+  constructor(container) {
+    const doc = container.ownerDocument;
+    this.base = doc.createElement('canvas');
+    this.base.className = 'trace-canvas';
+    this.top = doc.createElement('canvas');
+    this.top.className = 'trace-canvas';
+    container.append(this.base, this.top);
+    this.grid = null;
+    this.scale = null;
+    this.dpr = 1;
+    this.emphasis = [];
+    this.hover = null;
+  }
+
+  _y(u, ph) {
+    const pad = 4 * this.dpr;
+    return pad + (1 - u) * (ph - 2 * pad);
+  }
+
+  _line(ctx, r, pw, ph) {
+    const {cols, values, missing} = this.grid;
+    const unit = this.scale.unit;
+    const dx = pw / cols;
+    let open = false;
+    ctx.beginPath();
+    for (let c = 0; c < cols; c++) {
+      const i = r * cols + c;
+      const u = missing[i] ? NaN : unit(values[i]);
+      if (u !== u) {
+        open = false;
+        continue;
+      }
+      const x = (c + 0.5) * dx;
+      const y = this._y(u, ph);
+      if (open) ctx.lineTo(x, y);
+      else {
+        ctx.moveTo(x, y);
+        // A lone point between gaps still shows.
+        ctx.lineTo(x + 0.01, y);
+      }
+      open = true;
+    }
+    ctx.stroke();
+  }
+
+  /**
+   * Draws the faint lines (or, for many rows, the envelope and median).
+   * @param {object|null} grid From parseHeatmap (null clears).
+   * @param {object} scale From makeScale / makeRatioScale.
+   */
+  draw(grid, scale, cssWidth, cssHeight, dpr) {
+    this.grid = grid;
+    this.scale = scale;
+    this.dpr = dpr;
+    const pw = Math.max(1, Math.round(cssWidth * dpr));
+    const ph = Math.max(1, Math.round(cssHeight * dpr));
+    for (const c of [this.base, this.top]) {
+      if (c.width !== pw) c.width = pw;
+      if (c.height !== ph) c.height = ph;
+      c.style.width = `${cssWidth}px`;
+      c.style.height = `${cssHeight}px`;
+    }
+    const ctx = this.base.getContext('2d');
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.clearRect(0, 0, pw, ph);
+    // Reference lines at the scale's ticks, drawn by the caller's axis
+    // positions; here only a faint frame line at the bottom.
+    ctx.fillStyle = '#eeeeee';
+    ctx.fillRect(0, ph - Math.max(1, Math.round(dpr)), pw, Math.max(1, Math.round(dpr)));
+    if (!grid || grid.rows === 0 || grid.cols === 0) {
+      this.redrawTop();
+      return;
+    }
+    if (grid.rows > TRACE_MAX_LINES) {
+      const env = traceEnvelope(grid, scale.unit);
+      const dx = pw / grid.cols;
+      ctx.fillStyle = 'rgba(158, 158, 158, 0.35)';
+      for (let c = 0; c < grid.cols; c++) {
+        if (env.lo[c] !== env.lo[c]) continue;
+        const y0 = this._y(env.hi[c], ph);
+        const y1 = this._y(env.lo[c], ph);
+        ctx.fillRect(Math.floor(c * dx), y0, Math.max(1, Math.ceil(dx)), Math.max(1, y1 - y0));
+      }
+      ctx.strokeStyle = '#757575';
+      ctx.lineWidth = dpr;
+      ctx.beginPath();
+      let open = false;
+      for (let c = 0; c < grid.cols; c++) {
+        const u = env.mid[c];
+        if (u !== u) {
+          open = false;
+          continue;
+        }
+        const x = (c + 0.5) * dx;
+        const y = this._y(u, ph);
+        if (open) ctx.lineTo(x, y);
+        else ctx.moveTo(x, y);
+        open = true;
+      }
+      ctx.stroke();
+    } else {
+      ctx.strokeStyle = 'rgba(117, 117, 117, 0.45)';
+      ctx.lineWidth = dpr;
+      ctx.lineJoin = 'round';
+      for (let r = 0; r < grid.rows; r++) this._line(ctx, r, pw, ph);
+    }
+    this.redrawTop();
+  }
+
+  /**
+   * Sets the emphasised rows and the hovered cell, redrawing the top canvas.
+   * @param {{row: number, color: string}[]} emphasis Rows drawn in a colour.
+   * @param {{row: number, col0: number, col1: number}|null} hover
+   */
+  setEmphasis(emphasis, hover) {
+    this.emphasis = emphasis || [];
+    this.hover = hover || null;
+    this.redrawTop();
+  }
+
+  redrawTop() {
+    const ctx = this.top.getContext('2d');
+    const pw = this.top.width;
+    const ph = this.top.height;
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.clearRect(0, 0, pw, ph);
+    const grid = this.grid;
+    if (!grid || grid.rows === 0 || grid.cols === 0) return;
+    ctx.lineJoin = 'round';
+    // Thin enough that several emphasised rows stay apart at one step per pixel.
+    ctx.lineWidth = 1.1 * this.dpr;
+    for (const {row, color} of this.emphasis) {
+      if (row < 0 || row >= grid.rows) continue;
+      ctx.strokeStyle = color;
+      this._line(ctx, row, pw, ph);
+    }
+    const h = this.hover;
+    if (h) {
+      const dx = pw / grid.cols;
+      ctx.fillStyle = 'rgba(0, 0, 0, 0.06)';
+      ctx.fillRect(Math.floor(h.col0 * dx), 0, Math.max(1, Math.ceil((h.col1 + 1) * dx) - Math.floor(h.col0 * dx)), ph);
+      if (h.row >= 0 && h.row < grid.rows) {
+        ctx.lineWidth = 1.6 * this.dpr;
+        ctx.strokeStyle = '#212121';
+        this._line(ctx, h.row, pw, ph);
+      }
     }
   }
 }

@@ -70,6 +70,10 @@ export function buildLayout(root) {
   const scale = segmented(doc, 'scale', 'Scale', [['log', 'Log'], ['linear', 'Linear']]);
   const aggregateControl = labelled(doc, 'Aggregate', aggregateSelect, 'aggregate-control');
   aggregateControl.hidden = true;
+  const compareSelect = el(doc, 'select', {id: 'compare-select', attrs: {'aria-label': 'Compare with'}});
+  const compareMode = segmented(doc, 'compare-mode', 'Show', [['side', 'Side by side'], ['ratio', 'Ratio']]);
+  compareMode.id = 'compare-mode-control';
+  compareMode.hidden = true;
   const refresh = el(
     doc,
     'button',
@@ -86,6 +90,9 @@ export function buildLayout(root) {
     granularity,
     scale,
     aggregateControl,
+    el(doc, 'div', {className: 'selectors-sep', attrs: {'aria-hidden': 'true'}}),
+    labelled(doc, 'Compare with', compareSelect, 'compare-control'),
+    compareMode,
   );
   // A plain link: the export route answers with Content-Disposition, so the
   // browser downloads it; no script and no blob needed.
@@ -98,7 +105,16 @@ export function buildLayout(root) {
   });
   download.prepend(el(doc, 'span', {className: 'download-icon', text: '\u2913', attrs: {'aria-hidden': 'true'}}));
   download.hidden = true;
-  const actions = el(doc, 'div', {className: 'actions'}, download, refresh);
+  const downloadJson = el(doc, 'a', {
+    id: 'download-json',
+    className: 'button',
+    text: 'JSON',
+    title: 'Download this matrix, unbinned, as JSON',
+    attrs: {download: '', role: 'button'},
+  });
+  downloadJson.prepend(el(doc, 'span', {className: 'download-icon', text: '\u2913', attrs: {'aria-hidden': 'true'}}));
+  downloadJson.hidden = true;
+  const actions = el(doc, 'div', {className: 'actions'}, download, downloadJson, refresh);
   const toolbar = el(doc, 'header', {className: 'toolbar'}, selectors, actions);
 
   const error = el(doc, 'div', {id: 'error', className: 'message message-error', attrs: {role: 'alert'}});
@@ -125,10 +141,26 @@ export function buildLayout(root) {
   const infobar = el(doc, 'div', {className: 'infobar'}, status, legend);
 
   const plot = buildPlot(doc);
-  // Findings panel (later): sits to the right of the plot.
-  const findings = el(doc, 'aside', {id: 'findings', className: 'findings'});
-  findings.hidden = true;
-  const body = el(doc, 'div', {className: 'view-body'}, plot.root, findings);
+  // The compared run, side by side: a second plot under the first, on the
+  // same rows (aligned by name) and the same colour scale.
+  const otherPlot = buildPlot(doc, '-other');
+  const plotTitle = el(doc, 'div', {id: 'plot-title', className: 'plot-title'});
+  const otherTitle = el(doc, 'div', {id: 'plot-title-other', className: 'plot-title'});
+  const otherError = el(doc, 'div', {id: 'other-error', className: 'message message-error', attrs: {role: 'alert'}});
+  otherError.hidden = true;
+  const otherBox = el(doc, 'div', {id: 'other-pane', className: 'pane pane-other'}, otherTitle, otherError, otherPlot.root);
+  otherBox.hidden = true;
+  plotTitle.hidden = true;
+  const compareNote = el(doc, 'div', {id: 'compare-note', className: 'compare-note'});
+  compareNote.hidden = true;
+  const plots = el(
+    doc, 'div', {className: 'plots'},
+    el(doc, 'div', {id: 'main-pane', className: 'pane'}, plotTitle, compareNote, plot.root),
+    otherBox,
+  );
+  // Findings: to the right of the plots on wide screens, under them on narrow.
+  const findings = buildFindingsPanel(doc);
+  const body = el(doc, 'div', {className: 'view-body'}, plots, findings.root);
   const view = el(doc, 'section', {className: 'view'}, infobar, body);
   view.hidden = true;
 
@@ -140,8 +172,23 @@ export function buildLayout(root) {
   return {
     app, toolbar, selectors, runSelect, metricSelect, aggregateSelect, aggregateControl,
     granularity: granularity.querySelector('.segmented'), scale: scale.querySelector('.segmented'),
-    refresh, download, error, problems, empty, status, legend, view, plot, findings, tooltip,
+    refresh, download, downloadJson, error, problems, empty, status, legend, view, plot, findings, tooltip,
+    compareSelect, compareMode: compareMode.querySelector('.segmented'), compareModeControl: compareMode,
+    otherPlot, otherBox, otherTitle, otherError, plotTitle, compareNote,
   };
+}
+
+function buildFindingsPanel(doc) {
+  const count = el(doc, 'span', {id: 'findings-count', className: 'findings-count'});
+  const runName = el(doc, 'span', {className: 'findings-run'});
+  const head = el(doc, 'div', {className: 'findings-head'},
+    el(doc, 'h2', {className: 'findings-title', text: 'Findings'}), count, runName);
+  const list = el(doc, 'ol', {id: 'findings-list', className: 'findings-list'});
+  const note = el(doc, 'div', {id: 'findings-note', className: 'findings-note'});
+  const hint = el(doc, 'div', {className: 'findings-hint', text: 'Click a finding to show its cells; click again or press Esc to clear.'});
+  hint.hidden = true;
+  const root = el(doc, 'aside', {id: 'findings', className: 'findings', attrs: {'aria-label': 'Findings'}}, head, note, list, hint);
+  return {root, count, runName, list, note, hint};
 }
 
 /**
@@ -157,20 +204,30 @@ export function buildPlot(doc, suffix = '') {
   const noData = el(doc, 'div', {className: 'no-steps', text: 'No steps recorded yet for this selection.'});
   noData.hidden = true;
   canvasWrap.append(noData);
+  const marks = el(doc, 'div', {id: `row-marks${suffix}`, className: 'row-marks', attrs: {'aria-hidden': 'true'}});
   const xAxis = el(doc, 'div', {className: 'x-axis'});
   const xTitle = el(doc, 'div', {className: 'x-title', text: 'step'});
+  // The trace: every row as a line over the same steps, between the heatmap
+  // and the x axis they share.
+  const traceAxis = el(doc, 'div', {className: 'trace-axis'});
+  const traceCaption = el(doc, 'div', {className: 'trace-caption'});
+  const traceWrap = el(doc, 'div', {id: `trace${suffix}`, className: 'trace-wrap'}, traceCaption);
+  traceAxis.hidden = true;
+  traceWrap.hidden = true;
   const root = el(
     doc,
     'div',
     {className: 'plot'},
     el(doc, 'div', {className: 'plot-corner'}, prefix),
     el(doc, 'div', {className: 'plot-spacer'}),
-    labels,
+    el(doc, 'div', {className: 'label-col'}, labels, marks),
     canvasWrap,
+    traceAxis,
+    traceWrap,
     el(doc, 'div', {className: 'plot-spacer'}),
     el(doc, 'div', {className: 'x-wrap'}, xAxis, xTitle),
   );
-  return {root, prefix, labels, canvasWrap, xAxis, noData};
+  return {root, prefix, labels, marks, canvasWrap, xAxis, noData, traceAxis, traceWrap, traceCaption};
 }
 
 /**
@@ -286,10 +343,14 @@ export function renderXAxis(axis, ticks, width) {
 /**
  * Draws the legend: colour bar with ticks, and the special colours.
  * @param {HTMLElement} legend #legend
- * @param {{kind, min, max, unit}} scale
+ * @param {{kind, min, max, unit, lut?, diverging?}} scale A ratio scale
+ *   (diverging) gets "x" ticks and its two ends named.
  * @param {{title: string, showZero?: boolean, showMismatch?: boolean,
- *   noScale?: boolean}} opts noScale: no value is on the scale (no steps, or
- *   every cell non-finite or missing), so the bar would describe nothing.
+ *   noScale?: boolean, specials?: object, specialLabels?: object,
+ *   lowLabel?: string, highLabel?: string}} opts noScale: no value is on the
+ *   scale (no steps, or every cell non-finite or missing), so the bar would
+ *   describe nothing. specials/specialLabels replace the special colours
+ *   and their names (keys nonfinite, missing, zero).
  */
 export function renderLegend(legend, scale, opts) {
   const doc = legend.ownerDocument;
@@ -303,9 +364,11 @@ export function renderLegend(legend, scale, opts) {
   bar.width = LUT_SIZE;
   bar.height = 1;
   const ctx = bar.getContext('2d');
-  ctx.putImageData(new ImageData(new Uint8ClampedArray(VIRIDIS_LUT), LUT_SIZE, 1), 0, 0);
-  const tickValues = scale.kind === 'log' ? logTicks(scale.min, scale.max, 6) : linearTicks(scale.min, scale.max, 4);
-  const labels = formatTicks(tickValues);
+  ctx.putImageData(new ImageData(new Uint8ClampedArray(scale.lut || VIRIDIS_LUT), LUT_SIZE, 1), 0, 0);
+  const tickValues = scale.diverging
+    ? logTicks(scale.min, scale.max, 7)
+    : scale.kind === 'log' ? logTicks(scale.min, scale.max, 6) : linearTicks(scale.min, scale.max, 4);
+  const labels = scale.diverging ? tickValues.map(ratioTickLabel) : formatTicks(tickValues);
   const ticks = el(doc, 'div', {className: 'legend-ticks'});
   tickValues.forEach((v, i) => {
     const t = el(doc, 'span', {className: 'legend-tick', text: labels[i]});
@@ -313,15 +376,30 @@ export function renderLegend(legend, scale, opts) {
     ticks.append(t);
   });
   const scaleBox = el(doc, 'div', {className: 'legend-scale'}, bar, ticks);
+  if (scale.diverging) {
+    // Say which way is which: the ends of a ratio bar are the two runs.
+    const ends = el(doc, 'div', {className: 'legend-ends'},
+      el(doc, 'span', {text: opts.lowLabel || 'lower'}), el(doc, 'span', {text: opts.highLabel || 'higher'}));
+    scaleBox.append(ends);
+  }
   legend.replaceChildren(el(doc, 'span', {className: 'legend-title', text: opts.title}), scaleBox, swatches);
 }
 
+/** A ratio tick: "1\u00d7", "0.5\u00d7", "1000\u00d7", "1e-6\u00d7". */
+export function ratioTickLabel(v) {
+  const r = Number(v.toPrecision(3));
+  const text = r >= 1e-3 && r < 1e4 ? String(r) : r.toExponential().replace('e+', 'e');
+  return `${text}\u00d7`;
+}
+
 function legendSwatches(doc, opts) {
+  const colors = opts.specials || SPECIAL_COLORS;
+  const names = opts.specialLabels || {};
   const items = [
-    swatch(doc, rgbCss(SPECIAL_COLORS.nonfinite), 'NaN / Inf'),
-    swatch(doc, rgbCss(SPECIAL_COLORS.missing), 'no gradient'),
+    swatch(doc, rgbCss(colors.nonfinite), names.nonfinite || 'NaN / Inf'),
+    swatch(doc, rgbCss(colors.missing), names.missing || 'no gradient'),
   ];
-  if (opts.showZero) items.push(swatch(doc, rgbCss(SPECIAL_COLORS.zero), '\u2264 0'));
+  if (opts.showZero) items.push(swatch(doc, rgbCss(colors.zero), names.zero || '\u2264 0'));
   if (opts.showMismatch) items.push(swatch(doc, 'transparent', 'mismatch', MISMATCH_COLOR));
   return el(doc, 'div', {className: 'legend-swatches'}, ...items);
 }
@@ -395,4 +473,136 @@ export function showTooltip(tip, rows, clientX, clientY) {
 
 export function hideTooltip(tip) {
   tip.hidden = true;
+}
+
+/**
+ * Marks rows named by findings: a small bar beside the label, coloured by
+ * the worst severity (every affected row, even where labels are thinned).
+ * @param {HTMLElement} container .row-marks of a plot.
+ * @param {{row: number, severity: string, kinds: string[]}[]} marks From rowMarks.
+ * @param {number} rowHeight CSS pixels per row.
+ * @param {number} rows Number of rows.
+ */
+export function renderRowMarks(container, marks, rowHeight, rows) {
+  const doc = container.ownerDocument;
+  container.style.height = `${Math.round(rowHeight * rows)}px`;
+  const gap = rowHeight >= 6 ? 1 : 0;
+  container.replaceChildren(...(marks || []).map((m) => {
+    const node = el(doc, 'div', {
+      className: `row-mark sev-${m.severity === 'error' ? 'error' : 'warning'}`,
+      title: m.kinds.map((k) => k.replace(/_/g, ' ')).join(', '),
+      dataset: {row: String(m.row)},
+    });
+    node.style.top = `${(m.row * rowHeight + gap).toFixed(1)}px`;
+    node.style.height = `${Math.max(2, rowHeight - 2 * gap).toFixed(1)}px`;
+    return node;
+  }));
+}
+
+/** Greys out the labels of rows a run does not have (side-by-side view). */
+export function markAbsentRows(container, absent, runName) {
+  for (const node of container.querySelectorAll('.row-label')) {
+    const gone = !!(absent && absent[Number(node.dataset.row)]);
+    node.classList.toggle('absent', gone);
+    if (gone) node.title = `${node.title} (not in ${runName})`;
+  }
+}
+
+/**
+ * Fills the findings panel.
+ * @param {object} panel From buildLayout().findings.
+ * @param {{run: string, findings: object[]|null, error?: string|null,
+ *   loading?: boolean, activeKey?: string|null, keyOf: (f) => string,
+ *   headline: (f, layer) => string, evidence: (f) => object[],
+ *   kindLabel: (kind) => string, stepText: (steps) => string}} opts
+ */
+export function renderFindings(panel, opts) {
+  const doc = panel.root.ownerDocument;
+  const findings = opts.findings || [];
+  panel.runName.textContent = opts.run ? opts.run : '';
+  panel.runName.title = opts.run ? `findings of run ${opts.run}` : '';
+  const worst = findings.some((f) => f.severity === 'error') ? 'error' : findings.length ? 'warning' : 'ok';
+  panel.count.textContent = opts.findings ? String(findings.length) : '';
+  panel.count.className = `findings-count count-${worst}`;
+  panel.count.hidden = !opts.findings;
+  panel.root.dataset.state = opts.error ? 'error' : opts.loading && !opts.findings ? 'loading' : findings.length ? 'findings' : 'healthy';
+  let note = null;
+  if (opts.error) {
+    note = el(doc, 'div', {className: 'findings-error', text: opts.error});
+  } else if (opts.loading && !opts.findings) {
+    note = el(doc, 'div', {className: 'findings-loading', text: 'Looking for problems\u2026'});
+  } else if (findings.length === 0) {
+    note = el(doc, 'div', {className: 'findings-healthy'},
+      el(doc, 'span', {className: 'healthy-icon', text: '\u2713', attrs: {'aria-hidden': 'true'}}),
+      el(doc, 'span', {text: 'No findings: gradients look healthy.'}));
+  }
+  panel.note.replaceChildren(...(note ? [note] : []));
+  panel.note.hidden = !note;
+  panel.hint.hidden = findings.length === 0 || !!opts.error;
+  panel.list.replaceChildren(...findings.map((f, i) => findingItem(doc, f, i, opts)));
+}
+
+function findingItem(doc, f, index, opts) {
+  const key = opts.keyOf(f);
+  const active = key === opts.activeKey;
+  const sev = f.severity === 'error' ? 'error' : 'warning';
+  const head = el(doc, 'div', {className: 'finding-head'},
+    el(doc, 'span', {className: `severity-pill sev-${sev}`, text: sev}),
+    el(doc, 'span', {className: 'finding-kind', text: opts.kindLabel(f.kind)}),
+    el(doc, 'span', {className: 'finding-steps', text: opts.stepText(f.steps)}));
+  const layers = el(doc, 'ul', {className: 'finding-layers', attrs: {'aria-label': 'affected layers'}});
+  for (const layer of f.layers || []) {
+    const headline = opts.headline(f, layer);
+    layers.append(el(doc, 'li', {className: 'layer-chip', title: layer},
+      el(doc, 'span', {className: 'layer-name', text: layer}),
+      headline ? el(doc, 'span', {className: 'layer-number', text: headline}) : null));
+  }
+  const main = el(doc, 'button', {
+    className: 'finding-main',
+    attrs: {type: 'button', 'aria-pressed': String(active), title: active ? 'Clear the highlight' : 'Show these cells on the heatmap'},
+    dataset: {key, index: String(index)},
+  }, head, el(doc, 'p', {className: 'finding-message', text: f.message || ''}), layers);
+  const item = el(doc, 'li', {className: `finding sev-${sev}${active ? ' active' : ''}`, dataset: {kind: f.kind, index: String(index)}}, main);
+  const evidence = opts.evidence(f);
+  if (evidence.length) {
+    const table = el(doc, 'table', {className: 'evidence-table'});
+    for (const {layer, items} of evidence) {
+      table.append(el(doc, 'tr', {className: 'evidence-layer'}, el(doc, 'th', {text: layer, attrs: {colspan: '2'}})));
+      for (const [label, value] of items) {
+        table.append(el(doc, 'tr', {}, el(doc, 'td', {className: 'evidence-key', text: label}),
+          el(doc, 'td', {className: 'evidence-value', text: value})));
+      }
+    }
+    const n = evidence.length;
+    item.append(el(doc, 'details', {className: 'finding-evidence'},
+      el(doc, 'summary', {text: `Evidence (${n} layer${n === 1 ? '' : 's'})`}), table));
+  }
+  return item;
+}
+
+/**
+ * The trace's y axis: tick labels of the scale, right-aligned in the label
+ * column, at the heights the trace draws them (4 px padding each end).
+ * @param {HTMLElement} axis .trace-axis
+ * @param {object} scale From makeScale / makeRatioScale.
+ * @param {number} height CSS pixels.
+ * @param {boolean} noScale No value on the scale: no ticks.
+ */
+export function renderTraceAxis(axis, scale, height, noScale) {
+  const doc = axis.ownerDocument;
+  axis.style.height = `${height}px`;
+  if (noScale) {
+    axis.replaceChildren();
+    return;
+  }
+  const values = scale.diverging
+    ? logTicks(scale.min, scale.max, 3)
+    : scale.kind === 'log' ? logTicks(scale.min, scale.max, 4) : linearTicks(scale.min, scale.max, 3);
+  const labels = scale.diverging ? values.map(ratioTickLabel) : formatTicks(values);
+  const pad = 4;
+  axis.replaceChildren(...values.map((v, i) => {
+    const node = el(doc, 'div', {className: 'trace-tick', text: labels[i]});
+    node.style.top = `${(pad + (1 - scale.unit(v)) * (height - 2 * pad)).toFixed(1)}px`;
+    return node;
+  }));
 }

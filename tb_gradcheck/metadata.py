@@ -24,20 +24,22 @@ CONTENT_VERSION = 1
 
 KIND_STATS = "stats"
 KIND_CHECK = "check"
-KIND_PROGRESS = "progress"
-KINDS = (KIND_STATS, KIND_CHECK, KIND_PROGRESS)
+KINDS = (KIND_STATS, KIND_CHECK)
 
 GRANULARITIES = ("layer", "variable")
 
 # Statistic columns of a stats tensor, in stored order.
-STAT_COLUMNS = (
+STORED_STAT_COLUMNS = (
     "grad_norm",
     "grad_max_abs",
     "grad_zero_fraction",
     "grad_nonfinite",
     "weight_norm",
-    "grad_to_weight",
 )
+# The statistics a reader serves: the stored ones, and grad_to_weight, which
+# is grad_norm / weight_norm in every aggregate (weights are taken at the
+# write step), so it is derived on read instead of stored.
+STAT_COLUMNS = STORED_STAT_COLUMNS + ("grad_to_weight",)
 
 # Slabs of a stats tensor. A writer that writes every step stores only "last";
 # a windowed writer (every_n_steps > 1) stores all of them, each reduced over
@@ -65,39 +67,51 @@ class ContentError(ValueError):
     """Metadata content that this version of tb_gradcheck cannot read."""
 
 
-def layout(kind, granularity=None, rows=(), columns=(), aggregates=(), window=1, sizes=None, sparse_rows=()):
-    """Returns the JSON-able layout dict that becomes a tag's metadata content.
+def stats_layout(layers, variables, aggregates, window):
+    """The layout of a stats tensor, which holds both granularities.
+
+    The tensor is float32 ``[A, L + V + 1, C]``: ``A`` aggregates, then the
+    ``L`` layer rows, the ``V`` variable rows and one header row whose
+    column 0 counts the writes this writer has made (the M of "N of M steps"
+    when TensorBoard samples), ``C = len(STORED_STAT_COLUMNS)``. One event per
+    written step keeps the per-step cost to the numbers themselves.
 
     Args:
-      kind: One of ``KINDS``.
-      granularity: ``"layer"`` or ``"variable"``; None for the progress tag.
-      rows: Row names in depth order (input side first).
-      columns: Column names, in stored order.
-      aggregates: Slab names, in stored order (stats only).
-      window: Training steps a write summarises (1 means every step is written).
-      sizes: Element count of each row (stats only), or None.
-      sparse_rows: Names of rows whose gradients are ``tf.IndexedSlices``
-        (embeddings): their zero fraction is high by nature, not dead.
+      layers: ``{"rows": names, "sizes": element counts, "sparse_rows": names}``
+        for the layer rows, in depth order. ``sparse_rows`` are rows whose
+        gradients are ``tf.IndexedSlices`` (embeddings): their zero fraction
+        is high by nature, not because they are dead.
+      variables: The same for the variable rows.
+      aggregates: Slab names, in stored order.
+      window: Training steps one write summarises (1: every step is written).
 
     Returns:
-      A dict; ``encode`` turns it into content bytes.
+      A JSON-able dict; ``encode`` turns it into content bytes.
     """
-    content = {"version": CONTENT_VERSION, "kind": kind}
-    if granularity is not None:
-        content["granularity"] = granularity
-    if rows:
-        content["rows"] = list(rows)
-    if columns:
-        content["columns"] = list(columns)
-    if aggregates:
-        content["aggregates"] = list(aggregates)
-    if kind == KIND_STATS:
-        content["window"] = int(window)
-    if sizes is not None:
-        content["sizes"] = [int(s) for s in sizes]
-    if sparse_rows:
-        content["sparse_rows"] = list(sparse_rows)
-    return content
+    return {
+        "version": CONTENT_VERSION,
+        "kind": KIND_STATS,
+        "columns": list(STORED_STAT_COLUMNS),
+        "aggregates": list(aggregates),
+        "window": int(window),
+        "layer": _granularity_block(**layers),
+        "variable": _granularity_block(**variables),
+    }
+
+
+def check_layout(granularity, rows):
+    """The layout of a check tensor: float32 ``[R, len(CHECK_COLUMNS)]``, one row per checked layer or variable."""
+    return {
+        "version": CONTENT_VERSION,
+        "kind": KIND_CHECK,
+        "granularity": granularity,
+        "rows": list(rows),
+        "columns": list(CHECK_COLUMNS),
+    }
+
+
+def _granularity_block(rows, sizes, sparse_rows=()):
+    return {"rows": list(rows), "sizes": [int(s) for s in sizes], "sparse_rows": list(sparse_rows)}
 
 
 def encode(content):
@@ -108,7 +122,8 @@ def encode(content):
 def tag_for(content):
     """Returns the tag under which tensors of this layout are written.
 
-    ``gradients/<kind>/<granularity>/<fingerprint>``: the fingerprint is the
+    ``gradients/stats/<fingerprint>`` or
+    ``gradients/check/<granularity>/<fingerprint>``: the fingerprint is the
     first 12 hex digits of the SHA-256 of the encoded layout, so a restarted
     run with the same model continues the same series, and a run written by
     a different model starts a new one that the plugin merges by row name.
@@ -151,13 +166,6 @@ def parse(content_bytes):
     kind = content.get("kind")
     if kind not in KINDS:
         raise ContentError(f"unknown kind {kind!r}; expected one of {list(KINDS)}")
-    if kind == KIND_PROGRESS:
-        return content
-    if content.get("granularity") not in GRANULARITIES:
-        raise ContentError(
-            f"unknown granularity {content.get('granularity')!r}; expected one of {list(GRANULARITIES)}"
-        )
-    _require_names(content, "rows")
     _require_names(content, "columns")
     if kind == KIND_STATS:
         _require_names(content, "aggregates")
@@ -167,31 +175,54 @@ def parse(content_bytes):
         window = content.get("window")
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise ContentError(f"window must be a positive integer, got {window!r}")
-    sizes = content.get("sizes")
-    if sizes is not None and (
-        not isinstance(sizes, list) or len(sizes) != len(content["rows"])
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in sizes)
-    ):
-        raise ContentError("sizes must be one integer per row")
-    sparse = content.get("sparse_rows", [])
-    if not isinstance(sparse, list) or not set(sparse) <= set(content["rows"]):
-        raise ContentError(f"sparse_rows must be a list of row names, got {sparse!r}")
+        for granularity in GRANULARITIES:
+            block = content.get(granularity)
+            if not isinstance(block, dict):
+                raise ContentError(f"stats content has no {granularity!r} block")
+            _require_names(block, "rows", granularity)
+            sizes = block.get("sizes")
+            if not isinstance(sizes, list) or len(sizes) != len(block["rows"]) or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in sizes
+            ):
+                raise ContentError(f"{granularity} sizes must be one integer per row")
+            sparse = block.get("sparse_rows", [])
+            if not isinstance(sparse, list) or not set(sparse) <= set(block["rows"]):
+                raise ContentError(f"{granularity} sparse_rows must be a list of row names, got {sparse!r}")
+    else:
+        if content.get("granularity") not in GRANULARITIES:
+            raise ContentError(
+                f"unknown granularity {content.get('granularity')!r}; expected one of {list(GRANULARITIES)}"
+            )
+        _require_names(content, "rows")
     return content
+
+
+def rows_of(content, granularity):
+    """``(names, row slice)`` of one granularity's rows in a tensor of this layout."""
+    if content["kind"] == KIND_CHECK:
+        return content["rows"], slice(0, len(content["rows"]))
+    n_layers = len(content["layer"]["rows"])
+    if granularity == "layer":
+        return content["layer"]["rows"], slice(0, n_layers)
+    return content["variable"]["rows"], slice(n_layers, n_layers + len(content["variable"]["rows"]))
+
+
+def header_row(content):
+    """Index of the header row of a stats tensor (column 0: writes so far)."""
+    return len(content["layer"]["rows"]) + len(content["variable"]["rows"])
 
 
 def shape_of(content):
     """Returns the tensor shape a layout promises, as a tuple."""
-    kind = content["kind"]
-    if kind == KIND_STATS:
-        return (len(content["aggregates"]), len(content["rows"]), len(content["columns"]))
-    if kind == KIND_CHECK:
-        return (len(content["rows"]), len(content["columns"]))
-    return ()
+    if content["kind"] == KIND_STATS:
+        return (len(content["aggregates"]), header_row(content) + 1, len(content["columns"]))
+    return (len(content["rows"]), len(content["columns"]))
 
 
-def _require_names(content, key):
+def _require_names(content, key, where=""):
+    label = f"{where} {key}".strip()
     names = content.get(key)
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise ContentError(f"{key} must be a non-empty list of strings, got {names!r}")
+        raise ContentError(f"{label} must be a non-empty list of strings, got {names!r}")
     if len(set(names)) != len(names):
-        raise ContentError(f"{key} must be unique, got duplicates in {names!r}")
+        raise ContentError(f"{label} must be unique, got duplicates in {names!r}")

@@ -5,6 +5,7 @@ module must not import TensorFlow (an ImportError here would stop
 TensorBoard from starting). Routes are documented in docs/http_api.md.
 """
 
+import base64
 import functools
 import pathlib
 
@@ -27,6 +28,7 @@ from tb_gradcheck import store
 DEFAULT_SAMPLES = 0
 
 _MAX_WIDTH = 100_000
+_ENCODINGS = ("json", "f32")
 
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
 
@@ -189,16 +191,16 @@ class GradientsPlugin(base_plugin.TBPlugin):
         return {"runs": out, "samples_per_plugin": self._samples}
 
     def heatmap_impl(self, ctx, experiment_id, run, metric, granularity="layer", aggregate="last", width=None,
-                     reduce="max"):
+                     reduce="max", encoding="json"):
         """The body of ``GET heatmap``."""
         heat = self._store.heatmap(ctx, experiment_id, run, metric, granularity, aggregate)
-        return _heatmap_body(heat, width, reduce)
+        return _heatmap_body(heat, width, reduce, encoding)
 
     def compare_impl(self, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last",
-                     width=None, reduce="max"):
+                     width=None, reduce="max", encoding="json"):
         """The body of ``GET compare``: ``run`` over ``other``, rows aligned by name."""
         heat, only_run, only_other = self._store.compare(ctx, experiment_id, run, other, metric, granularity, aggregate)
-        body = _heatmap_body(heat, width, reduce)
+        body = _heatmap_body(heat, width, reduce, encoding)
         body.update(other=other, only_in_run=only_run, only_in_other=only_other)
         return body
 
@@ -221,11 +223,23 @@ def _selection(args):
 
 
 def _binning(args):
-    return _int(args, "width", 1, _MAX_WIDTH), _choice(args, "reduce", binning.REDUCERS, "max")
+    """``(width, reduce, encoding)`` from the query."""
+    return (
+        _int(args, "width", 1, _MAX_WIDTH),
+        _choice(args, "reduce", binning.REDUCERS, "max"),
+        _choice(args, "encoding", _ENCODINGS, "json"),
+    )
 
 
-def _heatmap_body(heat, width=None, reduce="max"):
-    """The JSON of ``GET heatmap`` for a ``store.Heatmap``, binned to ``width`` columns when given."""
+def _heatmap_body(heat, width=None, reduce="max", encoding="json"):
+    """The JSON of ``GET heatmap`` for a ``store.Heatmap``, binned to ``width`` columns when given.
+
+    ``encoding="f32"`` sends the matrix as base64 little-endian float32
+    (``values_f32``, row-major steps x rows, NaN and infinities as themselves)
+    plus a bitmap of missing cells (``missing_bits``, numpy.packbits order),
+    instead of nested lists: exact, a third of the bytes, and ~100x cheaper to
+    encode than JSON numbers, which is what keeps a 10,000-step heatmap quick.
+    """
     values, missing, status, status_missing = heat.values, heat.missing, heat.status, heat.status_missing
     steps, step_ends, binned = heat.steps, None, None
     if width is not None and len(steps) > width:
@@ -242,7 +256,7 @@ def _heatmap_body(heat, width=None, reduce="max"):
         "layers": heat.rows,
         "steps": steps.tolist(),
         "step_ends": None if step_ends is None else step_ends.tolist(),
-        "values": _json_matrix(values, missing),
+        **_encode_matrix(values, missing, encoding),
         "status": None if status is None else _status_matrix(status, status_missing),
         "num_steps": len(heat.steps),
         "total_steps": heat.total_steps,
@@ -266,6 +280,17 @@ def _status_matrix(status, missing):
         [None if m or not 0 <= v < len(names) else names[int(v)] for v, m in zip(row_v, row_m)]
         for row_v, row_m in zip(status.tolist(), missing.tolist())
     ]
+
+
+def _encode_matrix(values, missing, encoding):
+    if encoding == "f32":
+        return {
+            "values": None,
+            "encoding": "f32",
+            "values_f32": base64.b64encode(np.ascontiguousarray(values, "<f4").tobytes()).decode("ascii"),
+            "missing_bits": base64.b64encode(np.packbits(missing, axis=None).tobytes()).decode("ascii"),
+        }
+    return {"values": _json_matrix(values, missing), "encoding": "json"}
 
 
 def _json_matrix(values, missing):

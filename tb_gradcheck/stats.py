@@ -2,7 +2,7 @@
 
 ``Rows`` groups variables into layers (static, from Python objects); ``compute``
 turns one step's gradients into two float32 matrices, one row per layer and one
-row per variable, one column per name in ``metadata.STAT_COLUMNS``. Missing
+row per variable, one column per name in ``metadata.STORED_STAT_COLUMNS``. Missing
 gradients are written as ``MISSING`` (-1): every gradient column is
 non-negative by definition, so a negative value can only mean "no gradient".
 """
@@ -16,9 +16,8 @@ from tb_gradcheck import metadata
 # variable does not affect the loss). Distinct from NaN, which is data.
 MISSING = -1.0
 
-_GRAD_NORM = metadata.STAT_COLUMNS.index("grad_norm")
-_ZERO_FRACTION = metadata.STAT_COLUMNS.index("grad_zero_fraction")
-_WEIGHT_NORM = metadata.STAT_COLUMNS.index("weight_norm")
+_ZERO_FRACTION = metadata.STORED_STAT_COLUMNS.index("grad_zero_fraction")
+_WEIGHT_NORM = metadata.STORED_STAT_COLUMNS.index("weight_norm")
 # The gradient columns: reduced per step over a window. The weight columns
 # after them are taken at the write step.
 GRADIENT_COLUMNS = _WEIGHT_NORM
@@ -110,7 +109,7 @@ def compute(gradients, variables, rows, weights=True):
     Returns:
       ``(layer_stats, variable_stats)``: float32 tensors of shape
       ``[len(rows.layer_names), C]`` and ``[len(rows.variable_names), C]``,
-      ``C = len(metadata.STAT_COLUMNS)``.
+      ``C = len(metadata.STORED_STAT_COLUMNS)``.
     """
     gradients = list(gradients)
     if len(gradients) != len(variables):
@@ -122,14 +121,14 @@ def compute(gradients, variables, rows, weights=True):
     parts = [_partials(g, v) for g, v in zip(gradients, variables) if g is not None]
     n_var = len(variables)
     if parts:
-        norms, max_abs, zeros, nonfinite = _gather_partials(parts)
-        idx = [[i] for i, p in enumerate(present) if p]
-        # Scatter the present variables into full-length vectors; missing rows
-        # get zeros here and the MISSING marker in _assemble.
-        norm_v = tf.scatter_nd(idx, norms, [n_var])
-        max_abs_v = tf.scatter_nd(idx, max_abs, [n_var])
-        zeros_v = tf.scatter_nd(idx, zeros, [n_var])
-        nonfinite_v = tf.scatter_nd(idx, nonfinite, [n_var])
+        norm_v, max_abs_v, zeros_v, nonfinite_v = _gather_partials(parts)
+        if not all(present):
+            # Scatter the present variables into full-length vectors; missing
+            # rows get zeros here and the MISSING marker in _assemble.
+            idx = [[i] for i, p in enumerate(present) if p]
+            norm_v, max_abs_v, zeros_v, nonfinite_v = (
+                tf.scatter_nd(idx, x, [n_var]) for x in (norm_v, max_abs_v, zeros_v, nonfinite_v)
+            )
     else:
         norm_v = max_abs_v = zeros_v = nonfinite_v = tf.zeros([n_var], tf.float64)
     present_v = tf.constant(present)
@@ -158,7 +157,7 @@ def compute(gradients, variables, rows, weights=True):
 def weight_norms(variables, rows):
     """Returns ``(per_layer, per_variable)`` L2 norms of the variables' values (float32 vectors)."""
     values = [_as_float(tf.convert_to_tensor(v)) for v in variables]
-    sumsq = tf.stack([tf.cast(tf.reduce_sum(tf.square(v)), tf.float64) for v in values])
+    sumsq = tf.stack([tf.cast(tf.nn.l2_loss(v), tf.float64) * 2.0 for v in values])
     # Weights' max |w| is not reported, so it is computed only on the rare
     # out-of-band path, and there for every variable at once.
     suspicious = (sumsq < _SUMSQ_LOW) | (sumsq > _SUMSQ_HIGH)
@@ -173,22 +172,17 @@ def weight_norms(variables, rows):
 
 
 def with_weights(stats, weight_norm):
-    """Fills the ``weight_norm`` and ``grad_to_weight`` columns of ``stats``.
+    """Fills the ``weight_norm`` column of ``stats``.
 
     Args:
       stats: float32 ``[..., R, C]`` statistics (any leading aggregate axes).
       weight_norm: float32 ``[R]`` weight norms.
 
     Returns:
-      ``stats`` with column ``weight_norm`` set and ``grad_to_weight`` =
-      ``grad_norm / weight_norm``; MISSING where the gradient is missing or
-      the weights are all zero (a fresh bias: the ratio is undefined, not Inf).
+      ``stats`` with column ``weight_norm`` set in every slab.
     """
-    grad_norm = stats[..., _GRAD_NORM]
-    w = tf.broadcast_to(weight_norm, tf.shape(grad_norm))
-    defined = present(stats) & (w > 0)
-    ratio = _where(defined, grad_norm / _where(defined, w, 1.0), MISSING)
-    return tf.concat([stats[..., :_WEIGHT_NORM], w[..., None], ratio[..., None]], axis=-1)
+    w = tf.broadcast_to(weight_norm, tf.shape(stats[..., _WEIGHT_NORM]))
+    return tf.concat([stats[..., :_WEIGHT_NORM], w[..., None], stats[..., _WEIGHT_NORM + 1 :]], axis=-1)
 
 
 def present(stats):
@@ -223,8 +217,11 @@ def _partials(gradient, variable):
             f"Received: dtype {values.dtype.name} for variable {_name(variable)!r}"
         )
     values = _as_float(values)
-    sumsq = tf.cast(tf.reduce_sum(tf.square(values)), tf.float64)
-    zeros = tf.cast(tf.math.count_nonzero(tf.equal(values, 0), dtype=tf.int64), tf.float64)
+    # These three full passes are the writer's whole per-step cost, so each is
+    # the cheapest exact form TensorFlow has: l2_loss is one fused kernel (no
+    # squared temporary), and an int32 count is exact to 2**31 elements.
+    sumsq = tf.cast(tf.nn.l2_loss(values), tf.float64) * 2.0
+    zeros = tf.cast(tf.reduce_sum(tf.cast(tf.equal(values, 0), tf.int32)), tf.float64)
     return values, sumsq, _max_abs(values), zeros + untouched
 
 
@@ -232,19 +229,18 @@ def _gather_partials(parts):
     """Stacks per-variable partials into norms, max |g|, zero and non-finite counts."""
     values, sumsq, max_abs, zeros = (list(x) for x in zip(*parts))
     sumsq, max_abs, zeros = tf.stack(sumsq), tf.stack(max_abs), tf.stack(zeros)
-    # Every non-finite element makes the sum of squares non-finite, so a
-    # finite sum proves there are none: the count is paid for only on bad steps.
-    nonfinite = tf.cond(
-        tf.reduce_all(tf.math.is_finite(sumsq)),
-        lambda: tf.zeros_like(sumsq),
-        lambda: tf.stack([_count_nonfinite(v) for v in values]),
-    )
+    # Two things need a second look at the values, both rare: a non-finite
+    # element (every one makes the sum of squares non-finite, so a finite sum
+    # proves there are none and the count is paid for only on bad steps), and
+    # a sum of squares outside float32's safe band. One cond covers both, so
+    # a healthy step pays for a single branch.
     finite_max = tf.math.is_finite(max_abs) & (max_abs > 0)
     suspicious = finite_max & ((sumsq < _SUMSQ_LOW) | (sumsq > _SUMSQ_HIGH))
-    norms = tf.cond(
-        tf.reduce_any(suspicious),
-        lambda: _robust_norms(values, sumsq, max_abs),
-        lambda: tf.sqrt(sumsq),
+    rare = tf.reduce_any(suspicious) | tf.logical_not(tf.reduce_all(tf.math.is_finite(sumsq)))
+    norms, nonfinite = tf.cond(
+        rare,
+        lambda: (_robust_norms(values, sumsq, max_abs), tf.stack([_count_nonfinite(v) for v in values])),
+        lambda: (tf.sqrt(sumsq), tf.zeros_like(sumsq)),
     )
     return norms, max_abs, zeros, nonfinite
 
@@ -299,12 +295,12 @@ def _combine_norms(norms, segments, n):
 
 
 def _assemble(norm, max_abs, zeros, nonfinite, size, present):
-    """Stacks the gradient columns, float32, MISSING where absent; weight columns MISSING."""
+    """Stacks the gradient columns, float32, MISSING where absent; the weight column MISSING."""
     zero_fraction = _where(size > 0, zeros / tf.maximum(size, 1.0), 0.0)
     cols = tf.stack([norm, max_abs, zero_fraction, nonfinite], axis=1)
     cols = _where(present[:, None], cols, MISSING)
-    weight_cols = tf.fill([tf.shape(cols)[0], 2], tf.constant(MISSING, tf.float64))
-    return tf.cast(tf.concat([cols, weight_cols], axis=1), tf.float32)
+    weight_col = tf.fill([tf.shape(cols)[0], 1], tf.constant(MISSING, tf.float64))
+    return tf.cast(tf.concat([cols, weight_col], axis=1), tf.float32)
 
 
 def _where(condition, x, y):

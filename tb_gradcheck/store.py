@@ -8,6 +8,7 @@ merged here by row name, never by position.
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
 
@@ -58,13 +59,14 @@ class RunIndex:
         """Row names of every layout, merged by name in order of first appearance."""
         names = {}
         for s in self.layouts(kind, granularity):
-            for name in s.content["rows"]:
+            for name in metadata.rows_of(s.content, granularity)[0]:
                 names.setdefault(name, None)
         return list(names)
 
     def sparse_rows(self, granularity):
         """Rows any layout marks as having sparse (IndexedSlices) gradients."""
-        return sorted({n for s in self.layouts(metadata.KIND_STATS, granularity) for n in s.content.get("sparse_rows", [])})
+        return sorted({n for s in self.layouts(metadata.KIND_STATS, granularity)
+                       for n in s.content[granularity].get("sparse_rows", [])})
 
     def last_write(self):
         """Wall time of the run's newest point, or None: changes whenever new data arrives."""
@@ -88,10 +90,11 @@ class Matrix:
 
     Attributes:
       rows: Row names, merged in order of first appearance.
-      columns: Column names (``metadata.STAT_COLUMNS`` or ``CHECK_COLUMNS``).
+      columns: Column names (``metadata.STAT_COLUMNS``, grad_to_weight derived,
+        or ``CHECK_COLUMNS``).
       aggregates: Slab names (stats) or ``[None]`` (check).
       steps: int64 ``[S]``, ascending.
-      values: float32 ``[S, A, R, C]`` (read-only: it may be the cached decoded array).
+      values: float32 ``[S, A, R, C]``.
       missing: bool ``[S, A, R, C]``: no value (no gradient, row absent from
         that step's layout, or an aggregate the layout did not store).
       problems: ``Problem`` for every point or tag that was skipped.
@@ -167,19 +170,27 @@ class Store:
     the provider reports a new ``max_step`` or ``max_wall_time`` for the tag,
     so a heatmap request on a loaded run does no I/O.
 
+    The run listing itself is reused for ``listing_ttl`` seconds: the Rust
+    data server answers ``list_tensors`` for a large run in tens of
+    milliseconds, which would otherwise be most of every heatmap request,
+    and TensorBoard reloads the logdir only every few seconds anyway.
+
     Args:
       data_provider: A ``tensorboard.data.provider.DataProvider``.
+      listing_ttl: Seconds a run listing is reused, default 2.0; 0 disables.
     """
 
-    def __init__(self, data_provider):
+    def __init__(self, data_provider, listing_ttl=2.0):
         self._provider = data_provider
+        self._listing_ttl = listing_ttl
+        self._listings = {}  # experiment id -> (monotonic time, listing)
         self._lock = threading.Lock()
         self._cache = {}  # (eid, run, tag) -> (version, steps, values, problems)
         self._merged = {}  # (eid, run, kind, granularity) -> (versions, Matrix)
 
     def runs(self, ctx, experiment_id):
         """Returns ``{run: RunIndex}`` for every run with gradient data."""
-        listing = self._provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME)
+        listing = self._listing(ctx, experiment_id)
         out = {}
         for run, tags in listing.items():
             series, problems = {}, []
@@ -189,12 +200,26 @@ class Store:
                 except metadata.ContentError as e:
                     problems.append(Problem(tag, str(e)))
                     continue
-                key = (content["kind"], content.get("granularity"))
-                series.setdefault(key, []).append(Series(tag, content, ts.max_step, ts.max_wall_time))
+                entry = Series(tag, content, ts.max_step, ts.max_wall_time)
+                # A stats tag holds both granularities; a check tag one.
+                granularities = metadata.GRANULARITIES if content["kind"] == metadata.KIND_STATS else [content["granularity"]]
+                for granularity in granularities:
+                    series.setdefault((content["kind"], granularity), []).append(entry)
             for layouts in series.values():
                 layouts.sort(key=lambda s: (s.max_wall_time, s.tag))
             out[run] = RunIndex(run, series, problems)
         return out
+
+    def _listing(self, ctx, experiment_id):
+        now = time.monotonic()
+        with self._lock:
+            hit = self._listings.get(experiment_id)
+        if hit is not None and now - hit[0] < self._listing_ttl:
+            return hit[1]
+        listing = self._provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME)
+        with self._lock:
+            self._listings[experiment_id] = (now, listing)
+        return listing
 
     def matrix(self, ctx, experiment_id, index, kind, granularity):
         """Reads and merges every layout of ``kind``/``granularity`` in a run.
@@ -222,18 +247,13 @@ class Store:
         return matrix
 
     def _merge(self, ctx, experiment_id, index, kind, granularity, layouts):
-        columns = list(metadata.STAT_COLUMNS if kind == metadata.KIND_STATS else metadata.CHECK_COLUMNS)
-        aggregates = index.aggregates() if kind == metadata.KIND_STATS else [None]
+        stats = kind == metadata.KIND_STATS
+        columns = list(metadata.STAT_COLUMNS if stats else metadata.CHECK_COLUMNS)
+        stored = [c for c in columns if c in metadata.STORED_STAT_COLUMNS] if stats else columns
+        aggregates = index.aggregates() if stats else [None]
         rows = index.rows(kind, granularity)
         parts = [(s, self._read(ctx, experiment_id, index.run, s)) for s in layouts]
         problems = [p for _, (_, _, probs) in parts for p in probs]
-        if len(parts) == 1:
-            s, (steps, data, _) = parts[0]
-            if kind == metadata.KIND_CHECK:
-                data = data[:, None]
-            if s.content["columns"] == columns and (kind == metadata.KIND_CHECK or s.content["aggregates"] == aggregates):
-                # The common case, one layout: serve the decoded array as it is.
-                return Matrix(rows, columns, aggregates, steps, data, _missing(kind, data), problems)
         steps = np.unique(np.concatenate([st for _, (st, _, _) in parts] or [np.zeros(0, np.int64)]))
         shape = (len(steps), len(aggregates), len(rows), len(columns))
         values = np.full(shape, np.nan, np.float32)
@@ -244,11 +264,13 @@ class Store:
         for s, (st, data, _) in parts:
             if not len(st):
                 continue
-            if kind == metadata.KIND_CHECK:
+            if not stats:
                 data = data[:, None]  # one slab, so both kinds are [S, A, R, C]
+            names, row_slice = metadata.rows_of(s.content, granularity)
+            data = data[:, :, row_slice]
             at = np.searchsorted(steps, st)
-            r = [row_index[name] for name in s.content["rows"]]
-            src_c = [i for i, name in enumerate(s.content["columns"]) if name in columns]
+            r = [row_index[name] for name in names]
+            src_c = [i for i, name in enumerate(s.content["columns"]) if name in stored]
             c = [columns.index(s.content["columns"][i]) for i in src_c]
             for a, aggregate in enumerate(aggregates):
                 src_a = _slab_for(s.content, aggregate)
@@ -260,6 +282,8 @@ class Store:
                 ix = np.ix_(at, r, c)
                 view_v[ix] = np.where(keep, block, view_v[ix])
                 view_m[ix] = view_m[ix] & ~keep
+        if stats:
+            _derive_grad_to_weight(values, missing, columns)
         return Matrix(rows, columns, aggregates, steps, values, missing, problems)
 
     def run(self, ctx, experiment_id, run):
@@ -338,12 +362,20 @@ class Store:
         return diagnose.find(run, stats, checks, thresholds, sparse_rows=index.sparse_rows(layer))
 
     def total_writes(self, ctx, experiment_id, index):
-        """The writer's progress counter at its last write (the M of "N of M"), or None."""
+        """The writer's write counter at its last write (the M of "N of M"), or None.
+
+        The counter lives in the header row of every stats tensor and counts
+        the writes of one writer; with several layouts (a restart) the
+        largest is taken, which undercounts only runs that are both
+        restarted and sampled.
+        """
         total = None
-        for s in index.layouts(metadata.KIND_PROGRESS, None):
+        for s in index.layouts(metadata.KIND_STATS, "layer"):
             steps, data, _ = self._read(ctx, experiment_id, index.run, s)
             if len(steps):
-                total = max(total or 0, int(data[-1]))
+                count = data[-1, 0, metadata.header_row(s.content), 0]
+                if np.isfinite(count) and count >= 0:
+                    total = max(total or 0, int(count))
         return total
 
     def _read(self, ctx, experiment_id, run, series):
@@ -377,7 +409,7 @@ def _filter(run, tag):
 def _decode(series, data):
     """Stacks a tag's datums into ``(steps [S], values [S, ...], problems)``, skipping bad ones."""
     shape = metadata.shape_of(series.content)
-    expected_dtype = np.int64 if series.content["kind"] == metadata.KIND_PROGRESS else np.float32
+    expected_dtype = np.float32
     good, bad = [], {}
     for d in data:
         arr = d.numpy
@@ -400,6 +432,19 @@ def _decode(series, data):
         return steps, np.zeros((0,) + shape, expected_dtype), problems
     values = np.stack([by_step[s].numpy for s in steps])
     return steps, values, problems
+
+
+def _derive_grad_to_weight(values, missing, columns):
+    """Fills grad_to_weight = grad_norm / weight_norm in place.
+
+    Missing where the gradient is missing or the weights are all zero (a
+    fresh bias: the ratio is undefined, not Inf); NaN stays NaN.
+    """
+    norm, weight, ratio = (columns.index(c) for c in ("grad_norm", "weight_norm", "grad_to_weight"))
+    defined = ~missing[..., norm] & ~missing[..., weight] & (values[..., weight] > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values[..., ratio] = np.where(defined, values[..., norm] / values[..., weight], np.nan)
+    missing[..., ratio] = ~defined
 
 
 def _slab_for(content, aggregate):

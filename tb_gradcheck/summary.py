@@ -2,28 +2,29 @@
 
 Stored layout (content version 1). Every summary has plugin name
 ``gradients`` and ``DATA_CLASS_TENSOR``; its metadata content is the JSON
-layout from ``metadata.layout``. One event per written step and granularity:
+layout from ``metadata.stats_layout``. One event per written step:
 
-- ``gradients/stats/layer/<fp>`` and ``gradients/stats/variable/<fp>``:
-  float32 ``[A, R, C]``. ``A`` slabs are the window aggregates named in the
-  content's ``aggregates`` (only ``last`` when every step is written; ``last,
-  mean, max, min, sum`` over the steps since the previous write otherwise),
-  ``R`` rows are layers (or variables) in depth order as listed in ``rows``,
-  ``C`` columns are ``metadata.STAT_COLUMNS``. A row without a gradient holds
-  -1 in every gradient column (all of them are non-negative when present).
-- ``gradients/progress/<fp>``: int64 scalar, how many stats writes this
-  writer has made so far; the plugin reads it to say "N of M steps" when
-  TensorBoard sampled a series.
+- tag ``gradients/stats/<fp>``, float32 ``[A, L + V + 1, C]``:
+  - ``A`` slabs, the window aggregates named in the content's ``aggregates``:
+    only ``last`` when every step is written; ``last, mean, max, min, sum``
+    over the training steps since the previous write otherwise.
+  - rows: the ``L`` layers in depth order (``content["layer"]["rows"]``),
+    then the ``V`` variables (``content["variable"]["rows"]``), then one
+    header row whose column 0 is the number of writes this writer has made
+    (the plugin reads it to say "N of M steps" when TensorBoard sampled).
+  - ``C`` columns, ``metadata.STORED_STAT_COLUMNS``: grad_norm, grad_max_abs,
+    grad_zero_fraction, grad_nonfinite, weight_norm. A row without a
+    gradient holds -1 in every gradient column (all are non-negative when
+    present). grad_to_weight is derived on read.
 
 The full metadata (with row names) rides on the first event of each tag a
 writer writes; later events carry only the plugin name and data class, since
-TensorBoard keeps the first metadata of a tag and ignores the rest. That keeps
-the per-step cost to the numbers themselves.
+TensorBoard keeps the first metadata of a tag and ignores the rest.
 
 Under ``tf.distribute`` one event is written per step, by one replica: replica
 0 of the chief (``strategy.extended.should_save_summary``). Every other worker
 keeps its event file closed (none is created) and writes nothing. The writer's
-state (window accumulators, fresh flags, the progress counter) lives in plain
+state (window accumulators, fresh flags, the write counter) lives in plain
 variables of the process that writes, updated by that replica only; see
 ``_host_variable`` for why they are not the strategy's mirrored variables.
 """
@@ -104,7 +105,7 @@ class GradientWriter:
         self._closed = False
         self._layouts = {}  # tuple of variable ids -> _Layout
         self._fresh = {}  # tag -> tf.Variable(bool): full metadata not yet written
-        self._writes = None  # tf.Variable(int64): stats writes so far
+        self._writes = None  # tf.Variable(float32): stats writes so far, for the header row
         _open_writers.add(self)
 
     # -- public API ---------------------------------------------------------
@@ -244,12 +245,12 @@ class GradientWriter:
         return tf.constant(True)
 
     def _write_stats(self, layout, layer, variable, step):
-        for content, tensor in zip(layout.contents, (layer, variable)):
-            self._emit(content, tensor, step)
         if self._writes is None:
-            self._writes = _host_variable(0, tf.int64, "tb_gradcheck_writes")
-        self._writes.assign_add(1)
-        self._emit(_PROGRESS, self._writes.read_value(), step)
+            self._writes = _host_variable(0.0, tf.float32, "tb_gradcheck_writes")
+        writes = self._writes.assign_add(1.0)
+        # float32 counts exactly up to 2**24 (16.7 million) writes.
+        header = tf.pad(tf.fill([tf.shape(layer)[0], 1, 1], writes), [[0, 0], [0, 0], [0, layer.shape[-1] - 1]])
+        self._emit(layout.content, tf.concat([layer, variable, header], axis=1), step)
 
     def _emit(self, content, tensor, step):
         """Writes one tensor under its layout's tag; full metadata on the first write only."""
@@ -264,29 +265,21 @@ class GradientWriter:
 
 
 class _Layout:
-    """Everything fixed for one list of variables: rows, tag contents, window state."""
+    """Everything fixed for one list of variables: rows, tag content, window state."""
 
     def __init__(self, variables, sparse, every_n_steps):
         self.variables = list(variables)
         self.rows = stats.Rows(self.variables)
         sparse_variables = [n for n, s in zip(self.rows.variable_names, sparse) if s]
-        sparse_layers = sorted({self.rows.layer_names[self.rows.layer_of[i]] for i, s in enumerate(sparse) if s},
-                               key=self.rows.layer_names.index)
-        sparse_rows = {"layer": sparse_layers, "variable": sparse_variables}
+        sparse_layers = [n for i, n in enumerate(self.rows.layer_names)
+                         if any(s and self.rows.layer_of[v] == i for v, s in enumerate(sparse))]
         aggregates = metadata.SINGLE_STEP_AGGREGATES if every_n_steps == 1 else metadata.AGGREGATES
-        self.contents = [
-            metadata.layout(
-                metadata.KIND_STATS,
-                granularity,
-                rows=self.rows.names(granularity),
-                columns=metadata.STAT_COLUMNS,
-                aggregates=aggregates,
-                window=every_n_steps,
-                sizes=self.rows.sizes(granularity),
-                sparse_rows=sparse_rows[granularity],
-            )
-            for granularity in metadata.GRANULARITIES
-        ]
+        self.content = metadata.stats_layout(
+            {"rows": self.rows.layer_names, "sizes": self.rows.layer_sizes, "sparse_rows": sparse_layers},
+            {"rows": self.rows.variable_names, "sizes": self.rows.variable_sizes, "sparse_rows": sparse_variables},
+            aggregates,
+            every_n_steps,
+        )
         self.window = None
         if every_n_steps > 1:
             self.window = _Window(len(self.rows.layer_names), len(self.rows.variable_names))
@@ -349,8 +342,8 @@ class _Window:
             grad = tf.stack(
                 [slabs[a] if a == "last" else tf.where(seen, slabs[a], stats.MISSING) for a in metadata.AGGREGATES]
             )
-            weight_cols = tf.fill(tf.concat([tf.shape(grad)[:2], [2]], 0), stats.MISSING)
-            out.append(tf.concat([grad, weight_cols], axis=-1))
+            weight_col = tf.fill(tf.concat([tf.shape(grad)[:2], [1]], 0), stats.MISSING)
+            out.append(tf.concat([grad, weight_col], axis=-1))
         return tuple(out)
 
     def reset(self):
@@ -359,9 +352,6 @@ class _Window:
             part["max"].assign(tf.fill(tf.shape(part["max"]), -np.inf))
             part["min"].assign(tf.fill(tf.shape(part["min"]), np.inf))
             part["count"].assign(tf.zeros_like(part["count"]))
-
-
-_PROGRESS = metadata.layout(metadata.KIND_PROGRESS)
 
 
 def _serialized_metadata(content):

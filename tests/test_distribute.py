@@ -20,7 +20,7 @@ import distribute_job as job
 from conftest import ROOT, free_port, read_events
 from tb_gradcheck import metadata
 
-COL = {c: i for i, c in enumerate(metadata.STAT_COLUMNS)}
+COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 GRAD_COLUMNS = [COL["grad_norm"], COL["grad_max_abs"], COL["weight_norm"]]
 # Replicas add their half-batch gradients and the all-reduce adds the halves:
 # the same float32 terms as one device, summed in another order. Each such

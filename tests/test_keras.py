@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import get_json, make_app, read_events, wait_for_steps
+from conftest import get_json, make_app, read_events, stats_content, wait_for_steps
 from tb_gradcheck import metadata
 from tb_gradcheck.keras import GradientCallback
 
-COL = {c: i for i, c in enumerate(metadata.STAT_COLUMNS)}
+COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 LAST = 0  # the "last" slab: every step is written
 
 
@@ -168,23 +168,11 @@ def test_fit_with_callback_is_bit_identical_and_steps_per_execution_records_ever
     for (_, a, _), (_, b, _) in zip(one, three):
         np.testing.assert_array_equal(a, b)  # the same gradients, recorded inside the while loop
     # The Embedding gradient is sparse (IndexedSlices): rows no token touched are exact zeros.
-    content = metadata.parse(_first_content(tmp_path / "spe1" / "train", "variable"))
-    embed = content["rows"].index("embed/embeddings")
+    embed = stats_content(tmp_path / "spe1" / "train")["variable"]["rows"].index("embed/embeddings")
     for step, value, _ in one:
         batch = x[((step - 1) % 7) * 8 : ((step - 1) % 7 + 1) * 8]
         untouched = 20 - len(np.unique(batch))
         assert value[LAST, embed, COL["grad_zero_fraction"]] == pytest.approx(untouched / 20)
-
-
-def _first_content(run_dir, granularity):
-    from tensorboard.backend.event_processing import event_file_loader
-
-    for path in sorted(glob.glob(str(run_dir / "events.out.tfevents.*"))):
-        for event in event_file_loader.EventFileLoader(path).Load():
-            for value in event.summary.value:
-                if value.tag.startswith(f"gradients/stats/{granularity}/") and value.metadata.plugin_data.content:
-                    return value.metadata.plugin_data.content
-    raise AssertionError("no stats metadata")
 
 
 def test_tensorboard_callback_and_gradient_callback_make_one_run_with_aligned_steps(tmp_path):

@@ -154,3 +154,46 @@ def test_empty_logdir_lists_no_runs(tmp_path, data_path):
     client, _ = make_app(tmp_path, data_path)
     assert get_json(client, "/data/plugin/gradients/runs")["runs"] == []
     assert json.loads(client.get("/data/plugins_listing").data)["gradients"]["enabled"]
+
+
+def test_grad_to_weight_is_derived_and_missing_for_zero_weights(tmp_path, data_path):
+    import tensorflow as tf
+
+    from tb_gradcheck import GradientWriter
+
+    kernel = tf.Variable(np.full((2, 2), 0.5, np.float32), name="kernel")
+    bias = tf.Variable(np.zeros(2, np.float32), name="bias")  # a fresh bias: ratio undefined
+    with GradientWriter(tmp_path / "r") as writer:
+        writer.write([tf.ones([2, 2]), tf.ones(2)], [kernel, bias], 0)
+    client, _ = make_app(tmp_path, data_path)
+    wait_for_steps(client, "r", 1)
+    body = get_json(client, "/data/plugin/gradients/heatmap?run=r&metric=grad_to_weight")
+    assert body["values"] == [[pytest.approx(2.0), None]]  # ||ones(2,2)|| / ||0.5 * ones(2,2)|| = 2 / 1
+
+
+def test_f32_encoding_is_the_same_matrix_exactly(tmp_path, data_path):
+    import base64
+
+    import tensorflow as tf
+
+    from tb_gradcheck import GradientWriter
+
+    a = tf.Variable([1.0, 1.0], name="a")
+    b = tf.Variable([1.0], name="b")
+    with GradientWriter(tmp_path / "r") as writer:
+        writer.write([tf.constant([np.inf, 1.0]), None], [a, b], 0)
+        writer.write([tf.constant([np.nan, 1.0]), tf.constant([0.1])], [a, b], 1)
+        writer.write([tf.constant([3e-20, 0.0]), tf.constant([2.5])], [a, b], 2)
+    client, _ = make_app(tmp_path, data_path)
+    wait_for_steps(client, "r", 3)
+    base = "/data/plugin/gradients/heatmap?run=r&metric=grad_norm"
+    as_json = get_json(client, base)
+    packed = get_json(client, base + "&encoding=f32")
+    assert packed["values"] is None and packed["encoding"] == "f32" and as_json["encoding"] == "json"
+    values = np.frombuffer(base64.b64decode(packed["values_f32"]), "<f4").reshape(3, 2)
+    missing = np.unpackbits(np.frombuffer(base64.b64decode(packed["missing_bits"]), np.uint8))[:6].reshape(3, 2)
+    decoded = [[None if m else ("NaN" if np.isnan(v) else "Infinity" if v == np.inf else float(v))
+                for v, m in zip(vr, mr)] for vr, mr in zip(values, missing)]
+    assert decoded == as_json["values"]
+    assert values[1, 1] == np.float32(0.1) and values[2, 0] == np.float32(3e-20)
+    assert get_json(client, base + "&encoding=png", 400)

@@ -10,7 +10,7 @@ from tb_gradcheck import metadata, stats
 # about 1e-6 relative; 1e-5 leaves room for summation order, nothing more.
 RTOL = 1e-5
 
-COL = {c: i for i, c in enumerate(metadata.STAT_COLUMNS)}
+COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 
 
 def reference(gradients, variables, groups):
@@ -21,7 +21,7 @@ def reference(gradients, variables, groups):
         w = np.concatenate([np.asarray(variables[i].numpy(), np.float64).ravel() for i in group])
         w_norm = np.sqrt(np.sum(w**2))
         if not present:
-            out.append([-1, -1, -1, -1, w_norm, -1])
+            out.append([-1, -1, -1, -1, w_norm])
             continue
         g = np.concatenate([_dense(gradients[i], variables[i]).ravel() for i in present])
         norm = np.sqrt(np.sum(g**2))
@@ -31,7 +31,6 @@ def reference(gradients, variables, groups):
             np.mean(g == 0),
             np.sum(~np.isfinite(g)),
             w_norm,
-            norm / w_norm if w_norm > 0 else -1,
         ])
     return np.array(out)
 
@@ -100,7 +99,6 @@ def test_none_gradient_is_missing_not_zero(graph):
     b = tf.Variable([[3.0]], name="b")
     _, layer, variable = compute([tf.constant([0.5, -0.5]), None], [a, b], graph)
     assert variable[1, : stats.GRADIENT_COLUMNS].tolist() == [stats.MISSING] * stats.GRADIENT_COLUMNS
-    assert variable[1, COL["grad_to_weight"]] == stats.MISSING
     assert variable[1, COL["weight_norm"]] == pytest.approx(3.0)  # weights are still there
     assert variable[0, COL["grad_norm"]] == pytest.approx(np.sqrt(0.5))
 
@@ -169,13 +167,6 @@ def test_half_precision_and_float64():
     assert variable[0, COL["grad_norm"]] == pytest.approx(500.0, rel=1e-3)
     assert variable.dtype == np.float32  # stored as float32: 1e-200 flushes to 0 there
     assert variable[1, COL["grad_zero_fraction"]] == 0.5
-
-
-def test_zero_weight_ratio_is_missing_not_inf():
-    bias = tf.Variable(np.zeros(4, np.float32), name="bias")
-    _, _, variable = compute([tf.ones(4)], [bias], graph=True)
-    assert variable[0, COL["weight_norm"]] == 0.0
-    assert variable[0, COL["grad_to_weight"]] == stats.MISSING
 
 
 def test_rows_group_keras_layers_and_plain_variables_in_first_appearance_order():

@@ -10,7 +10,23 @@ from tensorboard.compat.proto import summary_pb2
 
 from tb_gradcheck import GradientWriter, metadata, stats
 
-COL = {c: i for i, c in enumerate(metadata.STAT_COLUMNS)}
+COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
+
+
+def stats_events(logdir):
+    """``(step, content, tensor)`` of every stats event; content from the first event of its tag."""
+    contents, out = {}, []
+    for step, tag, md, arr in events(logdir):
+        if tag.startswith("gradients/stats/"):
+            if md.plugin_data.content:
+                contents.setdefault(tag, metadata.parse(md.plugin_data.content))
+            out.append((step, contents[tag], arr))
+    return out
+
+
+def rows(content, arr, granularity):
+    """The ``[A, R, C]`` block of one granularity."""
+    return arr[:, metadata.rows_of(content, granularity)[1]]
 
 
 def events(logdir):
@@ -35,20 +51,25 @@ def test_layout_metadata_rides_on_the_first_event_of_each_tag_only(tmp_path):
     with GradientWriter(tmp_path) as writer:
         for step in range(3):
             writer.write([tf.ones_like(v) for v in variables], variables, step)
-    stats_events = [e for e in events(tmp_path) if "/stats/layer/" in e[1]]
-    assert [e[0] for e in stats_events] == [0, 1, 2]
-    first, later = stats_events[0][2], stats_events[1][2]
+    written = [e for e in events(tmp_path) if e[1].startswith("gradients/")]
+    assert [e[0] for e in written] == [0, 1, 2]  # one event per written step
+    assert len({e[1] for e in written}) == 1
+    first, later = written[0][2], written[1][2]
     for md in (first, later):
         assert md.plugin_data.plugin_name == "gradients"
         assert md.data_class == summary_pb2.DATA_CLASS_TENSOR
     content = metadata.parse(first.plugin_data.content)
-    assert content["rows"] == ["m/a", "m/b"] and content["sizes"] == [6, 3]
-    assert content["columns"] == list(metadata.STAT_COLUMNS) and content["aggregates"] == ["last"]
-    assert stats_events[0][1] == metadata.tag_for(content)
+    assert content["layer"] == {"rows": ["m/a", "m/b"], "sizes": [6, 3], "sparse_rows": []}
+    assert content["variable"]["rows"] == ["m/a/kernel", "m/a/bias", "m/b/kernel", "m/b/bias"]
+    assert content["columns"] == list(metadata.STORED_STAT_COLUMNS) and content["aggregates"] == ["last"]
+    assert written[0][1] == metadata.tag_for(content)
     assert later.plugin_data.content == b""
-    arr = stats_events[2][3]
-    assert arr.shape == (1, 2, len(metadata.STAT_COLUMNS)) and arr.dtype == np.float32
+    arr = written[2][3]
+    assert arr.shape == (1, 2 + 4 + 1, len(metadata.STORED_STAT_COLUMNS)) and arr.dtype == np.float32
     assert arr[0, 0, COL["grad_norm"]] == pytest.approx(np.sqrt(6))
+    assert arr[0, 2, COL["grad_norm"]] == pytest.approx(2.0)  # m/a/kernel: ||ones(2, 2)||
+    header = arr[0, metadata.header_row(content)]
+    assert header[0] == 3 and not header[1:].any()  # the write counter
 
 
 def test_record_if_false_does_not_use_up_the_full_metadata(tmp_path):
@@ -57,9 +78,9 @@ def test_record_if_false_does_not_use_up_the_full_metadata(tmp_path):
         with tf.summary.record_if(False):
             writer.write([tf.ones(1)], [v], 0)
         writer.write([tf.ones(1)], [v], 1)
-    stats_events = [e for e in events(tmp_path) if "/stats/" in e[1]]
-    assert {e[0] for e in stats_events} == {1}
-    assert all(e[2].plugin_data.content for e in stats_events)
+    written = [e for e in events(tmp_path) if e[1].startswith("gradients/")]
+    assert [e[0] for e in written] == [1]
+    assert written[0][2].plugin_data.content
 
 
 def test_windowed_writes_keep_last_mean_max_min_and_sum(tmp_path):
@@ -74,12 +95,13 @@ def test_windowed_writes_keep_last_mean_max_min_and_sum(tmp_path):
         for step, g in enumerate(values):
             step_fn(tf.constant(g), tf.constant(step, tf.int64))
         assert step_fn.experimental_get_tracing_count() <= 2
-    stats_events = [e for e in events(tmp_path) if "/stats/variable/" in e[1]]
+    written = stats_events(tmp_path)
     # Writes at steps 0 and 5, and the partial window (step 6) at close().
-    assert [e[0] for e in stats_events] == [0, 5, 6]
-    content = metadata.parse(stats_events[0][2].plugin_data.content)
+    assert [e[0] for e in written] == [0, 5, 6]
+    content = written[0][1]
     assert content["aggregates"] == list(metadata.AGGREGATES) and content["window"] == 5
-    agg = {a: stats_events[1][3][i, 0] for i, a in enumerate(metadata.AGGREGATES)}
+    block = rows(content, written[1][2], "variable")
+    agg = {a: block[i, 0] for i, a in enumerate(metadata.AGGREGATES)}
     max_abs = COL["grad_max_abs"]
     window = [2.0, 50.0, 3.0, 4.0, 5.0]  # steps 1..5
     assert agg["last"][max_abs] == 5.0
@@ -88,8 +110,8 @@ def test_windowed_writes_keep_last_mean_max_min_and_sum(tmp_path):
     assert agg["mean"][max_abs] == pytest.approx(np.mean(window))
     assert agg["sum"][max_abs] == pytest.approx(np.sum(window))
     assert agg["last"][COL["weight_norm"]] == pytest.approx(2.0)
-    assert agg["max"][COL["grad_to_weight"]] == pytest.approx(100.0 / 2.0)  # ||50 * ones(4)|| / ||ones(4)||
-    assert stats_events[2][3][0, 0, max_abs] == 6.0
+    assert rows(content, written[2][2], "variable")[0, 0, max_abs] == 6.0
+    assert written[2][2][0, metadata.header_row(content), 0] == 3
 
 
 def test_window_nan_shows_in_every_reduced_aggregate_and_counts_sum(tmp_path):
@@ -97,8 +119,9 @@ def test_window_nan_shows_in_every_reduced_aggregate_and_counts_sum(tmp_path):
     with GradientWriter(tmp_path, every_n_steps=4) as writer:
         for step, g in enumerate([[1.0, 1.0], [np.nan, 1.0], [np.nan, np.inf], [1.0, 1.0], [1.0, 1.0]]):
             writer.write([tf.constant(g, tf.float32)], [v], step)
-    window = [e for e in events(tmp_path) if "/stats/variable/" in e[1]][1][3]
-    agg = {a: window[i, 0] for i, a in enumerate(metadata.AGGREGATES)}
+    _, content, arr = stats_events(tmp_path)[1]
+    block = rows(content, arr, "variable")
+    agg = {a: block[i, 0] for i, a in enumerate(metadata.AGGREGATES)}
     assert agg["sum"][COL["grad_nonfinite"]] == 3
     assert agg["max"][COL["grad_nonfinite"]] == 2
     for a in ("mean", "max", "min"):
@@ -112,7 +135,8 @@ def test_window_missing_gradient_stays_missing(tmp_path):
     with GradientWriter(tmp_path, every_n_steps=2) as writer:
         for step in range(3):
             writer.write([tf.ones(1), None], [a, b], step)
-    window = [e for e in events(tmp_path) if "/stats/variable/" in e[1]][1][3]
+    _, content, arr = stats_events(tmp_path)[1]
+    window = rows(content, arr, "variable")
     assert (window[:, 1, : stats.GRADIENT_COLUMNS] == stats.MISSING).all()
     sum_slab = metadata.AGGREGATES.index("sum")
     norms = window[:, 0, COL["grad_norm"]]
@@ -127,7 +151,7 @@ def test_existing_writer_is_used_and_left_open(tmp_path):
     with summary_writer.as_default():
         tf.summary.scalar("still_open", 1.0, step=0)  # would raise if closed
     summary_writer.flush()
-    assert {e[1].split("/")[1] for e in events(tmp_path) if e[1].startswith("gradients/")} == {"stats", "progress"}
+    assert {e[1].split("/")[1] for e in events(tmp_path) if e[1].startswith("gradients/")} == {"stats"}
 
 
 def test_close_flushes_and_writing_after_close_raises(tmp_path):
@@ -136,7 +160,7 @@ def test_close_flushes_and_writing_after_close_raises(tmp_path):
     writer.write([tf.ones(1)], [v], 0)
     writer.close()
     writer.close()  # twice is fine
-    assert len([e for e in events(tmp_path) if "/stats/" in e[1]]) == 2
+    assert len(stats_events(tmp_path)) == 1
     with pytest.raises(ValueError, match="closed"):
         writer.write([tf.ones(1)], [v], 1)
 
@@ -199,4 +223,4 @@ def test_event_file_is_created_at_the_first_write_only(tmp_path):
         assert not (tmp_path / "used").exists()
         tf.function(lambda: writer.write([tf.ones(1)], [v], 0))()  # opened while tracing, outside the graph
     assert len(glob.glob(str(tmp_path / "used" / "events.out.tfevents.*"))) == 1
-    assert [e[0] for e in events(tmp_path / "used") if "/stats/" in e[1]] == [0, 0]
+    assert [e[0] for e in events(tmp_path / "used") if "/stats/" in e[1]] == [0]

@@ -6,6 +6,7 @@ import {
   LUT_SIZE, SPECIAL_COLORS, VIRIDIS_LUT, binEdges, buildViridisLut, colorize, columnOfStep, downsampleGrid,
   fitLabel, formatTicks, formatValue, linearTicks, logTicks, makeScale, parseHeatmap, parseValue, plotHeight,
   sharedPrefix, stepPosition, stepTicks, valueDomain,
+  parseF32Heatmap,
 } from '../../frontend/heatmap.js';
 
 // Published viridis (matplotlib) entries as hex, at LUT indices 0, 64, 128,
@@ -336,4 +337,30 @@ test('plot_height_clamps_row_height', () => {
   assert.deepEqual(plotHeight(50, 600), {rowHeight: 12, height: 600});
   const huge = plotHeight(2000, 600);
   assert.ok(huge.height <= 4000 && huge.rowHeight < 4);
+});
+
+test('parse_f32_heatmap_matches_the_json_form', () => {
+  // 3 steps x 2 rows, step-major, as the server packs it (numpy '<f4' and packbits).
+  const cells = [[Infinity, null], [NaN, 0.1], [3e-20, 2.5]];
+  const bytes = new Uint8Array(6 * 4);
+  const view = new DataView(bytes.buffer);
+  const bits = new Uint8Array(1);
+  cells.flat().forEach((v, k) => {
+    if (v === null) bits[0] |= 1 << (7 - k);
+    else view.setFloat32(k * 4, v, true);
+  });
+  const b64 = (u8) => btoa(String.fromCharCode(...u8));
+  const packed = parseF32Heatmap({
+    layers: ['a', 'b'], steps: [0, 1, 2], encoding: 'f32', values: null,
+    values_f32: b64(bytes), missing_bits: b64(bits), status: null,
+  });
+  const json = parseHeatmap({
+    layers: ['a', 'b'], steps: [0, 1, 2],
+    values: [['Infinity', null], ['NaN', Math.fround(0.1)], [Math.fround(3e-20), 2.5]], status: null,
+  });
+  assert.deepEqual(Array.from(packed.missing), Array.from(json.missing));
+  assert.deepEqual(Array.from(packed.values), Array.from(json.values));
+  assert.equal(packed.values[1 * 3 + 1], Math.fround(0.1)); // row b, step 1
+  assert.throws(() => parseF32Heatmap({layers: ['a'], steps: [0], values_f32: b64(new Uint8Array(3)), missing_bits: ''}),
+    /Expected 1 float32 values/);
 });

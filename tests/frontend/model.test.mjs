@@ -45,7 +45,7 @@ function deferred() {
 
 test('heatmap_url_is_relative_and_encodes_names', () => {
   const url = heatmapUrl({run: 'a b&c/d', metric: 'grad_norm', granularity: 'layer', aggregate: null, width: 1200.4});
-  assert.equal(url, 'heatmap?run=a+b%26c%2Fd&metric=grad_norm&granularity=layer&width=1200');
+  assert.equal(url, 'heatmap?run=a+b%26c%2Fd&metric=grad_norm&granularity=layer&width=1200&encoding=f32');
   assert.ok(!url.startsWith('/'));
   const params = new URLSearchParams(url.split('?')[1]);
   assert.equal(params.get('run'), 'a b&c/d');
@@ -153,7 +153,7 @@ test('api_fetches_relative_routes', async () => {
   const api = new Api(f);
   assert.deepEqual(await api.runs(), {stale: false, value: {runs: [], samples_per_plugin: 0}});
   await api.heatmap({run: 'r', metric: 'grad_norm', granularity: 'layer', width: 640});
-  assert.deepEqual(f.calls, ['runs', 'heatmap?run=r&metric=grad_norm&granularity=layer&width=640']);
+  assert.deepEqual(f.calls, ['runs', 'heatmap?run=r&metric=grad_norm&granularity=layer&width=640&encoding=f32']);
 });
 
 test('metric_label_names_known_metrics', () => {

@@ -1,0 +1,85 @@
+"""Runs every benchmark and prints one table: ``python -m benchmarks [--quick] [--only NAME ...]``.
+
+Each module in this package with a ``run(quick=False)`` function contributes
+rows; every figure is a ratio against a baseline measured in the same run.
+"""
+
+import argparse
+import importlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MODULES = ("writer", "check_cost", "backend", "frontend", "load")
+
+
+def print_table(rows, out=sys.stdout):
+    headers = ["benchmark", "baseline", "value", "unit", "ratio", "target", "met"]
+    lines = []
+    for r in rows:
+        target = r.get("target")
+        lower = r.get("lower_is_better", True)
+        met = r.get("met")
+        sign = "<= " if lower else ">= "
+        goal = "" if target is None else sign + _num(target)
+        if r.get("limit") is not None:
+            goal = (goal + ", " if goal else "") + f"value {sign}{_num(r['limit'])} {r.get('unit', '')}".rstrip()
+        lines.append([
+            r["name"],
+            _num(r.get("baseline")),
+            _num(r.get("value")),
+            r.get("unit", ""),
+            _num(r.get("ratio")),
+            goal,
+            "" if met is None else ("yes" if met else "NO"),
+        ])
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(headers)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |", file=out)
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|", file=out)
+    for l in lines:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(l, widths)) + " |", file=out)
+
+
+def _num(v):
+    if v is None:
+        return ""
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return str(v)
+    if isinstance(v, (int, float)):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and smaller models (a smoke run)")
+    parser.add_argument("--only", nargs="*", choices=MODULES, help="run only these benchmark modules")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    rows = []
+    for name in args.only or MODULES:
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"benchmarks.{name}":
+                print(f"(benchmark {name} not present)")
+                continue
+            raise
+        started = time.time()
+        rows += module.run(quick=args.quick)
+        print(f"{name}: {time.time() - started:.0f} s", file=sys.stderr)
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0 if all(r.get("met") is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

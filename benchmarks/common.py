@@ -1,0 +1,51 @@
+"""Shared measuring helpers: interleaved repeats, medians, result rows."""
+
+import statistics
+import time
+
+
+def interleaved(candidates, repeats, inner):
+    """Times each candidate ``repeats`` times, round-robin (A B C A B C ...).
+
+    Interleaving spreads a noisy neighbour's load over every candidate instead
+    of landing on whichever ran while it was busy; the median drops the
+    rounds it hit hardest.
+
+    Args:
+      candidates: ``{name: zero-argument callable}``, already warmed up.
+      repeats: Rounds.
+      inner: Calls per timing (amortises timer overhead for fast steps).
+
+    Returns:
+      ``{name: median seconds per call}``.
+    """
+    samples = {name: [] for name in candidates}
+    for _ in range(repeats):
+        for name, fn in candidates.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples[name].append((time.perf_counter() - start) / inner)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def row(name, baseline, value, unit, target=None, lower_is_better=True, limit=None):
+    """One result: ``value`` against ``baseline`` measured in the same run.
+
+    Args:
+      name: What was measured.
+      baseline: The baseline's figure (same unit).
+      value: This figure.
+      unit: Unit of both figures.
+      target: The ratio the issue asks for, or None.
+      lower_is_better: Whether the ratio should be at most (True) or at least (False) ``target``.
+      limit: An absolute bound on ``value`` the issue asks for (e.g. 250 ms), or None.
+    """
+    ratio = value / baseline if baseline else float("nan")
+    met = None
+    if target is not None:
+        met = ratio <= target if lower_is_better else ratio >= target
+    if limit is not None:
+        met = (met is not False) and (value <= limit if lower_is_better else value >= limit)
+    return {"name": name, "baseline": baseline, "value": value, "ratio": ratio, "unit": unit,
+            "target": target, "limit": limit, "lower_is_better": lower_is_better, "met": met}
