@@ -9,17 +9,23 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "GradientWriter": ("tb_gradcheck.summary", "GradientWriter"),
+    "GradientCallback": ("tb_gradcheck.keras", "GradientCallback"),
 }
+# Submodules reachable as attributes without an import of their own
+# (``tb_gradcheck.keras.GradientCallback``); each imports TensorFlow.
+_SUBMODULES = ("keras",)
 
 __all__ = sorted(_LAZY)
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tb_gradcheck.{name}")
     raise AttributeError(f"module 'tb_gradcheck' has no attribute {name!r}")

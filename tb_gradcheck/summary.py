@@ -20,6 +20,13 @@ layout from ``metadata.stats_layout``. One event per written step:
 The full metadata (with row names) rides on the first event of each tag a
 writer writes; later events carry only the plugin name and data class, since
 TensorBoard keeps the first metadata of a tag and ignores the rest.
+
+Under ``tf.distribute`` one event is written per step, by one replica: replica
+0 of the chief (``strategy.extended.should_save_summary``). Every other worker
+keeps its event file closed (none is created) and writes nothing. The writer's
+state (window accumulators, fresh flags, the write counter) lives in plain
+variables of the process that writes, updated by that replica only; see
+``_host_variable`` for why they are not the strategy's mirrored variables.
 """
 
 import atexit
@@ -29,6 +36,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 from tensorboard.compat.proto import summary_pb2
+from tensorflow.python.ops import resource_variable_ops
 
 from tb_gradcheck import metadata
 from tb_gradcheck import stats
@@ -88,13 +96,12 @@ class GradientWriter:
             raise ValueError(f"Expected `every_n_steps` to be a positive integer. Received: {every_n_steps!r}")
         self.every_n_steps = int(every_n_steps)
         self._owns_writer = writer is None
-        if writer is None:
-            writer = tf.summary.create_file_writer(
-                str(logdir) if not isinstance(logdir, bytes) else logdir.decode(),
-                max_queue=DEFAULT_MAX_QUEUE,
-                flush_millis=int(flush_millis),
-            )
-        self._writer = writer
+        # The event file is opened at the first write this process records, so
+        # a worker that never writes (a non-chief under tf.distribute) leaves
+        # no file in the run directory.
+        self._logdir = None if logdir is None else (logdir.decode() if isinstance(logdir, bytes) else str(logdir))
+        self._flush_millis = int(flush_millis)
+        self._summary_writer = writer
         self._closed = False
         self._layouts = {}  # tuple of variable ids -> _Layout
         self._fresh = {}  # tag -> tf.Variable(bool): full metadata not yet written
@@ -106,6 +113,15 @@ class GradientWriter:
     @tf.autograph.experimental.do_not_convert
     def write(self, gradients, variables, step):
         """Records this step's gradient statistics.
+
+        Under ``tf.distribute``, call it inside ``strategy.run`` with this
+        replica's gradients, the ones you pass to the optimizer: the writer
+        sums them over the replicas (as Keras optimizers do before applying
+        them) and records the sum once, from replica 0 of the chief. Every
+        worker must make the call, since the sum is a collective operation;
+        only the chief opens an event file. The sum costs one all-reduce of
+        the gradients per step; ``tb_gradcheck.keras.GradientCallback`` reads
+        the optimizer's own all-reduced gradients instead and costs none.
 
         Args:
           gradients: One gradient per variable, as from ``tape.gradient``:
@@ -120,30 +136,59 @@ class GradientWriter:
           None. Inside ``tf.function`` the writes are ops of the graph.
 
         Raises:
-          TypeError: ``gradients``, ``variables`` or ``step`` of the wrong kind.
+          TypeError: ``gradients``, ``variables`` or ``step`` of the wrong
+            kind, including per-replica values outside ``strategy.run``.
           ValueError: Mismatched lengths, an empty list, or a closed writer.
         """
         self._check_open("write")
         variables = _as_list(variables, "variables")
         gradients = _as_list(gradients, "gradients")
+        _reject_per_replica(gradients)
+        step = _as_step(step)
+        if len(gradients) != len(variables):
+            raise ValueError(
+                "Expected one gradient per variable. "
+                f"Received: len(gradients)={len(gradients)}, len(variables)={len(variables)}"
+            )
+        self._write_aggregated(_sum_over_replicas(gradients), variables, step)
+
+    def _write_aggregated(self, gradients, variables, step):
+        """Records gradients that are already the same on every replica, once per step.
+
+        ``tb_gradcheck.keras`` calls this with the gradients a Keras optimizer
+        has all-reduced. On a replica or worker that does not write, nothing
+        is computed (the statistics would only be thrown away).
+        """
+        self._check_open("write")
         step = _as_step(step)
         layout = self._layout_for(variables, gradients)
+        writing = _writing_replica()
+        if writing is False:
+            return
+        if writing is True:
+            self._record(layout, gradients, step)
+            return
+        # Replica id known only at run time (e.g. TPU): the same decision as a cond.
+        tf.cond(writing, lambda: self._record(layout, gradients, step), lambda: tf.constant(False))
+
+    def _record(self, layout, gradients, step):
         with self._writer.as_default():
             if self.every_n_steps == 1:
-                layer, variable = stats.compute(gradients, variables, layout.rows)
+                layer, variable = stats.compute(gradients, layout.variables, layout.rows)
                 self._write_stats(layout, layer[None], variable[None], step)
-                return
+                return tf.constant(True)
             # Between writes only what a window needs: one fused pass per
             # gradient for the norm (and, on a bad step only, the NaN count).
-            layer, variable = stats.compute(gradients, variables, layout.rows, weights=False, full=False)
+            layer, variable = stats.compute(gradients, layout.variables, layout.rows, weights=False, full=False)
             layout.window.add(layer, variable, step)
             due = tf.equal(step % self.every_n_steps, 0)
             tf.cond(due, lambda: self._flush_window(layout, step, gradients), lambda: tf.constant(False))
+        return tf.constant(True)
 
     def flush(self):
         """Writes buffered events to disk."""
-        if not self._closed:
-            self._writer.flush()
+        if not self._closed and self._summary_writer is not None:
+            self._summary_writer.flush()
 
     def close(self):
         """Writes any partial window, flushes and (if this writer made it) closes the file.
@@ -152,13 +197,14 @@ class GradientWriter:
         """
         if self._closed:
             return
-        for layout in self._layouts.values():
-            if layout.window is not None and bool(layout.window.pending()):
-                with self._writer.as_default():
-                    self._flush_window(layout, layout.window.last_step.read_value())
-        self._writer.flush()
-        if self._owns_writer:
-            self._writer.close()
+        if self._summary_writer is not None:
+            for layout in self._layouts.values():
+                if layout.window is not None and bool(layout.window.pending()):
+                    with self._summary_writer.as_default():
+                        self._flush_window(layout, layout.window.last_step.read_value())
+            self._summary_writer.flush()
+            if self._owns_writer:
+                self._summary_writer.close()
         self._closed = True
         _open_writers.discard(self)
 
@@ -170,6 +216,16 @@ class GradientWriter:
         return False
 
     # -- internals ----------------------------------------------------------
+
+    @property
+    def _writer(self):
+        """The tf.summary writer, its event file opened on first use."""
+        if self._summary_writer is None:
+            with tf.init_scope():
+                self._summary_writer = tf.summary.create_file_writer(
+                    self._logdir, max_queue=DEFAULT_MAX_QUEUE, flush_millis=self._flush_millis
+                )
+        return self._summary_writer
 
     def _check_open(self, what):
         if self._closed:
@@ -196,9 +252,8 @@ class GradientWriter:
         return tf.constant(True)
 
     def _write_stats(self, layout, layer, variable, step):
-        with tf.init_scope():
-            if self._writes is None:
-                self._writes = tf.Variable(0.0, trainable=False, name="tb_gradcheck_writes")
+        if self._writes is None:
+            self._writes = _host_variable(0.0, tf.float32, "tb_gradcheck_writes")
         writes = self._writes.assign_add(1.0)
         # float32 counts exactly up to 2**24 (16.7 million) writes.
         header = tf.pad(tf.fill([tf.shape(layer)[0], 1, 1], writes), [[0, 0], [0, 0], [0, layer.shape[-1] - 1]])
@@ -207,9 +262,8 @@ class GradientWriter:
     def _emit(self, content, tensor, step):
         """Writes one tensor under its layout's tag; full metadata on the first write only."""
         tag = metadata.tag_for(content)
-        with tf.init_scope():
-            if tag not in self._fresh:
-                self._fresh[tag] = tf.Variable(True, trainable=False, name="tb_gradcheck_fresh")
+        if tag not in self._fresh:
+            self._fresh[tag] = _host_variable(True, tf.bool, "tb_gradcheck_fresh")
         fresh = self._fresh[tag]
         md = tf.where(fresh, _serialized_metadata(content), _SLIM_METADATA)
         written = tf.summary.write(tag, tensor, step=step, metadata=md)
@@ -235,8 +289,7 @@ class _Layout:
         )
         self.window = None
         if every_n_steps > 1:
-            with tf.init_scope():
-                self.window = _Window(len(self.rows.layer_names), len(self.rows.variable_names))
+            self.window = _Window(len(self.rows.layer_names), len(self.rows.variable_names))
 
 
 class _Window:
@@ -253,12 +306,12 @@ class _Window:
     def __init__(self, n_layers, n_variables):
         c = stats.GRADIENT_COLUMNS
         self._parts = [self._state(n, c) for n in (n_layers, n_variables)]
-        self.last_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tb_gradcheck_last_step")
+        self.last_step = _host_variable(0, tf.int64, "tb_gradcheck_last_step")
 
     @staticmethod
     def _state(n, c):
         def var(value, shape=(n, c)):
-            return tf.Variable(tf.fill(shape, tf.constant(value, tf.float32)), trainable=False)
+            return _host_variable(np.full(shape, value, np.float32), tf.float32, "tb_gradcheck_window")
 
         return {
             "last": var(stats.MISSING),
@@ -338,6 +391,77 @@ _SLIM_METADATA = _slim_metadata()
 
 # The statistics a window reduces at every step (see _Window).
 _WINDOWED = ("grad_norm", "grad_nonfinite")
+
+
+def _host_variable(initial_value, dtype, name):
+    """A plain variable of this process, whatever distribution strategy is in scope.
+
+    Variables made under a strategy (also in ``tf.init_scope()`` inside
+    ``strategy.run``, which is where the writer first runs) become the
+    strategy's distributed variables, and neither kind fits this state:
+
+    - ``MirroredVariable`` (the default, aggregation NONE): in replica context
+      each replica updates its own copy, so the copies drift apart, since
+      only replica 0 records summaries;
+    - ``MultiWorkerMirroredStrategy`` broadcasts every new variable's initial
+      value from the chief, a collective that each worker must join in the
+      same order. State created only where the writer writes would hang the
+      other workers.
+
+    The writer's state is used by one replica of one process and needs
+    neither copies nor collectives, so it is made directly as a
+    ResourceVariable, which does not go through the strategy's variable
+    creator. It is not tracked by any model or checkpoint.
+    """
+    with tf.init_scope():
+        return resource_variable_ops.ResourceVariable(
+            tf.constant(initial_value, dtype), trainable=False, name=name
+        )
+
+
+def _writing_replica():
+    """Whether this replica records: True, False, or a bool tensor when only known at run time.
+
+    One replica per step records: replica 0 of the worker that saves
+    summaries (the chief; every worker of a single-worker strategy). In
+    cross-replica context the code runs once per worker, so the worker decides.
+    tf.summary makes the same choice for summaries (it records in replica
+    context only where ``replica_id_in_sync_group == 0``); the writer makes it
+    for its state updates too, which would otherwise run on every replica.
+    """
+    strategy = tf.distribute.get_strategy()
+    if not strategy.extended.should_save_summary:
+        return False
+    context = tf.distribute.get_replica_context()
+    if context is None:
+        return True
+    replica = context.replica_id_in_sync_group
+    static = tf.get_static_value(replica)
+    if static is not None:
+        return int(static) == 0
+    return tf.equal(replica, 0)
+
+
+def _sum_over_replicas(gradients):
+    """Sums per-replica gradients over the replicas in sync, as Keras optimizers do before applying them."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return gradients
+    present = [g for g in gradients if g is not None]
+    if not present:
+        return gradients
+    summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, present))
+    return [None if g is None else next(summed) for g in gradients]
+
+
+def _reject_per_replica(gradients):
+    for i, g in enumerate(gradients):
+        if isinstance(g, tf.distribute.DistributedValues):
+            raise TypeError(
+                "Expected tensors in `gradients`; call write() inside `strategy.run`, with the "
+                "gradients of that replica. "
+                f"Received: gradients[{i}] of type {type(g).__name__}"
+            )
 
 
 def _as_list(values, name):

@@ -210,3 +210,61 @@ def synthetic_run(logdir, steps, every_n_steps=1, names=("dense", "dense_1", "de
             step_fn(tf.constant(step, tf.int64))
         assert step_fn.experimental_get_tracing_count() <= 2  # no retrace per step
     return sizes, scale
+
+
+def read_events(run_dir, kind="stats", granularity="layer"):
+    """The gradient summaries of one run, as TensorBoard's event file loader reads them.
+
+    Args:
+      run_dir: The run directory.
+      kind: ``"stats"`` (the ``[A, R, C]`` block of ``granularity``),
+        ``"progress"`` (the header row's write count, a float) or
+        ``"check"`` (the check tensors of ``granularity``).
+      granularity: ``"layer"`` or ``"variable"``.
+
+    Returns:
+      A list of ``(step, numpy value, event file name)`` in file and record order.
+    """
+    import glob
+
+    from tensorboard.backend.event_processing import event_file_loader
+    from tensorboard.util import tensor_util
+
+    from tb_gradcheck import metadata
+
+    contents, out = {}, []
+    for path in sorted(glob.glob(os.path.join(str(run_dir), "events.out.tfevents.*"))):
+        for event in event_file_loader.EventFileLoader(path).Load():
+            for value in event.summary.value:
+                if value.metadata.plugin_data.content:
+                    contents.setdefault(value.tag, metadata.parse(value.metadata.plugin_data.content))
+                content = contents.get(value.tag)
+                if content is None or not value.tag.startswith("gradients/"):
+                    continue
+                array = tensor_util.make_ndarray(value.tensor)
+                if kind == "check" and content["kind"] == metadata.KIND_CHECK:
+                    if content.get("granularity", granularity) == granularity:
+                        out.append((event.step, array, os.path.basename(path)))
+                elif kind in ("stats", "progress") and content["kind"] == metadata.KIND_STATS:
+                    if kind == "progress":
+                        array = float(array[0, metadata.header_row(content), 0])
+                    else:
+                        array = array[:, metadata.rows_of(content, granularity)[1]]
+                    out.append((event.step, array, os.path.basename(path)))
+    return out
+
+
+def stats_content(run_dir):
+    """The layout (row names) of the run's first stats tag."""
+    import glob
+
+    from tensorboard.backend.event_processing import event_file_loader
+
+    from tb_gradcheck import metadata
+
+    for path in sorted(glob.glob(os.path.join(str(run_dir), "events.out.tfevents.*"))):
+        for event in event_file_loader.EventFileLoader(path).Load():
+            for value in event.summary.value:
+                if value.tag.startswith("gradients/stats/") and value.metadata.plugin_data.content:
+                    return metadata.parse(value.metadata.plugin_data.content)
+    raise AssertionError(f"no stats tag in {run_dir}")

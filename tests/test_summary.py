@@ -218,3 +218,14 @@ def test_eager_and_graph_writes_store_the_same_numbers(tmp_path):
     graph = [e[3] for e in events(tmp_path / "graph") if "/stats/" in e[1]]
     for x, y in zip(eager, graph):
         np.testing.assert_array_equal(x, y)
+
+
+def test_event_file_is_created_at_the_first_write_only(tmp_path):
+    v = tf.Variable([1.0], name="v")
+    GradientWriter(tmp_path / "unused").close()
+    assert not (tmp_path / "unused").exists()  # e.g. a worker that never writes
+    with GradientWriter(tmp_path / "used") as writer:
+        assert not (tmp_path / "used").exists()
+        tf.function(lambda: writer.write([tf.ones(1)], [v], 0))()  # opened while tracing, outside the graph
+    assert len(glob.glob(str(tmp_path / "used" / "events.out.tfevents.*"))) == 1
+    assert [e[0] for e in events(tmp_path / "used") if "/stats/" in e[1]] == [0]
