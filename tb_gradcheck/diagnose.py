@@ -128,8 +128,10 @@ class _StatsView:
         have = set(matrix.aggregates)
 
         def pick(column, preferred):
+            # The preferred aggregate where the metric has it, else the last
+            # value, else whatever the run stored (a layout need not hold "last").
             usable = preferred in have and preferred in metadata.METRIC_AGGREGATES[column]
-            aggregate = preferred if usable else "last"
+            aggregate = preferred if usable else next(a for a in ("last", *matrix.aggregates) if a in have)
             values, missing = matrix.slab(column, aggregate)
             return np.where(missing, np.nan, values), ~missing, aggregate
 
@@ -145,7 +147,10 @@ class _StatsView:
 
 
 def _non_finite(run, v):
-    bad = v.present & (v.nonfinite > 0)
+    # The writer counts NaN/Inf elements, so a positive count is the signal;
+    # a count or norm that is itself NaN/Inf (a damaged or foreign log) is
+    # no sign of health either.
+    bad = v.present & ((v.nonfinite > 0) | ~np.isfinite(v.nonfinite) | ~np.isfinite(v.norm))
     layers = [j for j in range(len(v.rows)) if bad[:, j].any()]
     if not layers:
         return []

@@ -183,9 +183,13 @@ class GradientsPlugin(base_plugin.TBPlugin):
                     described.setdefault("metrics", []).extend(kind_metrics)
                     if kind == metadata.KIND_STATS:
                         kept = max(kept, len(matrix.steps))
+            total, problems = self._store.progress(ctx, experiment_id, index)
+            entry["problems"].extend(p.to_dict() for p in problems)
             if metadata.KIND_STATS in index.kinds():
-                entry["total_steps"] = self._store.total_writes(ctx, experiment_id, index)
+                entry["total_steps"] = total
                 entry["sampled"] = entry["total_steps"] is not None and kept < entry["total_steps"]
+            # A stats tag serves both granularities: report each problem once.
+            entry["problems"] = list({(p["tag"], p["reason"]): p for p in entry["problems"]}.values())
             if entry["metrics"] or entry["problems"]:
                 out.append(entry)
         return {"runs": out, "samples_per_plugin": self._samples}
