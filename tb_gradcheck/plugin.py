@@ -31,6 +31,7 @@ _MAX_WIDTH = 100_000
 _ENCODINGS = ("json", "f32")
 
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
+_STATIC_ROUTE = f"/data/plugin/{metadata.PLUGIN_NAME}/static/"
 
 
 def _frontend_dir():
@@ -141,13 +142,16 @@ class GradientsPlugin(base_plugin.TBPlugin):
         args = request.args
         fmt = _choice(args, "format", export.FORMATS, "csv")
         body, name = self.export_impl(ctx, eid, _required(args, "run"), _required(args, "metric"), *_selection(args), fmt)
-        headers = [("Content-Disposition", f'attachment; filename="{name}"')]
+        headers = [("Content-Disposition", export.content_disposition(name))]
         content_type = "text/csv" if fmt == "csv" else "application/json"
         return http_util.Respond(request, body, content_type, headers=headers)
 
     @_route
     def _serve_static(self, request):
-        name = request.path.rsplit("/static/", 1)[-1]
+        # TensorBoard's middleware has already moved --path_prefix and
+        # /experiment/<id> into SCRIPT_NAME, so the path starts with the
+        # route itself; what follows must be one of our file names exactly.
+        name = request.path[len(_STATIC_ROUTE):] if request.path.startswith(_STATIC_ROUTE) else request.path
         path = self._static.get(name)
         if path is None:
             raise errors.NotFoundError(f"no static file {name!r}")
@@ -223,7 +227,8 @@ class GradientsPlugin(base_plugin.TBPlugin):
 
 def _selection(args):
     """``(granularity, aggregate)`` from the query, validated where the store cannot."""
-    return _choice(args, "granularity", metadata.GRANULARITIES, "layer"), args.get("aggregate", "last")
+    aggregate = _one(args, "aggregate")
+    return _choice(args, "granularity", metadata.GRANULARITIES, "layer"), "last" if aggregate is None else aggregate
 
 
 def _binning(args):
@@ -309,28 +314,37 @@ def _context(request):
     return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
 
 
+def _one(args, name):
+    """The value of a query parameter, or None; a parameter given twice is ambiguous (400)."""
+    values = args.getlist(name)
+    if len(values) > 1:
+        raise errors.InvalidArgumentError(f"parameter {name!r} given {len(values)} times: {values!r}")
+    return values[0] if values else None
+
+
 def _required(args, name):
-    value = args.get(name)
+    value = _one(args, name)
     if value is None or value == "":
         raise errors.InvalidArgumentError(f"missing required parameter {name!r}")
     return value
 
 
 def _choice(args, name, choices, default):
-    value = args.get(name, default)
+    value = _one(args, name)
+    value = default if value is None else value
     if value not in choices:
         raise errors.InvalidArgumentError(f"{name} must be one of {list(choices)}, got {value!r}")
     return value
 
 
 def _int(args, name, low, high):
-    raw = args.get(name)
+    raw = _one(args, name)
     if raw is None or raw == "":
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise errors.InvalidArgumentError(f"{name} must be an integer, got {raw!r}") from None
+    # ASCII digits only: int() would also take " 7", "1_000" and "\u0663".
+    if not (raw.isascii() and raw.lstrip("-").isdigit()) or len(raw) > 20:
+        raise errors.InvalidArgumentError(f"{name} must be an integer, got {raw[:100]!r}")
+    value = int(raw)
     if not low <= value <= high:
         raise errors.InvalidArgumentError(f"{name} must be between {low} and {high}, got {value}")
     return value
