@@ -81,13 +81,14 @@ def request_mix(run="large", width=1200, downloads=True):
         2,000 x 200 values).
     """
     q = urllib.parse.quote(run, safe="")
-    heat = f"{BASE}heatmap?run={q}&granularity=layer"
+    # The tab asks for packed float32 heatmaps; other clients (scripts) take the JSON default.
+    heat = f"{BASE}heatmap?run={q}&granularity=layer&encoding=f32"
     mix = [
         (10, f"{BASE}runs"),
         (30, f"{heat}&metric=grad_norm&width={width}"),
-        (10, f"{heat}&metric=grad_norm&width={width // 4}&reduce=mean"),
+        (10, f"{BASE}heatmap?run={q}&metric=grad_norm&width={width // 4}&reduce=mean"),
         (10, f"{heat}&metric=grad_zero_fraction&width={width * 2 // 3}"),
-        (10, f"{BASE}heatmap?run={q}&granularity=variable&metric=grad_to_weight&width={width // 2}"),
+        (10, f"{BASE}heatmap?run={q}&granularity=variable&metric=grad_to_weight&width={width // 2}&encoding=f32"),
         (10, f"{BASE}findings?run={q}"),
         (5, f"{BASE}compare?run={q}&other={q}&metric=grad_norm&width={width // 3}"),
         (2, f"{BASE}static/index.js"),

@@ -8,6 +8,7 @@ data, a run with only unreadable tags, a run with no readable points, and
 runs and layers with hostile names.
 """
 
+import base64
 import json
 import os
 import random
@@ -27,7 +28,7 @@ from tb_gradcheck import metadata
 
 BASE = "/data/plugin/gradients/"
 ROUTES = ("runs", "heatmap", "compare", "findings", "export")
-KEYS = ("run", "other", "metric", "granularity", "aggregate", "width", "reduce", "format")
+KEYS = ("run", "other", "metric", "granularity", "aggregate", "width", "reduce", "format", "encoding")
 HOSTILE_RUN = "<img src=x onerror=alert(1)> \"q\" 'q' &a=b%20+#?"
 UNICODE_RUN = "日本語 \u202eرن"
 HOSTILE_LAYERS = ("<img src=x onerror=alert(1)>", "a\"b'c", "\u202eevil\u200f", "日本語/層", "x" * 300)
@@ -89,6 +90,7 @@ KNOWN = {
     "width": ["1", "2", "7", "100", "100000"],
     "reduce": ["max", "min", "mean"],
     "format": ["csv", "json"],
+    "encoding": ["json", "f32"],
 }
 odd_numbers = st.sampled_from(["0", "-1", "-0", "100001", "1e3", "2.5", "NaN", "inf", " 5", "5 ", "1_000", "\u0663",
                                "0x10", "9" * 30, "+3", "", "-"])
@@ -166,7 +168,8 @@ def valid_selections(draw, runs):
     aggregate = draw(st.sampled_from(entry["aggregates"][metric]))
     width = draw(st.none() | st.integers(1, 100_000))
     reduce = draw(st.sampled_from(["max", "min", "mean"]))
-    return run, metric, granularity, aggregate, width, reduce
+    encoding = draw(st.sampled_from(["json", "f32"]))
+    return run, metric, granularity, aggregate, width, reduce, encoding
 
 
 def test_valid_selections_always_answer_well_formed_200(app):
@@ -176,12 +179,18 @@ def test_valid_selections_always_answer_well_formed_200(app):
     @FUZZ
     @given(selection=valid_selections(runs))
     def check(selection):
-        run, metric, granularity, aggregate, width, reduce = selection
+        run, metric, granularity, aggregate, width, reduce, encoding = selection
         pairs = [("run", run), ("metric", metric), ("granularity", granularity), ("aggregate", aggregate),
                  ("reduce", reduce)] + ([("width", str(width))] if width else [])
         body = get_json(client, BASE + "heatmap?" + encode(pairs))
         assert body["run"] == run and body["layers"] == runs[run]["granularities"][granularity]["rows"]
         assert len(body["values"]) == len(body["steps"]) and all(len(r) == len(body["layers"]) for r in body["values"])
+        packed = get_json(client, BASE + "heatmap?" + encode(pairs + [("encoding", encoding)]))
+        if encoding == "f32":  # the same matrix, as base64 float32 (missing cells are NaN there)
+            decoded = np.frombuffer(base64.b64decode(packed["values_f32"]), "<f4")
+            assert decoded.size == len(body["steps"]) * len(body["layers"]), (decoded.size, len(body["steps"]))
+        else:
+            assert packed == body
         if width is not None:
             assert len(body["steps"]) <= width
         if body["step_ends"] is not None:

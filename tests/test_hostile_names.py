@@ -32,6 +32,7 @@ RAW = "</span><script>window.__pwned=3</script><b>bold</b>"
 ROWS = [f"m/{n}" for n in LAYERS] + [RAW]
 RUN = "<img src=x onerror=window.__pwned=5;alert(5)> &a=%20#x?\u202e"
 TAG = 'gradients/stats/<img src=x onerror="window.__pwned=4;alert(4)">'
+UNREADABLE = "unreadable_only"
 PAGE_ARGS = {"viewport": {"width": 1400, "height": 900}, "device_scale_factor": 1}
 
 
@@ -50,6 +51,9 @@ def tb(tmp_path_factory):
             scale = [1e-12 if getattr(v, "path", "").startswith(f"m/{IMG}/") else 1.0 for v in variables]
             writer.write([tf.fill(v.shape, s) for v, s in zip(variables, scale)], variables, step)
     write_raw(logdir / RUN, stats_points(1, range(2)), tag=TAG, content=b"not json")  # a problem with a hostile tag
+    # A run with nothing readable: the tab must say why it shows nothing.
+    write_raw(logdir / UNREADABLE, stats_points(1, range(2)), tag="gradients/stats/future",
+              content=b'{"version": 99, "kind": "stats"}')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = TensorBoardProcess(logdir, env=env)
     try:
@@ -147,5 +151,28 @@ def test_hostile_names_show_as_literal_text_and_run_no_script(browser, tb):
         scripts = frame.evaluate("() => [...document.querySelectorAll('script')].map((n) => n.textContent)")
         assert markup == 0 and len(scripts) == 1 and "m.render()" in scripts[0], (markup, scripts)
         assert dialogs == [] and errors == [], (dialogs, errors)
+    finally:
+        context.close()
+
+
+def test_a_run_with_only_unreadable_tags_shows_why(browser, tb):
+    context = browser.new_context(**PAGE_ARGS)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(tb.url + "/#gradients")
+        frame = plugin_frame(page)
+        wait_ready(frame)
+        frame.select_option("#run-select", UNREADABLE)
+        wait_ready(frame)
+        assert frame.evaluate("() => window.tbGradcheck.state().run") == UNREADABLE
+        problems = frame.locator("#problems")
+        assert problems.is_visible()
+        text = problems.text_content()
+        assert "gradients/stats/future" in text and "written by a newer tb_gradcheck (content version 99" in text, text
+        error = frame.evaluate("() => { const e = document.getElementById('error'); return e.hidden ? null : e.textContent; }")
+        print(f"\nunreadable-only run: error box says {error!r}")
+        assert errors == [], errors
     finally:
         context.close()
