@@ -332,6 +332,18 @@ def _finding(kind, run, names, evidence, metric, aggregate, message):
 
 
 def _list(names, limit=3):
+    names = [_isolate(n) for n in names]
     if len(names) <= limit:
         return ", ".join(names)
     return f"{len(names)} layers ({', '.join(names[:limit])}, ...)"
+
+
+def _isolate(name):
+    """A layer name as a Unicode bidi isolate (FSI ... PDI) inside a message.
+
+    Names are user data: one holding a right-to-left override (U+202E)
+    would otherwise reverse the rest of the sentence, numbers included, in
+    the tab and in a terminal. The isolate ends every override the name
+    opens; the marks themselves are invisible.
+    """
+    return f"\u2068{name}\u2069"

@@ -48,7 +48,8 @@ def tb(tmp_path_factory):
     variables = model.trainable_variables + [tf.Variable(tf.ones([2]), name=RAW)]
     with GradientWriter(logdir / RUN) as writer:
         for step in range(30):
-            scale = [1e-12 if getattr(v, "path", "").startswith(f"m/{IMG}/") else 1.0 for v in variables]
+            vanishing = (f"m/{IMG}/", f"m/{LAYERS[3]}/")
+            scale = [1e-12 if getattr(v, "path", "").startswith(vanishing) else 1.0 for v in variables]
             writer.write([tf.fill(v.shape, s) for v, s in zip(variables, scale)], variables, step)
     write_raw(logdir / RUN, stats_points(1, range(2)), tag=TAG, content=b"not json")  # a problem with a hostile tag
     # A run with nothing readable: the tab must say why it shows nothing.
@@ -114,6 +115,20 @@ def test_hostile_names_show_as_literal_text_and_run_no_script(browser, tb):
             "() => [...document.querySelectorAll('#findings-list .finding')].map((n) => n.textContent)"
         )
         assert any(f"m/{IMG}" in text and "anishing" in text for text in findings), findings
+        # The right-to-left override in a name ends with the name (a bidi isolate), so it
+        # cannot reverse the rest of the message: the numbers after it read as written.
+        messages = frame.evaluate("() => [...document.querySelectorAll('.finding-message')].map((n) => n.textContent)")
+        vanishing = next(m for m in messages if m.startswith("Vanishing"))
+        assert f"\u2068m/{LAYERS[3]}\u2069" in vanishing and f"\u2068m/{IMG}\u2069" in vanishing, vanishing
+        # And as drawn: after the names, "gradient" is still left of "norm" (an override
+        # leaking out of the name draws the rest of the sentence right to left).
+        order = frame.evaluate("""() => {
+            const node = [...document.querySelectorAll('.finding-message')].find((n) => n.textContent.startsWith('Vanishing'));
+            const text = node.firstChild, at = text.textContent.indexOf(': gradient norm');
+            const x = (i) => { const r = document.createRange(); r.setStart(text, i); r.setEnd(text, i + 1); return r.getBoundingClientRect().x; };
+            return [x(at + 2), x(at + 11)];
+        }""")
+        assert order[0] < order[1], order
         chips = frame.evaluate("() => [...document.querySelectorAll('.layer-chip .layer-name')].map((n) => n.textContent)")
         assert f"m/{IMG}" in chips, chips
 
