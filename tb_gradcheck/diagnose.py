@@ -128,8 +128,10 @@ class _StatsView:
         have = set(matrix.aggregates)
 
         def pick(column, preferred):
+            # The preferred aggregate where the metric has it, else the last
+            # value, else whatever the run stored (a layout need not hold "last").
             usable = preferred in have and preferred in metadata.METRIC_AGGREGATES[column]
-            aggregate = preferred if usable else "last"
+            aggregate = preferred if usable else next(a for a in ("last", *matrix.aggregates) if a in have)
             values, missing = matrix.slab(column, aggregate)
             return np.where(missing, np.nan, values), ~missing, aggregate
 
@@ -145,7 +147,10 @@ class _StatsView:
 
 
 def _non_finite(run, v):
-    bad = v.present & (v.nonfinite > 0)
+    # The writer counts NaN/Inf elements, so a positive count is the signal;
+    # a count or norm that is itself NaN/Inf (a damaged or foreign log) is
+    # no sign of health either.
+    bad = v.present & ((v.nonfinite > 0) | ~np.isfinite(v.nonfinite) | ~np.isfinite(v.norm))
     layers = [j for j in range(len(v.rows)) if bad[:, j].any()]
     if not layers:
         return []
@@ -327,6 +332,18 @@ def _finding(kind, run, names, evidence, metric, aggregate, message):
 
 
 def _list(names, limit=3):
+    names = [_isolate(n) for n in names]
     if len(names) <= limit:
         return ", ".join(names)
     return f"{len(names)} layers ({', '.join(names[:limit])}, ...)"
+
+
+def _isolate(name):
+    """A layer name as a Unicode bidi isolate (FSI ... PDI) inside a message.
+
+    Names are user data: one holding a right-to-left override (U+202E)
+    would otherwise reverse the rest of the sentence, numbers included, in
+    the tab and in a terminal. The isolate ends every override the name
+    opens; the marks themselves are invisible.
+    """
+    return f"\u2068{name}\u2069"

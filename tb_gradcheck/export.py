@@ -40,10 +40,28 @@ def to_json(heatmap):
 
 
 def filename(heatmap, fmt):
-    """A safe download name such as ``sigmoid-grad_norm-layer-last.csv``."""
+    """A safe download name such as ``sigmoid-grad_norm-layer-last.csv``.
+
+    Letters and digits of any script are kept (a run may be called
+    ``日本``); everything else, path separators and control characters
+    included, becomes ``_``.
+    """
     stem = "-".join([heatmap.run, heatmap.metric, heatmap.granularity, heatmap.aggregate])
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem).strip("._") or "gradients"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem).strip("._")[:200] or "gradients"
     return f"{safe}.{fmt}"
+
+
+def content_disposition(name):
+    """The ``Content-Disposition`` header value for a download called ``name`` (RFC 6266).
+
+    HTTP headers are Latin-1 on the wire, and a non-Latin-1 header makes
+    the server fail the response: ``filename`` gets an ASCII fallback, and
+    ``filename*`` the real name, UTF-8 and percent-encoded.
+    """
+    from urllib.parse import quote
+
+    ascii_name = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in name)
+    return f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
 def _csv_number(v):

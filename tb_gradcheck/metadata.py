@@ -161,11 +161,13 @@ def parse(content_bytes):
         content = json.loads(bytes(content_bytes).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise ContentError(f"metadata content is not UTF-8 JSON ({e})") from None
+    except RecursionError:  # "[[[[..." nested deeper than the parser's stack
+        raise ContentError("metadata content is JSON nested too deeply to be a layout") from None
     if not isinstance(content, dict):
         raise ContentError(f"metadata content is not a JSON object: {type(content).__name__}")
     version = content.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise ContentError(f"metadata content has no integer version: {version!r}")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ContentError(f"metadata content has no integer version (1 or more): {_short(version)}")
     if version > CONTENT_VERSION:
         raise ContentError(
             f"written by a newer tb_gradcheck (content version {version}, "
@@ -173,16 +175,16 @@ def parse(content_bytes):
         )
     kind = content.get("kind")
     if kind not in KINDS:
-        raise ContentError(f"unknown kind {kind!r}; expected one of {list(KINDS)}")
+        raise ContentError(f"unknown kind {_short(kind)}; expected one of {list(KINDS)}")
     _require_names(content, "columns")
     if kind == KIND_STATS:
         _require_names(content, "aggregates")
         unknown = [a for a in content["aggregates"] if a not in AGGREGATES]
         if unknown:
-            raise ContentError(f"unknown aggregates {unknown!r}")
+            raise ContentError(f"unknown aggregates {_short(unknown)}")
         window = content.get("window")
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ContentError(f"window must be a positive integer, got {window!r}")
+            raise ContentError(f"window must be a positive integer, got {_short(window)}")
         for granularity in GRANULARITIES:
             block = content.get(granularity)
             if not isinstance(block, dict):
@@ -194,14 +196,26 @@ def parse(content_bytes):
             ):
                 raise ContentError(f"{granularity} sizes must be one integer per row")
             sparse = block.get("sparse_rows", [])
-            if not isinstance(sparse, list) or not set(sparse) <= set(block["rows"]):
-                raise ContentError(f"{granularity} sparse_rows must be a list of row names, got {sparse!r}")
+            if (
+                not isinstance(sparse, list)
+                or not all(isinstance(n, str) for n in sparse)
+                or not set(sparse) <= set(block["rows"])
+            ):
+                raise ContentError(f"{granularity} sparse_rows must be a list of row names, got {_short(sparse)}")
     else:
         if content.get("granularity") not in GRANULARITIES:
             raise ContentError(
-                f"unknown granularity {content.get('granularity')!r}; expected one of {list(GRANULARITIES)}"
+                f"unknown granularity {_short(content.get('granularity'))}; expected one of {list(GRANULARITIES)}"
             )
         _require_names(content, "rows")
+        if "status" not in content["columns"]:
+            raise ContentError(f"a check layout needs a 'status' column, got columns {_short(content['columns'])}")
+    # Columns this version does not know are skipped when reading, so a
+    # newer writer's extra statistic does not hide the rest; a layout with
+    # nothing readable is no layout at all.
+    known = STORED_STAT_COLUMNS if kind == KIND_STATS else CHECK_COLUMNS
+    if not set(content["columns"]) & set(known):
+        raise ContentError(f"columns {_short(content['columns'])} include none of {list(known)}")
     return content
 
 
@@ -231,6 +245,12 @@ def _require_names(content, key, where=""):
     label = f"{where} {key}".strip()
     names = content.get(key)
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise ContentError(f"{label} must be a non-empty list of strings, got {names!r}")
+        raise ContentError(f"{label} must be a non-empty list of strings, got {_short(names)}")
     if len(set(names)) != len(names):
-        raise ContentError(f"{label} must be unique, got duplicates in {names!r}")
+        raise ContentError(f"{label} must be unique, got duplicates in {_short(names)}")
+
+
+def _short(value, limit=200):
+    """``repr(value)``, cut to ``limit`` characters: reasons are shown in the tab, content may be huge."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

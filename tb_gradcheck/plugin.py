@@ -7,6 +7,7 @@ TensorBoard from starting). Routes are documented in docs/http_api.md.
 
 import base64
 import functools
+import json
 import pathlib
 
 import numpy as np
@@ -31,6 +32,7 @@ _MAX_WIDTH = 100_000
 _ENCODINGS = ("json", "f32")
 
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
+_STATIC_ROUTE = f"/data/plugin/{metadata.PLUGIN_NAME}/static/"
 
 
 def _frontend_dir():
@@ -109,7 +111,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
     @_route
     def _serve_runs(self, request):
         ctx, eid = _context(request)
-        return http_util.Respond(request, self.runs_impl(ctx, eid), "application/json")
+        return _respond_json(request, self.runs_impl(ctx, eid))
 
     @_route
     def _serve_heatmap(self, request):
@@ -118,7 +120,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         body = self.heatmap_impl(
             ctx, eid, _required(args, "run"), _required(args, "metric"), *_selection(args), *_binning(args)
         )
-        return http_util.Respond(request, body, "application/json")
+        return _respond_json(request, body)
 
     @_route
     def _serve_compare(self, request):
@@ -128,12 +130,12 @@ class GradientsPlugin(base_plugin.TBPlugin):
             ctx, eid, _required(args, "run"), _required(args, "other"), _required(args, "metric"),
             *_selection(args), *_binning(args),
         )
-        return http_util.Respond(request, body, "application/json")
+        return _respond_json(request, body)
 
     @_route
     def _serve_findings(self, request):
         ctx, eid = _context(request)
-        return http_util.Respond(request, self.findings_impl(ctx, eid, _required(request.args, "run")), "application/json")
+        return _respond_json(request, self.findings_impl(ctx, eid, _required(request.args, "run")))
 
     @_route
     def _serve_export(self, request):
@@ -141,13 +143,17 @@ class GradientsPlugin(base_plugin.TBPlugin):
         args = request.args
         fmt = _choice(args, "format", export.FORMATS, "csv")
         body, name = self.export_impl(ctx, eid, _required(args, "run"), _required(args, "metric"), *_selection(args), fmt)
-        headers = [("Content-Disposition", f'attachment; filename="{name}"')]
-        content_type = "text/csv" if fmt == "csv" else "application/json"
-        return http_util.Respond(request, body, content_type, headers=headers)
+        headers = [("Content-Disposition", export.content_disposition(name))]
+        if fmt == "json":
+            return _respond_json(request, body, headers=headers)
+        return http_util.Respond(request, body, "text/csv", headers=headers)
 
     @_route
     def _serve_static(self, request):
-        name = request.path.rsplit("/static/", 1)[-1]
+        # TensorBoard's middleware has already moved --path_prefix and
+        # /experiment/<id> into SCRIPT_NAME, so the path starts with the
+        # route itself; what follows must be one of our file names exactly.
+        name = request.path[len(_STATIC_ROUTE):] if request.path.startswith(_STATIC_ROUTE) else request.path
         path = self._static.get(name)
         if path is None:
             raise errors.NotFoundError(f"no static file {name!r}")
@@ -183,9 +189,13 @@ class GradientsPlugin(base_plugin.TBPlugin):
                     described.setdefault("metrics", []).extend(kind_metrics)
                     if kind == metadata.KIND_STATS:
                         kept = max(kept, len(matrix.steps))
+            total, problems = self._store.progress(ctx, experiment_id, index)
+            entry["problems"].extend(p.to_dict() for p in problems)
             if metadata.KIND_STATS in index.kinds():
-                entry["total_steps"] = self._store.total_writes(ctx, experiment_id, index)
+                entry["total_steps"] = total
                 entry["sampled"] = entry["total_steps"] is not None and kept < entry["total_steps"]
+            # A stats tag serves both granularities: report each problem once.
+            entry["problems"] = list({(p["tag"], p["reason"]): p for p in entry["problems"]}.values())
             if entry["metrics"] or entry["problems"]:
                 out.append(entry)
         return {"runs": out, "samples_per_plugin": self._samples}
@@ -219,7 +229,8 @@ class GradientsPlugin(base_plugin.TBPlugin):
 
 def _selection(args):
     """``(granularity, aggregate)`` from the query, validated where the store cannot."""
-    return _choice(args, "granularity", metadata.GRANULARITIES, "layer"), args.get("aggregate", "last")
+    aggregate = _one(args, "aggregate")
+    return _choice(args, "granularity", metadata.GRANULARITIES, "layer"), "last" if aggregate is None else aggregate
 
 
 def _binning(args):
@@ -294,39 +305,69 @@ def _encode_matrix(values, missing, encoding):
 
 
 def _json_matrix(values, missing):
-    """Nested lists with None for missing; Respond turns NaN/Inf into strings."""
-    out = values.astype(np.float64).tolist()
+    """Nested lists: None for missing, "NaN", "Infinity", "-Infinity" for non-finite values."""
+    values = values.astype(np.float64)
+    out = values.tolist()
+    for i, j in zip(*np.nonzero(~missing & ~np.isfinite(values))):
+        v = values[i, j]
+        out[i][j] = "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
     for i, j in zip(*np.nonzero(missing)):
         out[i][j] = None
     return out
+
+
+def _respond_json(request, body, headers=None):
+    """``http_util.Respond`` of a JSON body, encoded by the C encoder when it can be.
+
+    Respond walks every value in Python to turn NaN and infinities into
+    strings (json_util.Cleanse): for a 2,000 x 200 heatmap that is most of
+    the request, and under 16 concurrent clients it is what they queue on.
+    Matrices already hold those strings (``_json_matrix``), so a body with
+    no float NaN/Inf left is encoded directly, to the same text; any other
+    body takes Respond's own path.
+    """
+    try:
+        text = json.dumps(body, allow_nan=False, ensure_ascii=False)
+    except (ValueError, TypeError):
+        return http_util.Respond(request, body, "application/json", headers=headers)
+    return http_util.Respond(request, text, "application/json", headers=headers)
 
 
 def _context(request):
     return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
 
 
+def _one(args, name):
+    """The value of a query parameter, or None; a parameter given twice is ambiguous (400)."""
+    values = args.getlist(name)
+    if len(values) > 1:
+        raise errors.InvalidArgumentError(f"parameter {name!r} given {len(values)} times: {values!r}")
+    return values[0] if values else None
+
+
 def _required(args, name):
-    value = args.get(name)
+    value = _one(args, name)
     if value is None or value == "":
         raise errors.InvalidArgumentError(f"missing required parameter {name!r}")
     return value
 
 
 def _choice(args, name, choices, default):
-    value = args.get(name, default)
+    value = _one(args, name)
+    value = default if value is None else value
     if value not in choices:
         raise errors.InvalidArgumentError(f"{name} must be one of {list(choices)}, got {value!r}")
     return value
 
 
 def _int(args, name, low, high):
-    raw = args.get(name)
+    raw = _one(args, name)
     if raw is None or raw == "":
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise errors.InvalidArgumentError(f"{name} must be an integer, got {raw!r}") from None
+    # ASCII digits only: int() would also take " 7", "1_000" and "\u0663".
+    if not (raw.isascii() and raw.lstrip("-").isdigit()) or len(raw) > 20:
+        raise errors.InvalidArgumentError(f"{name} must be an integer, got {raw[:100]!r}")
+    value = int(raw)
     if not low <= value <= high:
         raise errors.InvalidArgumentError(f"{name} must be between {low} and {high}, got {value}")
     return value

@@ -7,6 +7,7 @@ merged here by row name, never by position.
 """
 
 import dataclasses
+import functools
 import threading
 import time
 
@@ -195,10 +196,9 @@ class Store:
         for run, tags in listing.items():
             series, problems = {}, []
             for tag, ts in tags.items():
-                try:
-                    content = metadata.parse(ts.plugin_content)
-                except metadata.ContentError as e:
-                    problems.append(Problem(tag, str(e)))
+                content, error = _parse(bytes(ts.plugin_content))
+                if error is not None:
+                    problems.append(Problem(tag, error))
                     continue
                 entry = Series(tag, content, ts.max_step, ts.max_wall_time)
                 # A stats tag holds both granularities; a check tag one.
@@ -277,7 +277,7 @@ class Store:
                 if src_a is None:
                     continue
                 block = data[:, src_a][:, :, src_c]
-                keep = ~_missing(kind, block)
+                keep = ~_missing(kind, block, [columns[j] for j in c])
                 view_v, view_m = values[:, a], missing[:, a]
                 ix = np.ix_(at, r, c)
                 view_v[ix] = np.where(keep, block, view_v[ix])
@@ -362,21 +362,32 @@ class Store:
         return diagnose.find(run, stats, checks, thresholds, sparse_rows=index.sparse_rows(layer))
 
     def total_writes(self, ctx, experiment_id, index):
-        """The writer's write counter at its last write (the M of "N of M"), or None.
+        """The writer's write counter at its last write (the M of "N of M"), or None."""
+        return self.progress(ctx, experiment_id, index)[0]
+
+    def progress(self, ctx, experiment_id, index):
+        """``(total, problems)``: the write counter at the last write (or None), and why it is unknown.
 
         The counter lives in the header row of every stats tensor and counts
         the writes of one writer; with several layouts (a restart) the
         largest is taken, which undercounts only runs that are both
-        restarted and sampled.
+        restarted and sampled. A counter that is not a count (NaN, below 1,
+        fractional) is reported, never read as a number of steps: it would
+        make "N of M steps" lie.
         """
-        total = None
+        total, problems = None, []
         for s in index.layouts(metadata.KIND_STATS, "layer"):
             steps, data, _ = self._read(ctx, experiment_id, index.run, s)
-            if len(steps):
-                count = data[-1, 0, metadata.header_row(s.content), 0]
-                if np.isfinite(count) and count >= 0:
-                    total = max(total or 0, int(count))
-        return total
+            if not len(steps):
+                continue
+            count = float(data[-1, 0, metadata.header_row(s.content), 0])
+            if np.isfinite(count) and count >= 1 and count == int(count):
+                total = max(total or 0, int(count))
+            else:
+                problems.append(Problem(
+                    s.tag, f"the write counter at step {int(steps[-1])} is {count!r}, not a count of at least 1; "
+                    "the number of steps written is unknown"))
+        return total, problems
 
     def _read(self, ctx, experiment_id, run, series):
         """Decoded ``(steps, values, problems)`` of one tag, from cache when unchanged."""
@@ -406,22 +417,43 @@ def _filter(run, tag):
     return provider.RunTagFilter(runs=[run], tags=[tag])
 
 
+@functools.lru_cache(maxsize=4096)
+def _parse(content_bytes):
+    """``(content, None)`` or ``(None, reason)``: parsed once per distinct content.
+
+    Every request lists every tag, and a tag's content never changes
+    (TensorBoard keeps its first metadata), so parsing, and refusing a
+    hostile content such as 100,000 nested brackets, happens once. Callers
+    must not modify the returned dict.
+    """
+    try:
+        return metadata.parse(content_bytes), None
+    except metadata.ContentError as e:
+        return None, str(e)
+
+
 def _decode(series, data):
     """Stacks a tag's datums into ``(steps [S], values [S, ...], problems)``, skipping bad ones."""
     shape = metadata.shape_of(series.content)
     expected_dtype = np.float32
-    good, bad = [], {}
+    expected = f"shape {shape} {np.dtype(expected_dtype)}"
+    kind = series.content["kind"]
+    if kind == metadata.KIND_CHECK:
+        status = series.content["columns"].index("status")
+        codes = np.arange(len(metadata.CHECK_STATUSES))
+    good, bad = [], {}  # bad: (what, expected) -> count
     for d in data:
         arr = d.numpy
         if arr.shape != shape or arr.dtype != expected_dtype:
-            bad_key = f"shape {arr.shape} {arr.dtype}"
-            bad[bad_key] = bad.get(bad_key, 0) + 1
+            key = (f"shape {arr.shape} {_dtype_name(arr)}", expected)
+        elif kind == metadata.KIND_CHECK and not np.all(np.isnan(arr[:, status]) | np.isin(arr[:, status], codes)):
+            key = ("an unknown check status code", f"NaN or one of {codes.tolist()} ({', '.join(metadata.CHECK_STATUSES)})")
+        else:
+            good.append(d)
             continue
-        good.append(d)
-    problems = [
-        Problem(series.tag, f"{n} of {len(data)} points have {what}; expected shape {shape} {np.dtype(expected_dtype)}")
-        for what, n in bad.items()
-    ]
+        bad[key] = bad.get(key, 0) + 1
+    problems = [Problem(series.tag, f"{n} of {len(data)} points have {what}; expected {want}")
+                for (what, want), n in bad.items()]
     # The provider returns points in step order; keep the last point of a
     # step that appears twice (a rewritten step after a restart).
     by_step = {}
@@ -447,6 +479,11 @@ def _derive_grad_to_weight(values, missing, columns):
     missing[..., ratio] = ~defined
 
 
+def _dtype_name(arr):
+    # TensorBoard hands string tensors over as object arrays of bytes.
+    return "string" if arr.dtype == object else str(arr.dtype)
+
+
 def _slab_for(content, aggregate):
     """Index of the slab that answers ``aggregate`` in one layout, or None."""
     if content["kind"] == metadata.KIND_CHECK:
@@ -454,16 +491,20 @@ def _slab_for(content, aggregate):
     if aggregate in content["aggregates"]:
         return content["aggregates"].index(aggregate)
     # A one-step window's mean, max and min all equal its last value.
-    if content["window"] == 1 and aggregate != "sum":
+    if content["window"] == 1 and aggregate != "sum" and "last" in content["aggregates"]:
         return content["aggregates"].index("last")
     return None
 
 
-def _missing(kind, block):
-    """Which stored cells mean "no value": -1 in stats, a NaN status in checks."""
+def _missing(kind, block, names):
+    """Which stored cells mean "no value": -1 in stats, a NaN status in checks.
+
+    ``names`` are the column names of ``block``'s last axis, in its order (a
+    layout may store its columns in any order).
+    """
     if kind == metadata.KIND_STATS:
         return block < 0
-    status = metadata.CHECK_COLUMNS.index("status")
+    status = names.index("status")  # metadata.parse guarantees a check layout has one
     return np.broadcast_to(np.isnan(block[..., status : status + 1]), block.shape)
 
 

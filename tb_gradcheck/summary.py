@@ -30,7 +30,9 @@ variables of the process that writes, updated by that replica only; see
 """
 
 import atexit
+import collections.abc
 import numbers
+import sys
 import weakref
 
 import numpy as np
@@ -41,11 +43,21 @@ from tensorflow.python.ops import resource_variable_ops
 from tb_gradcheck import metadata
 from tb_gradcheck import stats
 
-# Events are flushed to disk at least this often, and on flush(), close() and
-# interpreter exit: a killed process loses at most this much of its record.
+# Flush policy. Every write() ends by flushing its events to the operating
+# system: tf.summary's writer.as_default() flushes when its block exits,
+# eagerly and inside tf.function alike, and write() runs inside one. So a
+# process killed with SIGKILL loses nothing that write() had recorded (only a
+# step whose graph was still running); what the OS had not yet put on disk is
+# lost only if the machine itself goes down (there is no fsync). The cost is
+# one write(2) of a few kilobytes per written step. The two settings below are
+# the underlying tf.summary writer's: they bound how long events of *other*
+# summaries wait when the writer is shared (GradientWriter(writer=...)).
+# close() and interpreter exit (atexit) flush and close as well.
 DEFAULT_FLUSH_MILLIS = 10_000
-# Events queued in memory before a flush is forced regardless of time.
+# Events queued in memory before the tf.summary writer flushes regardless of time.
 DEFAULT_MAX_QUEUE = 100
+
+_INT64_MAX = 2**63 - 1
 
 
 class GradientWriter:
@@ -76,7 +88,9 @@ class GradientWriter:
         with each write holding the last, mean, max, min and sum of the
         statistics over the N steps since the previous write: statistics are
         accumulated at every call, so a one-step spike is never lost.
-      flush_millis: Int, default 10000. Longest time events wait in memory.
+      flush_millis: Int, default 10000. Longest time events wait in memory
+        in the tf.summary writer this creates. Each ``write()`` flushes its
+        own events anyway (see the flush policy at the top of summary.py).
     """
 
     def __init__(self, logdir=None, *, writer=None, every_n_steps=1, flush_millis=DEFAULT_FLUSH_MILLIS):
@@ -94,6 +108,8 @@ class GradientWriter:
             raise TypeError(f"Expected `logdir` to be a path. Received: {type(logdir).__name__}")
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral) or every_n_steps < 1:
             raise ValueError(f"Expected `every_n_steps` to be a positive integer. Received: {every_n_steps!r}")
+        if isinstance(flush_millis, bool) or not isinstance(flush_millis, numbers.Integral) or flush_millis < 1:
+            raise ValueError(f"Expected `flush_millis` to be a positive integer. Received: {flush_millis!r}")
         self.every_n_steps = int(every_n_steps)
         self._owns_writer = writer is None
         # The event file is opened at the first write this process records, so
@@ -105,7 +121,10 @@ class GradientWriter:
         self._closed = False
         self._layouts = {}  # tuple of variable ids -> _Layout
         self._fresh = {}  # tag -> tf.Variable(bool): full metadata not yet written
-        self._writes = None  # tf.Variable(float32): stats writes so far, for the header row
+        self._writes = None  # variable(float32): distinct steps written so far, for the header row
+        self._last_write_step = None  # variable(int64): the step of the latest stats write
+        self._open = None  # variable(bool): False after close(), read by traced graphs
+        self._warned = None  # variable(bool): the after-close warning was printed
         _open_writers.add(self)
 
     # -- public API ---------------------------------------------------------
@@ -138,18 +157,21 @@ class GradientWriter:
         Raises:
           TypeError: ``gradients``, ``variables`` or ``step`` of the wrong
             kind, including per-replica values outside ``strategy.run``.
-          ValueError: Mismatched lengths, an empty list, or a closed writer.
+          ValueError: Mismatched lengths, an empty list, a step outside
+            0..2**63-1, or a closed writer. (A ``tf.function`` traced before
+            ``close()`` and run after it skips the write with one warning.)
         """
         self._check_open("write")
         variables = _as_list(variables, "variables")
         gradients = _as_list(gradients, "gradients")
         _reject_per_replica(gradients)
-        step = _as_step(step)
         if len(gradients) != len(variables):
             raise ValueError(
                 "Expected one gradient per variable. "
                 f"Received: len(gradients)={len(gradients)}, len(variables)={len(variables)}"
             )
+        gradients = [_as_gradient(g, i, v) for i, (g, v) in enumerate(zip(gradients, variables))]
+        step = _as_step(step)
         self._write_aggregated(_sum_over_replicas(gradients), variables, step)
 
     def _write_aggregated(self, gradients, variables, step):
@@ -165,13 +187,46 @@ class GradientWriter:
         writing = _writing_replica()
         if writing is False:
             return
+        record = lambda: self._record(layout, gradients, step)  # noqa: E731
         if writing is True:
-            self._record(layout, gradients, step)
+            self._while_open(record, step)
             return
         # Replica id known only at run time (e.g. TPU): the same decision as a cond.
-        tf.cond(writing, lambda: self._record(layout, gradients, step), lambda: tf.constant(False))
+        tf.cond(writing, lambda: self._while_open(record, step), lambda: tf.constant(False))
+
+    def _while_open(self, record, step):
+        """Runs ``record`` (which returns a bool tensor) now, or, in a graph, only while the writer is open.
+
+        A tf.function traced now may still run after close(), when Python
+        code (and so _check_open) no longer runs and the file is gone: the
+        graph checks the writer is open and otherwise skips the write,
+        warning once, instead of failing the training step. Every writing
+        path (write, the Keras callback, a gradient-check write) goes through
+        here.
+        """
+        if tf.executing_eagerly():
+            return record()
+        if self._open is None:
+            self._open = _host_variable(True, tf.bool, "tb_gradcheck_open")
+            self._warned = _host_variable(False, tf.bool, "tb_gradcheck_warned")
+        return tf.cond(self._open, record, lambda: self._skip_closed(step))
+
+    def _skip_closed(self, step):
+        def warn():
+            tf.print(
+                "WARNING: tb_gradcheck: GradientWriter.write() ran at step", step,
+                "after close(), from a tf.function traced before close(); gradient statistics are not "
+                "recorded from this step on (this warning is printed once).",
+                output_stream=sys.stderr,
+            )
+            self._warned.assign(True)
+            return tf.constant(False)
+
+        return tf.cond(self._warned, lambda: tf.constant(False), warn)
 
     def _record(self, layout, gradients, step):
+        # Leaving as_default() flushes the writer: this is what makes every
+        # written step survive a SIGKILL (see the flush policy above).
         with self._writer.as_default():
             if self.every_n_steps == 1:
                 layer, variable = stats.compute(gradients, layout.variables, layout.rows)
@@ -186,17 +241,22 @@ class GradientWriter:
         return tf.constant(True)
 
     def flush(self):
-        """Writes buffered events to disk."""
+        """Hands buffered events to the operating system (``write()`` already does for its own)."""
         if not self._closed and self._summary_writer is not None:
             self._summary_writer.flush()
 
     def close(self):
         """Writes any partial window, flushes and (if this writer made it) closes the file.
 
-        Safe to call twice. Writing after ``close()`` raises ValueError.
+        Safe to call twice. Calling ``write()`` after ``close()`` raises
+        ValueError; a ``tf.function`` traced before ``close()`` and run after
+        it skips the write and prints one warning to stderr, so training
+        goes on.
         """
         if self._closed:
             return
+        if self._open is not None:
+            self._open.assign(False)
         if self._summary_writer is not None:
             for layout in self._layouts.values():
                 if layout.window is not None and bool(layout.window.pending()):
@@ -254,7 +314,13 @@ class GradientWriter:
     def _write_stats(self, layout, layer, variable, step):
         if self._writes is None:
             self._writes = _host_variable(0.0, tf.float32, "tb_gradcheck_writes")
-        writes = self._writes.assign_add(1.0)
+            self._last_write_step = _host_variable(-1, tf.int64, "tb_gradcheck_step")
+        # Count steps, not calls: two models written through one writer (a
+        # GAN's generator and discriminator) write twice per step, and a
+        # count of calls would make the tab say "N of 2N steps" (sampled).
+        step = tf.cast(step, tf.int64)
+        writes = self._writes.assign_add(tf.cast(tf.not_equal(step, self._last_write_step), tf.float32))
+        self._last_write_step.assign(step)
         # float32 counts exactly up to 2**24 (16.7 million) writes.
         header = tf.pad(tf.fill([tf.shape(layer)[0], 1, 1], writes), [[0, 0], [0, 0], [0, layer.shape[-1] - 1]])
         self._emit(layout.content, tf.concat([layer, variable, header], axis=1), step)
@@ -465,7 +531,10 @@ def _reject_per_replica(gradients):
 
 
 def _as_list(values, name):
-    if isinstance(values, (tf.Tensor, tf.Variable, np.ndarray)) or not hasattr(values, "__iter__"):
+    if (
+        isinstance(values, (tf.Tensor, tf.Variable, np.ndarray, str, bytes, collections.abc.Mapping, collections.abc.Set))
+        or not hasattr(values, "__iter__")
+    ):
         raise TypeError(f"Expected `{name}` to be a list. Received: {type(values).__name__}")
     values = list(values)
     if not values:
@@ -473,12 +542,35 @@ def _as_list(values, name):
     return values
 
 
+def _as_gradient(gradient, i, variable):
+    """A gradient as ``write`` takes it: None, ``tf.IndexedSlices`` or a floating-point tensor."""
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        dtype = gradient.values.dtype
+    else:
+        try:
+            gradient = tf.convert_to_tensor(gradient)
+        except (TypeError, ValueError):
+            raise TypeError(
+                "Expected each gradient to be a tensor, a tf.IndexedSlices or None. "
+                f"Received: gradients[{i}] of type {type(gradient).__name__}"
+            ) from None
+        dtype = gradient.dtype
+    if not dtype.is_floating:
+        raise TypeError(
+            "Expected floating-point gradients. "
+            f"Received: gradients[{i}] with dtype {dtype.name} for variable {stats._name(variable)!r}"
+        )
+    return gradient
+
+
 def _as_step(step):
     if isinstance(step, bool) or step is None:
         raise TypeError(f"Expected `step` to be an integer. Received: {step!r}")
     if isinstance(step, numbers.Integral):
-        if step < 0:
-            raise ValueError(f"Expected `step` to be non-negative. Received: {step}")
+        if not 0 <= step <= _INT64_MAX:
+            raise ValueError(f"Expected `step` to be a non-negative int64 (0 to 2**63 - 1). Received: {step}")
         return tf.constant(int(step), tf.int64)
     if isinstance(step, (tf.Tensor, tf.Variable)) or hasattr(step, "dtype"):
         dtype = tf.as_dtype(step.dtype)
@@ -486,7 +578,10 @@ def _as_step(step):
             raise TypeError(f"Expected `step` to be an integer. Received: a {dtype.name} tensor")
         if step.shape.rank not in (0, None):
             raise ValueError(f"Expected `step` to be a scalar. Received: shape {step.shape}")
-        return tf.cast(tf.convert_to_tensor(step), tf.int64)
+        step = tf.cast(tf.convert_to_tensor(step), tf.int64)
+        if tf.executing_eagerly() and int(step) < 0:
+            raise ValueError(f"Expected `step` to be non-negative. Received: {int(step)}")
+        return step
     raise TypeError(f"Expected `step` to be an integer. Received: {step!r} of type {type(step).__name__}")
 
 
