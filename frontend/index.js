@@ -604,6 +604,14 @@ export function render() {
     const sel = state.sel;
     const info = runInfo();
     if (!sel || !info) return;
+    if (!sel.metric) {
+      // Every tag of this run is unreadable: nothing to ask the server for.
+      hideTooltip(ui.tooltip);
+      clearHeatmap();
+      showError(ui.error, `Nothing in run ${sel.run} can be read; see the problems above.`);
+      setReady(true);
+      return;
+    }
     setReady(false);
     hideTooltip(ui.tooltip);
     const mode = compareMode();

@@ -174,11 +174,14 @@ def test_a_run_with_only_unreadable_tags_shows_why(browser, tb):
     context = browser.new_context(**PAGE_ARGS)
     page = context.new_page()
     errors = []
+    heatmap_requests = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: heatmap_requests.append(r.url) if "/heatmap?" in r.url else None)
     try:
         page.goto(tb.url + "/#gradients")
         frame = plugin_frame(page)
         wait_ready(frame)
+        heatmap_requests.clear()
         frame.select_option("#run-select", UNREADABLE)
         wait_ready(frame)
         assert frame.evaluate("() => window.tbGradcheck.state().run") == UNREADABLE
@@ -187,7 +190,8 @@ def test_a_run_with_only_unreadable_tags_shows_why(browser, tb):
         text = problems.text_content()
         assert "gradients/stats/future" in text and "written by a newer tb_gradcheck (content version 99" in text, text
         error = frame.evaluate("() => { const e = document.getElementById('error'); return e.hidden ? null : e.textContent; }")
-        print(f"\nunreadable-only run: error box says {error!r}")
+        assert error == f"Nothing in run {UNREADABLE} can be read; see the problems above.", error
+        assert heatmap_requests == [], heatmap_requests  # nothing to ask for, so nothing asked
         assert errors == [], errors
     finally:
         context.close()
