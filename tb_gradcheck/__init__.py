@@ -9,6 +9,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "GradientWriter": ("tb_gradcheck.summary", "GradientWriter"),
+    "GradientCheckReport": ("tb_gradcheck.checks", "GradientCheckReport"),
+    "check_gradients": ("tb_gradcheck.checks", "check_gradients"),
 }
 
 __all__ = sorted(_LAZY)
