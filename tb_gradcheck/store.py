@@ -178,7 +178,7 @@ class Store:
                 if src_a is None:
                     continue
                 block = data[:, src_a][:, :, src_c]
-                keep = ~_missing(kind, block)
+                keep = ~_missing(kind, block, [s.content["columns"][i] for i in src_c])
                 view_v, view_m = values[:, a], missing[:, a]
                 ix = np.ix_(at, r, c)
                 view_v[ix] = np.where(keep, block, view_v[ix])
@@ -262,9 +262,15 @@ def _slab_for(content, aggregate):
     return None
 
 
-def _missing(kind, block):
-    """Which stored cells mean "no value": -1 in stats, a NaN status in checks."""
+def _missing(kind, block, columns):
+    """Which stored cells mean "no value": -1 in stats, a NaN status in checks.
+
+    ``columns`` names the block's columns, in the layout's own order (a
+    layout written by another version may order or number them differently).
+    """
     if kind == metadata.KIND_STATS:
         return block < 0
-    status = metadata.CHECK_COLUMNS.index("status")
+    if "status" not in columns:
+        return np.ones(block.shape, bool)
+    status = columns.index("status")
     return np.broadcast_to(np.isnan(block[..., status : status + 1]), block.shape)

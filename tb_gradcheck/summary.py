@@ -11,6 +11,14 @@ layout from ``metadata.layout``. One event per written step and granularity:
   ``R`` rows are layers (or variables) in depth order as listed in ``rows``,
   ``C`` columns are ``metadata.STAT_COLUMNS``. A row without a gradient holds
   -1 in every gradient column (all of them are non-negative when present).
+- ``gradients/check/layer/<fp>`` and ``gradients/check/variable/<fp>``
+  (from ``write_check``): float32 ``[R, C]``, rows as in ``rows`` (the
+  same grouping and names as the stats rows), columns
+  ``metadata.CHECK_COLUMNS``: analytic and numeric directional derivative,
+  relative error, noise floor, and the status as its index in
+  ``metadata.CHECK_STATUSES`` (0 ok, 1 inconclusive, 2 mismatch; ordered by
+  severity, so binning several steps keeps the worst with a plain max). A
+  row that was not checked has status NaN.
 - ``gradients/progress/<fp>``: int64 scalar, how many stats writes this
   writer has made so far; the plugin reads it to say "N of M steps" when
   TensorBoard sampled a series.
@@ -29,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.compat.proto import summary_pb2
 
+from tb_gradcheck import checks
 from tb_gradcheck import metadata
 from tb_gradcheck import stats
 
@@ -135,6 +144,51 @@ class GradientWriter:
             layout.window.add(layer, variable, step)
             due = tf.equal(step % self.every_n_steps, 0)
             tf.cond(due, lambda: self._flush_window(layout, step), lambda: tf.constant(False))
+
+    def write_check(self, report, step):
+        """Records a gradient check report for the tab's ``check_error`` heatmap.
+
+        Writes one check tensor per granularity the report has: layers
+        always, variables when it was checked per variable. Call it eagerly,
+        next to the training step, every N steps:
+
+            if step % 100 == 0:
+                report = tb_gradcheck.check_gradients(loss_fn, model.trainable_variables, seed=step)
+                writer.write_check(report, step)
+
+        Args:
+          report: A ``GradientCheckReport`` from ``check_gradients``.
+          step: Integer training step (Python int, integer tensor or variable).
+
+        Returns:
+          None.
+
+        Raises:
+          TypeError: ``report`` is not a ``GradientCheckReport``, or ``step``
+            is not an integer.
+          ValueError: A negative step, a closed writer, or a call inside
+            ``tf.function`` (a report is a Python object, computed eagerly).
+        """
+        self._check_open("write_check")
+        if not isinstance(report, checks.GradientCheckReport):
+            raise TypeError(
+                "Expected `report` to be a GradientCheckReport (from tb_gradcheck.check_gradients). "
+                f"Received: {type(report).__name__}"
+            )
+        if tf.inside_function():
+            raise ValueError(
+                "Expected write_check to be called eagerly, outside tf.function. "
+                "Received: a call while tracing a tf.function"
+            )
+        step = _as_step(step)
+        with self._writer.as_default():
+            for granularity, rows in (("layer", report.layers), ("variable", report.variables)):
+                if not rows:
+                    continue
+                content = metadata.layout(
+                    metadata.KIND_CHECK, granularity, rows=[r.name for r in rows], columns=metadata.CHECK_COLUMNS
+                )
+                self._emit(content, tf.constant(check_matrix(rows)), step)
 
     def flush(self):
         """Writes buffered events to disk."""
@@ -303,6 +357,18 @@ class _Window:
 
 
 _PROGRESS = metadata.layout(metadata.KIND_PROGRESS)
+
+
+def check_matrix(rows):
+    """float32 ``[R, len(CHECK_COLUMNS)]`` of check rows; the status as its index in CHECK_STATUSES."""
+    out = np.full((len(rows), len(metadata.CHECK_COLUMNS)), np.nan, np.float32)
+    for i, row in enumerate(rows):
+        for j, column in enumerate(metadata.CHECK_COLUMNS):
+            if column == "status":
+                out[i, j] = metadata.CHECK_STATUSES.index(row.status)
+            else:
+                out[i, j] = getattr(row, column)
+    return out
 
 
 def _serialized_metadata(content):
