@@ -68,6 +68,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         return {
             "/runs": self._serve_runs,
             "/heatmap": self._serve_heatmap,
+            "/checks": self._serve_checks,
             "/static/*": self._serve_static,
         }
 
@@ -104,6 +105,18 @@ class GradientsPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, body, "application/json")
 
     @werkzeug.wrappers.Request.application
+    def _serve_checks(self, request):
+        ctx, eid = _context(request)
+        args = request.args
+        body = self.checks_impl(
+            ctx,
+            eid,
+            run=_required(args, "run"),
+            granularity=_choice(args, "granularity", metadata.GRANULARITIES, "layer"),
+        )
+        return http_util.Respond(request, body, "application/json")
+
+    @werkzeug.wrappers.Request.application
     def _serve_static(self, request):
         name = request.path.rsplit("/static/", 1)[-1]
         path = self._static.get(name)
@@ -124,6 +137,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
                 "aggregates": aggregates,
                 "window": index.window(),
                 "granularities": {},
+                "check_granularities": [g for g in metadata.GRANULARITIES if index.layouts(metadata.KIND_CHECK, g)],
                 "total_steps": None,
                 "sampled": False,
                 "problems": [p.to_dict() for p in index.problems],
@@ -196,6 +210,55 @@ class GradientsPlugin(base_plugin.TBPlugin):
         }
 
 
+    def checks_impl(self, ctx, experiment_id, *, run, granularity="layer"):
+        """The body of ``GET checks`` (see docs/http_api.md): the latest check and each row's record.
+
+        Raises:
+          errors.NotFoundError: Unknown run, or no check data at this granularity.
+        """
+        index = self._store.runs(ctx, experiment_id).get(run)
+        if index is None:
+            raise errors.NotFoundError(f"no gradient data for run {run!r}")
+        if not index.layouts(metadata.KIND_CHECK, granularity):
+            raise errors.NotFoundError(f"run {run!r} has no {granularity}-level gradient checks")
+        matrix = self._store.matrix(ctx, experiment_id, index, metadata.KIND_CHECK, granularity)
+        status, status_missing = matrix.slab("status")
+        names = metadata.CHECK_STATUSES
+        codes = np.where(status_missing, -1, np.nan_to_num(status, nan=-1)).astype(np.int64)
+        latest = []
+        if len(matrix.steps):
+            for j, name in enumerate(matrix.rows):
+                cell = {"name": name}
+                for column in metadata.CHECK_COLUMNS:
+                    values, missing = matrix.slab(column)
+                    if column == "status":
+                        cell[column] = None if codes[-1, j] < 0 else names[codes[-1, j]]
+                    else:
+                        cell[column] = None if missing[-1, j] else float(values[-1, j])
+                latest.append(cell)
+        mismatch = names.index("mismatch")
+        history = []
+        for j, name in enumerate(matrix.rows):
+            column = codes[:, j]
+            failed = np.nonzero(column == mismatch)[0]
+            entry = {"name": name, "checks": int(np.sum(column >= 0))}
+            entry.update({s: int(np.sum(column == i)) for i, s in enumerate(names)})
+            entry["last_mismatch_step"] = int(matrix.steps[failed[-1]]) if len(failed) else None
+            history.append(entry)
+        # Worst first; a NaN relative error (non-finite analytic gradient) is the worst of all.
+        failures = sorted((c for c in latest if c["status"] == "mismatch"), key=_worst_first)
+        return {
+            "run": run,
+            "granularity": granularity,
+            "step": int(matrix.steps[-1]) if len(matrix.steps) else None,
+            "rows": latest,
+            "failures": failures,
+            "history": history,
+            "num_steps": int(len(matrix.steps)),
+            "problems": [p.to_dict() for p in matrix.problems],
+        }
+
+
 def _metric_aggregates(index):
     """``{metric: [aggregates]}`` a run can serve, metrics in display order."""
     out = {}
@@ -206,6 +269,11 @@ def _metric_aggregates(index):
     if metadata.KIND_CHECK in index.kinds():
         out[metadata.CHECK_METRIC] = ["last"]
     return out
+
+
+def _worst_first(cell):
+    error = cell["relative_error"]
+    return -np.inf if error is None or np.isnan(error) else -error
 
 
 def _describe(matrix):
