@@ -312,10 +312,15 @@ def check_gradients(loss_fn, variables, *, probes=DEFAULT_PROBES, epsilon=None, 
       TypeError: ``loss_fn`` is not callable or does not return a
         floating-point tensor; ``variables`` hold something else than
         floating-point variables; an argument has the wrong type.
-      ValueError: An empty or repeated variable list, a non-scalar loss, or an
-        argument out of range.
+      ValueError: An empty or repeated variable list, a non-scalar loss, an
+        argument out of range, or a call inside ``tf.function``.
       Anything ``loss_fn`` raises, after every variable has been restored.
     """
+    if tf.inside_function():
+        raise ValueError(
+            "Expected check_gradients to be called eagerly, outside tf.function (it compares concrete loss "
+            "values). Received: a call while tracing a tf.function"
+        )
     if not callable(loss_fn):
         raise TypeError(f"Expected `loss_fn` to be a zero-argument callable. Received: {type(loss_fn).__name__}")
     if isinstance(variables, (tf.Tensor, tf.Variable, np.ndarray)) or not hasattr(variables, "__iter__"):

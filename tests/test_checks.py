@@ -394,5 +394,7 @@ def test_bad_arguments_raise_clear_errors():
     for kwargs, error, message in cases:
         with pytest.raises(error, match=message):
             check_gradients(kwargs.pop("loss_fn"), kwargs.pop("variables"), **kwargs)
+    with pytest.raises(ValueError, match="called eagerly, outside tf.function"):
+        tf.function(lambda: check_gradients(good, [v]))()
     assert v.numpy().tolist() == [1.0, 2.0]
 
