@@ -305,6 +305,10 @@ def check_gradients(loss_fn, variables, *, probes=DEFAULT_PROBES, epsilon=None, 
       tolerance: Float, default 0.01. Relative error above which a resolved
         difference is reported as a mismatch.
 
+    TensorFloat-32 execution (on by default on recent NVIDIA GPUs) is turned
+    off during the check, so float32 models are checked in float32, and put
+    back as it was.
+
     Returns:
       A ``GradientCheckReport``.
 
@@ -342,11 +346,24 @@ def check_gradients(loss_fn, variables, *, probes=DEFAULT_PROBES, epsilon=None, 
     seed = int(seed)
 
     checked = [_tf_variable(v) for v in variables]
-    evaluator = _Evaluator(loss_fn, checked)
+    # On Ampere and newer GPUs TensorFlow runs float32 matmuls and
+    # convolutions in TensorFloat-32 by default: inputs rounded to 10 mantissa
+    # bits (relative 2**-11 = 4.9e-4), coarser than a float32 step of sqrt(u)
+    # = 2.4e-4, so most perturbed weights would not change inside the matmul
+    # and the difference would not be a derivative at all. That rounding is
+    # not a gradient bug: the check runs in true float32 and puts the
+    # caller's setting back afterwards (a no-op without such a GPU).
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
     try:
-        layers, per_variable, f0, sigma = _run(evaluator, checked, rows, probes, epsilon, seed, granularity, tolerance)
+        evaluator = _Evaluator(loss_fn, checked)
+        try:
+            layers, per_variable, f0, sigma = _run(evaluator, checked, rows, probes, epsilon, seed, granularity,
+                                                   tolerance)
+        finally:
+            changed = evaluator.restore_all()
     finally:
-        changed = evaluator.restore_all()
+        tf.config.experimental.enable_tensor_float_32_execution(tf32)
     if changed:
         warnings.warn(
             "loss_fn changed variables other than the ones checked "

@@ -250,6 +250,29 @@ def test_an_untraceable_loss_fn_runs_eagerly_and_is_restored_when_it_raises():
     assert report.layers[0].status == "ok" and _bits([v]) == before
 
 
+def test_tensorfloat32_is_off_during_every_evaluation_and_restored_after():
+    # TF32 rounds matmul inputs to 10 mantissa bits, coarser than the float32
+    # step, on GPUs that have it; the flag is honoured (as a flag) everywhere.
+    seen = []
+    v = tf.Variable([0.5, -1.5], name="v")
+
+    def flag():
+        seen.append(tf.config.experimental.tensor_float_32_execution_enabled())
+        return np.float32(0)
+
+    loss = tf.function(lambda: tf.reduce_sum(tf.tanh(v)) + tf.py_function(flag, [], tf.float32))
+    for before in (True, False):
+        tf.config.experimental.enable_tensor_float_32_execution(before)
+        seen.clear()
+        check_gradients(loss, [v], seed=0)
+        assert seen and not any(seen)
+        assert tf.config.experimental.tensor_float_32_execution_enabled() is before
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    with pytest.raises(TypeError):
+        check_gradients(tf.function(lambda: tf.constant(1)), [v])
+    assert tf.config.experimental.tensor_float_32_execution_enabled() is True
+
+
 # -- cost, determinism, the report -----------------------------------------------------
 
 
