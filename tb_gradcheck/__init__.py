@@ -10,6 +10,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "GradientWriter": ("tb_gradcheck.summary", "GradientWriter"),
     "GradientCallback": ("tb_gradcheck.keras", "GradientCallback"),
+    "GradientCheckReport": ("tb_gradcheck.checks", "GradientCheckReport"),
+    "check_gradients": ("tb_gradcheck.checks", "check_gradients"),
 }
 # Submodules reachable as attributes without an import of their own
 # (``tb_gradcheck.keras.GradientCallback``); each imports TensorFlow.

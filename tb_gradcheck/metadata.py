@@ -62,8 +62,11 @@ METRIC_AGGREGATES = {
     "grad_to_weight": ("last", "mean", "max", "min"),
 }
 
-# Columns of a check tensor (written by GradientWriter.write_check).
-CHECK_COLUMNS = ("analytic", "numeric", "relative_error", "status")
+# Columns of a check tensor (written by GradientWriter.write_check): the
+# deciding probe's analytic and numeric directional derivatives, their
+# relative error, the error bound of the numeric one (same units as the
+# derivatives: the smallest discrepancy the check could resolve) and the status.
+CHECK_COLUMNS = ("analytic", "numeric", "relative_error", "noise_floor", "status")
 # Stored as the index into this tuple, which is also the order of severity:
 # binning several steps keeps the worst status with a plain max.
 CHECK_STATUSES = ("ok", "inconclusive", "mismatch")

@@ -92,6 +92,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
             "/compare": self._serve_compare,
             "/findings": self._serve_findings,
             "/export": self._serve_export,
+            "/checks": self._serve_checks,
             "/static/*": self._serve_static,
         }
 
@@ -149,6 +150,13 @@ class GradientsPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, body, "text/csv", headers=headers)
 
     @_route
+    def _serve_checks(self, request):
+        ctx, eid = _context(request)
+        args = request.args
+        granularity = _choice(args, "granularity", metadata.GRANULARITIES, "layer")
+        return _respond_json(request, self.checks_impl(ctx, eid, _required(args, "run"), granularity))
+
+    @_route
     def _serve_static(self, request):
         # TensorBoard's middleware has already moved --path_prefix and
         # /experiment/<id> into SCRIPT_NAME, so the path starts with the
@@ -172,6 +180,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
                 "aggregates": aggregates,
                 "window": index.window(),
                 "granularities": {},
+                "check_granularities": [g for g in metadata.GRANULARITIES if index.layouts(metadata.KIND_CHECK, g)],
                 "total_steps": None,
                 "sampled": False,
                 "problems": [p.to_dict() for p in index.problems],
@@ -225,6 +234,47 @@ class GradientsPlugin(base_plugin.TBPlugin):
         body = export.to_csv(heat) if fmt == "csv" else export.to_json(heat)
         return body, export.filename(heat, fmt)
 
+    def checks_impl(self, ctx, experiment_id, run, granularity="layer"):
+        """The body of ``GET checks``: the latest check of every row, its failures, and each row's record."""
+        index = self._store.run(ctx, experiment_id, run)
+        if not index.layouts(metadata.KIND_CHECK, granularity):
+            raise store.NotFound(f"run {run!r} has no {granularity}-level gradient checks")
+        matrix = self._store.matrix(ctx, experiment_id, index, metadata.KIND_CHECK, granularity)
+        status, status_missing = matrix.slab("status")
+        names = metadata.CHECK_STATUSES
+        codes = np.where(status_missing, -1, np.nan_to_num(status, nan=-1)).astype(np.int64)
+        latest = []
+        if len(matrix.steps):
+            for j, name in enumerate(matrix.rows):
+                cell = {"name": name}
+                for column in metadata.CHECK_COLUMNS:
+                    values, missing = matrix.slab(column)
+                    if column == "status":
+                        cell[column] = None if codes[-1, j] < 0 else names[codes[-1, j]]
+                    else:
+                        cell[column] = None if missing[-1, j] else float(values[-1, j])
+                latest.append(cell)
+        mismatch = names.index("mismatch")
+        history = []
+        for j, name in enumerate(matrix.rows):
+            column = codes[:, j]
+            failed = np.nonzero(column == mismatch)[0]
+            entry = {"name": name, "checks": int(np.sum(column >= 0))}
+            entry.update({s: int(np.sum(column == i)) for i, s in enumerate(names)})
+            entry["last_mismatch_step"] = int(matrix.steps[failed[-1]]) if len(failed) else None
+            history.append(entry)
+        # Worst first; a NaN relative error (non-finite analytic gradient) is the worst of all.
+        failures = sorted((c for c in latest if c["status"] == "mismatch"), key=_worst_first)
+        return {
+            "run": run,
+            "granularity": granularity,
+            "step": int(matrix.steps[-1]) if len(matrix.steps) else None,
+            "rows": latest,
+            "failures": failures,
+            "history": history,
+            "num_steps": int(len(matrix.steps)),
+            "problems": [p.to_dict() for p in matrix.problems],
+        }
 
 
 def _selection(args):
@@ -273,6 +323,11 @@ def _heatmap_body(heat, width=None, reduce="max", encoding="json"):
         "total_steps": heat.total_steps,
         "reduce": binned,
     }
+
+
+def _worst_first(cell):
+    error = cell["relative_error"]
+    return -np.inf if error is None or np.isnan(error) else -error
 
 
 def _describe(matrix):

@@ -16,6 +16,13 @@ layout from ``metadata.stats_layout``. One event per written step:
     grad_zero_fraction, grad_nonfinite, weight_norm. A row without a
     gradient holds -1 in every gradient column (all are non-negative when
     present). grad_to_weight is derived on read.
+- tag ``gradients/check/<granularity>/<fp>`` (from ``write_check``):
+  float32 ``[R, C]``, rows as in the content's ``rows`` (the same grouping
+  and names as the stats rows), columns ``metadata.CHECK_COLUMNS``: analytic
+  and numeric directional derivative, relative error, noise floor, and the
+  status as its index in ``metadata.CHECK_STATUSES`` (0 ok, 1 inconclusive,
+  2 mismatch; ordered by severity, so binning several steps keeps the worst
+  with a plain max). A row that was not checked has status NaN.
 
 The full metadata (with row names) rides on the first event of each tag a
 writer writes; later events carry only the plugin name and data class, since
@@ -40,6 +47,7 @@ import tensorflow as tf
 from tensorboard.compat.proto import summary_pb2
 from tensorflow.python.ops import resource_variable_ops
 
+from tb_gradcheck import checks
 from tb_gradcheck import metadata
 from tb_gradcheck import stats
 
@@ -240,6 +248,49 @@ class GradientWriter:
             tf.cond(due, lambda: self._flush_window(layout, step, gradients), lambda: tf.constant(False))
         return tf.constant(True)
 
+    def write_check(self, report, step):
+        """Records a gradient check report for the tab's ``check_error`` heatmap.
+
+        Writes one check tensor per granularity the report has: layers
+        always, variables when it was checked per variable. Call it eagerly,
+        next to the training step, every N steps:
+
+            if step % 100 == 0:
+                report = tb_gradcheck.check_gradients(loss_fn, model.trainable_variables, seed=step)
+                writer.write_check(report, step)
+
+        Args:
+          report: A ``GradientCheckReport`` from ``check_gradients``.
+          step: Integer training step (Python int, integer tensor or variable).
+
+        Returns:
+          None.
+
+        Raises:
+          TypeError: ``report`` is not a ``GradientCheckReport``, or ``step``
+            is not an integer.
+          ValueError: A negative step, a closed writer, or a call inside
+            ``tf.function`` (a report is a Python object, computed eagerly).
+        """
+        self._check_open("write_check")
+        if not isinstance(report, checks.GradientCheckReport):
+            raise TypeError(
+                "Expected `report` to be a GradientCheckReport (from tb_gradcheck.check_gradients). "
+                f"Received: {type(report).__name__}"
+            )
+        if tf.inside_function():
+            raise ValueError(
+                "Expected write_check to be called eagerly, outside tf.function. "
+                "Received: a call while tracing a tf.function"
+            )
+        step = _as_step(step)
+        with self._writer.as_default():
+            for granularity, rows in (("layer", report.layers), ("variable", report.variables)):
+                if not rows:
+                    continue
+                content = metadata.check_layout(granularity, [r.name for r in rows])
+                self._emit(content, tf.constant(check_matrix(rows)), step)
+
     def flush(self):
         """Hands buffered events to the operating system (``write()`` already does for its own)."""
         if not self._closed and self._summary_writer is not None:
@@ -436,6 +487,18 @@ class _Window:
             part["max"].assign(tf.fill(tf.shape(part["max"]), -np.inf))
             part["min"].assign(tf.fill(tf.shape(part["min"]), np.inf))
             part["count"].assign(tf.zeros_like(part["count"]))
+
+
+def check_matrix(rows):
+    """float32 ``[R, len(CHECK_COLUMNS)]`` of check rows; the status as its index in CHECK_STATUSES."""
+    out = np.full((len(rows), len(metadata.CHECK_COLUMNS)), np.nan, np.float32)
+    for i, row in enumerate(rows):
+        for j, column in enumerate(metadata.CHECK_COLUMNS):
+            if column == "status":
+                out[i, j] = metadata.CHECK_STATUSES.index(row.status)
+            else:
+                out[i, j] = getattr(row, column)
+    return out
 
 
 def _serialized_metadata(content):

@@ -85,7 +85,7 @@ CASES = {
         "needs a 'status' column",
     ),
     "check_status_out_of_range": (
-        lambda d: write_raw(d, [(s, np.array([[1, 1, 0.1, 7], [1, 1, 0.1, 0]], np.float32)) for s in STEPS],
+        lambda d: write_raw(d, [(s, np.array([[1, 1, 0.1, 1e-3, 7], [1, 1, 0.1, 1e-3, 0]], np.float32)) for s in STEPS],
                             content=CHECK),
         "3 of 3 points have an unknown check status code",
     ),

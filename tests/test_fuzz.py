@@ -27,7 +27,7 @@ from rawlogs import C, good_run, stats_content, stats_points, write_raw
 from tb_gradcheck import metadata
 
 BASE = "/data/plugin/gradients/"
-ROUTES = ("runs", "heatmap", "compare", "findings", "export")
+ROUTES = ("runs", "heatmap", "compare", "findings", "export", "checks")
 KEYS = ("run", "other", "metric", "granularity", "aggregate", "width", "reduce", "format", "encoding")
 HOSTILE_RUN = "<img src=x onerror=alert(1)> \"q\" 'q' &a=b%20+#?"
 UNICODE_RUN = "日本語 \u202eرن"

@@ -229,3 +229,69 @@ def test_event_file_is_created_at_the_first_write_only(tmp_path):
         tf.function(lambda: writer.write([tf.ones(1)], [v], 0))()  # opened while tracing, outside the graph
     assert len(glob.glob(str(tmp_path / "used" / "events.out.tfevents.*"))) == 1
     assert [e[0] for e in events(tmp_path / "used") if "/stats/" in e[1]] == [0]
+
+
+# -- write_check ------------------------------------------------------------------
+
+
+def _checked_model():
+    import check_models
+
+    case = check_models.mlp((3, 4, 1), wrong_layer=0, factor=1.1).reseed(0)
+    return case
+
+
+def test_write_check_stores_one_row_per_layer_with_status_codes(tmp_path):
+    from tb_gradcheck import check_gradients
+
+    case = _checked_model()
+    report = check_gradients(case.loss, case.variables, seed=0)
+    with GradientWriter(tmp_path) as writer:
+        writer.write_check(report, 7)
+        writer.write_check(report, 8)
+    check_events = [e for e in events(tmp_path) if e[1].startswith("gradients/check/")]
+    assert [e[0] for e in check_events] == [7, 8]  # layers only: the report has no variable rows
+    step, tag, md, arr = check_events[0]
+    content = metadata.parse(md.plugin_data.content)
+    assert tag == metadata.tag_for(content) and tag.startswith("gradients/check/layer/")
+    assert content["rows"] == ["mlp/dense_0", "mlp/dense_1"] and content["columns"] == list(metadata.CHECK_COLUMNS)
+    assert md.data_class == summary_pb2.DATA_CLASS_TENSOR
+    assert check_events[1][2].plugin_data.content == b""  # full metadata on the first event only
+    assert arr.shape == (2, len(metadata.CHECK_COLUMNS)) and arr.dtype == np.float32
+    col = {c: i for i, c in enumerate(metadata.CHECK_COLUMNS)}
+    for i, row in enumerate(report.layers):
+        assert metadata.CHECK_STATUSES[int(arr[i, col["status"]])] == row.status
+        for name in ("analytic", "numeric", "relative_error", "noise_floor"):
+            assert arr[i, col[name]] == np.float32(getattr(row, name)), name
+    assert [r.status for r in report.layers] == ["mismatch", "ok"]
+
+
+def test_write_check_of_a_per_variable_report_writes_both_granularities(tmp_path):
+    from tb_gradcheck import check_gradients
+
+    case = _checked_model()
+    report = check_gradients(case.loss, case.variables, seed=0, granularity="variable")
+    with GradientWriter(tmp_path) as writer:
+        writer.write_check(report, 0)
+    tags = sorted(e[1].rsplit("/", 1)[0] for e in events(tmp_path) if e[1].startswith("gradients/check/"))
+    assert tags == ["gradients/check/layer", "gradients/check/variable"]
+    variable = next(e for e in events(tmp_path) if e[1].startswith("gradients/check/variable/"))
+    assert metadata.parse(variable[2].plugin_data.content)["rows"] == [r.name for r in report.variables]
+    assert variable[3].shape == (4, len(metadata.CHECK_COLUMNS))
+
+
+def test_write_check_rejects_what_is_not_a_report_and_graph_mode(tmp_path):
+    from tb_gradcheck import check_gradients
+
+    case = _checked_model()
+    report = check_gradients(case.loss, case.variables, seed=0)
+    with GradientWriter(tmp_path) as writer:
+        with pytest.raises(TypeError, match="GradientCheckReport.*Received: dict"):
+            writer.write_check(report.to_dict(), 0)
+        with pytest.raises(ValueError, match="eagerly"):
+            tf.function(lambda: writer.write_check(report, 0))()
+        with pytest.raises(ValueError, match="non-negative"):
+            writer.write_check(report, -1)
+    with pytest.raises(ValueError, match="closed"):
+        writer.write_check(report, 1)
+    assert not [e for e in events(tmp_path) if e[1].startswith("gradients/check/")]
