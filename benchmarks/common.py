@@ -1,15 +1,18 @@
 """Shared measuring helpers: interleaved repeats, medians, result rows."""
 
+import random
 import statistics
 import time
 
 
 def interleaved(candidates, repeats, inner):
-    """Times each candidate ``repeats`` times, round-robin (A B C A B C ...).
+    """Times each candidate ``repeats`` times, interleaved (A B C, C A B, ...).
 
     Interleaving spreads a noisy neighbour's load over every candidate instead
-    of landing on whichever ran while it was busy; the median drops the
-    rounds it hit hardest.
+    of landing on whichever ran while it was busy, and the order is shuffled
+    each round (with a fixed seed) because the candidate that runs right after
+    the heaviest one was measured slower on these machines; the median drops
+    the rounds that were hit hardest.
 
     Args:
       candidates: ``{name: zero-argument callable}``, already warmed up.
@@ -20,8 +23,12 @@ def interleaved(candidates, repeats, inner):
       ``{name: median seconds per call}``.
     """
     samples = {name: [] for name in candidates}
+    order = list(candidates)
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for name, fn in candidates.items():
+        shuffle(order)
+        for name in order:
+            fn = candidates[name]
             start = time.perf_counter()
             for _ in range(inner):
                 fn()
