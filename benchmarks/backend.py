@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.request
 
-from benchmarks.common import row
+from benchmarks.common import launch_tensorboard, row
 
 LAYERS = 200
 TARGET_P50_MS = 250
@@ -74,13 +74,8 @@ def _rss_kib(pid):
 
 
 def _serve(logdir, steps, flags, requests):
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        ["tensorboard", "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port), *flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    proc, base = launch_tensorboard(logdir, flags)
     try:
         heat = f"{base}/data/plugin/gradients/heatmap?run=big&metric=grad_norm"
         first = None
@@ -114,14 +109,6 @@ def _serve(logdir, steps, flags, requests):
     finally:
         proc.terminate()
         proc.wait(30)
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _p(samples, q):

@@ -1,8 +1,14 @@
 """Shared measuring helpers: interleaved repeats, medians, result rows."""
 
+import os
+import pathlib
 import random
+import socket
 import statistics
+import subprocess
 import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def interleaved(candidates, repeats, inner):
@@ -56,3 +62,24 @@ def row(name, baseline, value, unit, target=None, lower_is_better=True, limit=No
         met = (met is not False) and (value <= limit if lower_is_better else value >= limit)
     return {"name": name, "baseline": baseline, "value": value, "ratio": ratio, "unit": unit,
             "target": target, "limit": limit, "lower_is_better": lower_is_better, "met": met}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_tensorboard(logdir, extra_flags=()):
+    """Starts a real `tensorboard` on 127.0.0.1 that imports this checkout's tb_gradcheck.
+
+    Returns ``(process, base_url)`` at once; callers wait in their own way
+    (some of them time the wait).
+    """
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(
+        ["tensorboard", "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port), *extra_flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )
+    return proc, f"http://127.0.0.1:{port}"

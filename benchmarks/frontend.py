@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import row
+from benchmarks.common import launch_tensorboard, row
 
 TARGET_REDRAW_MS = 100
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -77,27 +77,23 @@ def _wait_until_up(url, timeout=120):
 def run(quick=False):
     from playwright.sync_api import sync_playwright
 
-    from benchmarks.backend import LAYERS, _free_port, write_run
+    from benchmarks.backend import LAYERS, write_run
 
     steps = 2_000 if quick else 10_000
     redraws = 6 if quick else 20
     rows = []
     with tempfile.TemporaryDirectory() as logdir:
         write_run(logdir, steps)
-        port = _free_port()
-        import subprocess
-
-        proc = subprocess.Popen(["tensorboard", "--logdir", logdir, "--host", "127.0.0.1", "--port", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc, base = launch_tensorboard(logdir)
         try:
-            _wait_until_up(f"http://127.0.0.1:{port}/data/plugins_listing")
+            _wait_until_up(f"{base}/data/plugins_listing")
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
                 page = browser.new_page(viewport={"width": 1400, "height": 900})
                 deadline = time.time() + 300
                 frame = None
                 while time.time() < deadline:
-                    page.goto(f"http://127.0.0.1:{port}/#gradients")
+                    page.goto(f"{base}/#gradients")
                     page.wait_for_selector("iframe", timeout=60_000)
                     frame = next((f for f in page.frames if "plugin_entry" in f.url), None)
                     if frame is None:

@@ -27,8 +27,6 @@ import json
 import os
 import pathlib
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,8 +35,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from benchmarks.common import launch_tensorboard
+
 BASE = "/data/plugin/gradients/"
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def write_large_run(logdir, layers=200, steps=2000, run="large"):
@@ -196,21 +195,9 @@ def rows(loaded, alone, clients=16):
     ]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_tensorboard(logdir, extra_flags=(), wait_steps=None, run="large", timeout=120):
     """A `tensorboard` subprocess on 127.0.0.1 that imports this checkout's tb_gradcheck; returns ``(proc, url)``."""
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        ["tensorboard", "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port), *extra_flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
+    proc, url = launch_tensorboard(logdir, extra_flags)
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:

@@ -181,7 +181,6 @@ export function parseHeatmap(resp) {
   }
   const values = new Float64Array(rows * cols);
   const missing = new Uint8Array(rows * cols);
-  const status = resp.status ? new Uint8Array(rows * cols) : null;
   for (let c = 0; c < cols; c++) {
     const line = resp.values[c];
     if (!Array.isArray(line) || line.length !== rows) {
@@ -196,15 +195,8 @@ export function parseHeatmap(resp) {
       if (v === null) missing[i] = 1;
       else values[i] = v;
     }
-    if (status) {
-      const sline = resp.status[c] || [];
-      for (let r = 0; r < rows; r++) {
-        const code = STATUS_NAMES.indexOf(sline[r] === undefined ? null : sline[r]);
-        status[r * cols + c] = code < 0 ? 0 : code;
-      }
-    }
   }
-  return {rows, cols, values, missing, status};
+  return {rows, cols, values, missing, status: parseStatus(resp, rows, cols)};
 }
 
 /**
@@ -235,18 +227,35 @@ export function parseF32Heatmap(resp) {
       else values[i] = view.getFloat32(k * 4, true);
     }
   }
-  let status = null;
-  if (resp.status) {
-    status = new Uint8Array(rows * cols);
-    for (let c = 0; c < cols; c++) {
-      const sline = resp.status[c] || [];
-      for (let r = 0; r < rows; r++) {
-        const code = STATUS_NAMES.indexOf(sline[r] === undefined ? null : sline[r]);
-        status[r * cols + c] = code < 0 ? 0 : code;
-      }
+  return {rows, cols, values, missing, status: parseStatus(resp, rows, cols)};
+}
+
+/** The status matrix of a check_error response as STATUS_NAMES codes by display row, or null. */
+function parseStatus(resp, rows, cols) {
+  if (!resp.status) return null;
+  const status = new Uint8Array(rows * cols);
+  for (let c = 0; c < cols; c++) {
+    const sline = resp.status[c] || [];
+    for (let r = 0; r < rows; r++) {
+      const code = STATUS_NAMES.indexOf(sline[r] === undefined ? null : sline[r]);
+      status[r * cols + c] = code < 0 ? 0 : code;
     }
   }
-  return {rows, cols, values, missing, status};
+  return status;
+}
+
+/** Sizes canvases to pw x ph device pixels shown at cssW x cssH; returns the first one's cleared context. */
+function sizeCanvases(canvases, pw, ph, cssW, cssH) {
+  for (const c of canvases) {
+    if (c.width !== pw) c.width = pw;
+    if (c.height !== ph) c.height = ph;
+    c.style.width = `${cssW}px`;
+    c.style.height = `${cssH}px`;
+  }
+  const ctx = canvases[0].getContext('2d');
+  ctx.setTransform(1, 0, 0, 1, 0, 0);
+  ctx.clearRect(0, 0, pw, ph);
+  return ctx;
 }
 
 function base64Bytes(text) {
@@ -844,15 +853,7 @@ export class HeatmapCanvas {
     const ph = Math.max(1, Math.round(cssHeight * dpr));
     this.cssWidth = cssWidth;
     this.cssHeight = cssHeight;
-    for (const c of [this.canvas, this.overlay]) {
-      if (c.width !== pw) c.width = pw;
-      if (c.height !== ph) c.height = ph;
-      c.style.width = `${cssWidth}px`;
-      c.style.height = `${cssHeight}px`;
-    }
-    const ctx = this.canvas.getContext('2d');
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.clearRect(0, 0, pw, ph);
+    const ctx = sizeCanvases([this.canvas, this.overlay], pw, ph, cssWidth, cssHeight);
     if (!grid || grid.rows === 0 || grid.cols === 0) {
       this.binned = null;
       this.lastDrawMs = performance.now() - t0;
@@ -1127,15 +1128,7 @@ export class TraceChart {
     this.dpr = dpr;
     const pw = Math.max(1, Math.round(cssWidth * dpr));
     const ph = Math.max(1, Math.round(cssHeight * dpr));
-    for (const c of [this.base, this.top]) {
-      if (c.width !== pw) c.width = pw;
-      if (c.height !== ph) c.height = ph;
-      c.style.width = `${cssWidth}px`;
-      c.style.height = `${cssHeight}px`;
-    }
-    const ctx = this.base.getContext('2d');
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.clearRect(0, 0, pw, ph);
+    const ctx = sizeCanvases([this.base, this.top], pw, ph, cssWidth, cssHeight);
     // Reference lines at the scale's ticks, drawn by the caller's axis
     // positions; here only a faint frame line at the bottom.
     ctx.fillStyle = '#eeeeee';
