@@ -68,11 +68,17 @@ def write_checks(path):
     md.plugin_data.content = metadata.encode(content)
     md.data_class = summary_pb2.DATA_CLASS_TENSOR
     ok, bad = metadata.CHECK_STATUSES.index("ok"), metadata.CHECK_STATUSES.index("mismatch")
+    col = {c: i for i, c in enumerate(metadata.CHECK_COLUMNS)}
+
+    def record(error, status):
+        cells = {"analytic": 1.0, "numeric": 1.0, "relative_error": error, "noise_floor": 1e-6, "status": status}
+        return [cells[c] for c in metadata.CHECK_COLUMNS]
+
     with tf.summary.create_file_writer(str(path)).as_default():
         for k in range(GROWING_STEPS // 10 * 5):
-            t = np.array([[1.0, 1.0, 1e-5, ok], [1.0, 1.0, 2e-5, ok]], np.float32)
+            t = np.array([record(1e-5, ok), record(2e-5, ok)], np.float32)
             if k in CHECK_MISMATCH[1]:
-                t[1, 2:] = [CHECK_ERROR, bad]
+                t[1, col["relative_error"]], t[1, col["status"]] = CHECK_ERROR, bad
             tf.summary.write(metadata.tag_for(content), tf.constant(t), step=10 * k, metadata=md)
 
 
