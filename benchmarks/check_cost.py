@@ -15,7 +15,7 @@ Rows (``run()``), each ``{name, baseline, value, ratio, unit, target}``:
   wrong: check_gradients flags exactly that layer (1 = yes); and on the
   correct model no layer (1 = none flagged).
 
-    python benchmarks/check_cost.py
+    python -m benchmarks --only check_cost
 """
 
 import os
@@ -24,6 +24,8 @@ import sys
 import time
 
 import numpy as np
+
+from benchmarks.common import row
 
 SIZES = (32, 256, 256, 128, 1)
 BATCH = 64
@@ -34,8 +36,11 @@ TIMED_VARIABLES = ("mlp/dense_0/kernel", "mlp/dense_0/bias", "mlp/dense_1/bias",
                    "mlp/dense_3/kernel", "mlp/dense_3/bias")
 
 
-def run():
-    """Measures both methods on the same model in this process; returns the rows."""
+def run(quick=False):
+    """Measures both methods on the same model in this process; returns the rows.
+
+    ``quick`` changes nothing: the measurement is already a single pass.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -99,39 +104,15 @@ def run():
 
     label = f"{n_params:,} params, {len(report.layers)} layers, float32"
     return [
-        {
-            "name": f"loss evaluations, check_gradients vs tf.test.compute_gradient ({label})",
-            "baseline": baseline_evaluations,
-            "value": report.evaluations,
-            "ratio": baseline_evaluations / report.evaluations,
-            "unit": "evaluations",
-            "target": 100.0,
-        },
-        {
-            "name": f"wall time, check_gradients vs tf.test.compute_gradient ({label}; compute_gradient timed on "
-                    f"{timed_params:,} params and extrapolated per parameter)",
-            "baseline": baseline_time,
-            "value": check_time,
-            "ratio": baseline_time / check_time,
-            "unit": "s",
-            "target": None,
-        },
-        {
-            "name": f"detection: the 3%-wrong layer {wrong_name} is the only mismatch (flagged: {flagged})",
-            "baseline": None,
-            "value": float(flagged == [wrong_name]),
-            "ratio": None,
-            "unit": "1 = yes, 0 = no",
-            "target": 1.0,
-        },
-        {
-            "name": "detection: the correct model has no mismatch",
-            "baseline": None,
-            "value": float(correct_clean),
-            "ratio": None,
-            "unit": "1 = yes, 0 = no",
-            "target": 1.0,
-        },
+        # Ratios are value / baseline, as in every benchmark here: 0.01 is 100x fewer.
+        row(f"loss evaluations, check_gradients vs tf.test.compute_gradient ({label})",
+            baseline_evaluations, report.evaluations, "evaluations", target=1 / 100),
+        row(f"wall time, check_gradients vs tf.test.compute_gradient ({label}; compute_gradient timed on "
+            f"{timed_params:,} params and extrapolated per parameter)", baseline_time, check_time, "s"),
+        row(f"detection: the 3%-wrong layer {wrong_name} is the only mismatch (flagged: {flagged})",
+            None, float(flagged == [wrong_name]), "1 = yes", lower_is_better=False, limit=1.0),
+        row("detection: the correct model has no mismatch", None, float(correct_clean), "1 = yes",
+            lower_is_better=False, limit=1.0),
     ]
 
 
@@ -182,16 +163,8 @@ def _ScaledGradient(units, factor, activation, name):  # noqa: N802
     return ScaledGradient(name=name)
 
 
-def _print(rows):
-    for row in rows:
-        print(row["name"])
-        if row["baseline"] is None:
-            print(f"    {row['value']:g} ({row['unit']}; target {row['target']:g})")
-            continue
-        target = "" if row["target"] is None else f", target >= {row['target']:g}x"
-        print(f"    {row['baseline']:,.6g} -> {row['value']:,.6g} {row['unit']}: {row['ratio']:,.0f}x fewer{target}")
-
-
 if __name__ == "__main__":
-    _print(run())
-    sys.exit(0)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.__main__ import print_table
+
+    print_table(run())
