@@ -94,8 +94,10 @@ class GradientWriter:
         stays the caller's: ``close()`` flushes it but does not close it.
       every_n_steps: Int, default 1. Write every step (1), or every N steps
         with each write holding the last, mean, max, min and sum of the
-        statistics over the N steps since the previous write: statistics are
-        accumulated at every call, so a one-step spike is never lost.
+        gradient norm and NaN/Inf count over the N steps since the previous
+        write: those are accumulated at every call, so a one-step spike or
+        NaN is never lost. max |g|, the zero fraction and the weights are
+        taken at the write step (they cost a pass each; see _Window).
       flush_millis: Int, default 10000. Longest time events wait in memory
         in the tf.summary writer this creates. Each ``write()`` flushes its
         own events anyway (see the flush policy at the top of summary.py).
