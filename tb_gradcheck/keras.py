@@ -35,7 +35,6 @@ still matches TensorBoard's batch axis. The count lives as long as the
 optimizer object; a run restored from a checkpoint starts it again at zero.
 """
 
-import importlib
 import numbers
 import os
 import warnings
@@ -428,17 +427,11 @@ class _Session:
         if step // n <= self.last_check // n or not self.strategy.extended.should_save_summary:
             return
         self.last_check = step
-        checks = _checks_module()
-        if checks is None:
-            self.callback._warn_once(
-                "checks",
-                "GradientCallback(check_every_n_steps=...) needs tb_gradcheck.checks, which this "
-                "installation does not have; no gradient check is run.",
-            )
-            return
-        self.check(checks, step)
+        self.check(step)
 
-    def check(self, checks, step):
+    def check(self, step):
+        from tb_gradcheck import checks  # TensorFlow-heavy, and needed only when checks are on
+
         model = self.model
         x, y, *rest = self.callback.check_data
         sample_weight = rest[0] if rest else None
@@ -459,15 +452,6 @@ class _Session:
 
 
 _ABSENT = object()
-
-
-def _checks_module():
-    try:
-        return importlib.import_module("tb_gradcheck.checks")
-    except ModuleNotFoundError as e:
-        if e.name != "tb_gradcheck.checks":
-            raise
-        return None
 
 
 def _unscale(gradient, scale):

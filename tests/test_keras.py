@@ -434,19 +434,3 @@ def test_gradient_check_runs_every_n_steps_on_check_data(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     checks = read_events(tmp_path / "train", kind="check")
     assert [s for s, _, _ in checks] == [3, 6]
-
-
-def test_check_every_n_steps_without_the_checks_module_warns(tmp_path):
-    import importlib.util
-
-    if importlib.util.find_spec("tb_gradcheck.checks") is not None:
-        pytest.skip("tb_gradcheck.checks exists: test_gradient_check_runs_every_n_steps_on_check_data covers it")
-    x, y = data(n=16)
-    model = tanh_mlp()
-    model.compile(optimizer="sgd", loss="mse")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.fit(x, y, batch_size=8, verbose=0,
-                  callbacks=[GradientCallback(tmp_path, check_every_n_steps=1, check_data=(x, y))])
-    assert sum("needs tb_gradcheck.checks" in str(w.message) for w in caught) == 1
-    assert len(read_events(tmp_path / "train")) == 2
