@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import launch_tensorboard, row
+from benchmarks.common import row
 
 TARGET_REDRAW_MS = 100
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -60,33 +60,19 @@ _HOVER = """([x, y, w, h]) => {
 }"""
 
 
-def _wait_until_up(url, timeout=120):
-    import urllib.error
-    import urllib.request
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=5).read()
-            return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.3)
-    raise RuntimeError(f"tensorboard did not answer {url}")
-
-
 def run(quick=False):
     from playwright.sync_api import sync_playwright
 
     from benchmarks.backend import LAYERS, write_run
+    from benchmarks.load import start_tensorboard
 
     steps = 2_000 if quick else 10_000
     redraws = 6 if quick else 20
     rows = []
     with tempfile.TemporaryDirectory() as logdir:
         write_run(logdir, steps)
-        proc, base = launch_tensorboard(logdir)
+        proc, base = start_tensorboard(logdir, run="big")  # returns once the plugin answers
         try:
-            _wait_until_up(f"{base}/data/plugins_listing")
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
                 page = browser.new_page(viewport={"width": 1400, "height": 900})
