@@ -56,6 +56,22 @@ function segmented(doc, id, label, options) {
   return el(doc, 'div', {className: 'control'}, el(doc, 'span', {className: 'control-label', text: label}), group);
 }
 
+// A plain link: the export route answers with Content-Disposition, so the
+// browser downloads it; no script and no blob needed. Hidden until a
+// selection gives it an href.
+function downloadLink(doc, id, format) {
+  const link = el(doc, 'a', {
+    id,
+    className: 'button',
+    text: format,
+    title: `Download this matrix, unbinned, as ${format}`,
+    attrs: {download: '', role: 'button'},
+  });
+  link.prepend(el(doc, 'span', {className: 'download-icon', text: '\u2913', attrs: {'aria-hidden': 'true'}}));
+  link.hidden = true;
+  return link;
+}
+
 /**
  * Builds the whole tab into `root`.
  * @param {HTMLElement} root document.body.
@@ -94,26 +110,8 @@ export function buildLayout(root) {
     labelled(doc, 'Compare with', compareSelect, 'compare-control'),
     compareMode,
   );
-  // A plain link: the export route answers with Content-Disposition, so the
-  // browser downloads it; no script and no blob needed.
-  const download = el(doc, 'a', {
-    id: 'download',
-    className: 'button',
-    text: 'CSV',
-    title: 'Download this matrix, unbinned, as CSV',
-    attrs: {download: '', role: 'button'},
-  });
-  download.prepend(el(doc, 'span', {className: 'download-icon', text: '\u2913', attrs: {'aria-hidden': 'true'}}));
-  download.hidden = true;
-  const downloadJson = el(doc, 'a', {
-    id: 'download-json',
-    className: 'button',
-    text: 'JSON',
-    title: 'Download this matrix, unbinned, as JSON',
-    attrs: {download: '', role: 'button'},
-  });
-  downloadJson.prepend(el(doc, 'span', {className: 'download-icon', text: '\u2913', attrs: {'aria-hidden': 'true'}}));
-  downloadJson.hidden = true;
+  const download = downloadLink(doc, 'download', 'CSV');
+  const downloadJson = downloadLink(doc, 'download-json', 'JSON');
   const actions = el(doc, 'div', {className: 'actions'}, download, downloadJson, refresh);
   const toolbar = el(doc, 'header', {className: 'toolbar'}, selectors, actions);
 
