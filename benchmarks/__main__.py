@@ -38,11 +38,11 @@ def print_table(rows, out=sys.stdout):
             goal,
             "" if met is None else ("yes" if met else "NO"),
         ])
-    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(headers)]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(headers)]
     print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |", file=out)
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|", file=out)
-    for l in lines:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(l, widths)) + " |", file=out)
+    for line in lines:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |", file=out)
 
 
 def _num(v):

@@ -5,7 +5,6 @@ pulls in. So this catches a broken entry point, missing frontend files in
 the wheel, an install_requires gap, and a TensorFlow import in the plugin.
 """
 
-import json
 import subprocess
 import sys
 
