@@ -2,15 +2,24 @@
 
 ``report`` exits 0 when every run is healthy, 1 when anything was found, and
 2 for a usage or data error, so it can gate a CI job or a training script.
+Names in ``report``'s output are plain text (``grep 'dense_0,'`` finds them)
+with control and bidirectional characters escaped visibly (``\\u202e``).
+
+TensorFlow is imported lazily, and quietly (see ``_quiet_tensorflow``): its
+start-up log lines are not this program's output.
 """
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
+import re
+import socket
 import sys
 import tempfile
 import time
+import unicodedata
 
 EXIT_HEALTHY, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -22,7 +31,7 @@ def main(argv=None):
     demo = sub.add_parser("demo", help="train two small runs on the CPU and open them in TensorBoard")
     demo.add_argument("--logdir", help="where to write the runs (default: a new temporary directory)")
     demo.add_argument("--steps", type=_positive, default=1000, help="training steps per run (default 1000)")
-    demo.add_argument("--port", type=int, default=6006, help="TensorBoard port (default 6006)")
+    demo.add_argument("--port", type=_port, default=6006, help="TensorBoard port (default 6006)")
     demo.add_argument("--host", default="localhost", help="TensorBoard host (default localhost)")
     demo.add_argument("--no-serve", action="store_true", help="write the runs and exit without starting TensorBoard")
     demo.set_defaults(func=_demo)
@@ -48,6 +57,7 @@ def main(argv=None):
     export.set_defaults(func=_export)
 
     args = parser.parse_args(argv)
+    _quiet_tensorflow()
     try:
         return args.func(args)
     except _UsageError as e:
@@ -88,7 +98,7 @@ def _thresholds(pairs):
 
 
 def _report(args):
-    from tb_gradcheck import store
+    from tb_gradcheck import queries
 
     thresholds = _thresholds(args.threshold)
     s, ctx, eid, runs = _open_store(args.logdir)
@@ -97,8 +107,8 @@ def _report(args):
     problems = {}
     for run in names:
         try:
-            found[run] = s.findings(ctx, eid, run, thresholds)
-        except store.NotFound as e:
+            found[run] = [_plain_finding(f) for f in queries.findings(s, ctx, eid, run, thresholds)]
+        except queries.NotFound as e:
             raise _UsageError(f"{e}; runs with gradient data: {sorted(runs)}") from None
         problems[run] = [p.to_dict() for p in runs[run].problems]
     healthy = not any(found.values())
@@ -106,29 +116,79 @@ def _report(args):
         body = {
             "logdir": args.logdir,
             "healthy": healthy,
-            "runs": {run: {"findings": [f.to_dict() for f in fs], "problems": problems[run]} for run, fs in found.items()},
+            "runs": {run: {"findings": fs, "problems": problems[run]} for run, fs in found.items()},
         }
-        print(json.dumps(body, indent=2, default=_json_default))
+        # Names stay exact in the JSON data; in its text, control and
+        # bidirectional characters are JSON escapes, so a terminal or a diff
+        # shows them instead of obeying them.
+        print(_visible(json.dumps(body, indent=2, default=_json_default, ensure_ascii=False), json_escape=True))
     else:
         for run, fs in found.items():
-            print(f"run {run}: " + ("healthy" if not fs else f"{len(fs)} finding{'s' if len(fs) > 1 else ''}"))
+            print(f"run {_visible(run)}: " + ("healthy" if not fs else f"{len(fs)} finding{'s' if len(fs) > 1 else ''}"))
             for f in fs:
-                print(f"  {f.severity.upper():7} {f.kind:13} steps {f.steps[0]}-{f.steps[1]}")
-                print(f"    {f.message}")
-                for layer, numbers in f.evidence.items():
-                    print(f"    - {layer}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in numbers.items()))
+                print(f"  {f['severity'].upper():7} {f['kind']:13} steps {f['steps'][0]}-{f['steps'][1]}")
+                print(f"    {_visible(f['message'])}")
+                for layer, numbers in f["evidence"].items():
+                    print(f"    - {_visible(layer)}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in numbers.items()))
             for p in problems[run]:
-                print(f"  unreadable tag {p['tag']}: {p['reason']}")
+                print(f"  unreadable tag {_visible(p['tag'])}: {_visible(p['reason'])}")
     return EXIT_HEALTHY if healthy else EXIT_FINDINGS
 
 
+def _plain_finding(finding):
+    """A finding as a dict whose message names layers plainly, without the tab's bidi isolates.
+
+    ``diagnose`` wraps every name in a message in FSI ... PDI (U+2068,
+    U+2069) so that the tab's sentence survives a right-to-left override in
+    a name. In a terminal and in JSON those invisible marks break ``grep``;
+    the report escapes such characters visibly instead (``_visible``).
+    """
+    out = finding.to_dict()
+    message = out["message"]
+    for name in sorted(set(out["layers"]) | set(out["evidence"]), key=len, reverse=True):
+        message = message.replace(f"\u2068{name}\u2069", name)
+    out["message"] = _ISOLATE.sub(r"\1", message)
+    return out
+
+
+_ISOLATE = re.compile("\u2068([^\u2068\u2069]*)\u2069")
+# Characters that change how the text around them is shown, or are not
+# shown at all: controls (Cc), format characters including every bidi
+# override, embedding, isolate and mark (Cf), line and paragraph separators.
+_INVISIBLE = ("Cc", "Cf", "Zl", "Zp")
+
+
+def _visible(text, json_escape=False):
+    """``text`` with control and bidirectional characters written as ``\\uXXXX`` escapes.
+
+    Args:
+      text: A string.
+      json_escape: Bool, default False. True when ``text`` is JSON: the
+        escapes are then JSON escapes (surrogate pairs beyond U+FFFF) of
+        characters that can only occur inside its strings, so the JSON
+        still parses to the same names. Newlines between JSON tokens stay.
+    """
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) not in _INVISIBLE or (json_escape and ch == "\n"):
+            out.append(ch)
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        elif json_escape:
+            high, low = divmod(ord(ch) - 0x10000, 0x400)
+            out.append(f"\\u{0xD800 + high:04x}\\u{0xDC00 + low:04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return "".join(out)
+
+
 def _export(args):
-    from tb_gradcheck import export, store
+    from tb_gradcheck import export, queries
 
     s, ctx, eid, runs = _open_store(args.logdir)
     try:
-        heat = s.heatmap(ctx, eid, args.run, args.metric, args.granularity, args.aggregate)
-    except (store.NotFound, store.BadRequest) as e:
+        heat = queries.heatmap(s, ctx, eid, args.run, args.metric, args.granularity, args.aggregate)
+    except (queries.NotFound, queries.BadRequest) as e:
         raise _UsageError(str(e)) from None
     text = export.to_csv(heat) if args.format == "csv" else json.dumps(export.to_json(heat)) + "\n"
     if args.output:
@@ -150,6 +210,10 @@ def _json_default(v):
 def _demo(args):
     from tb_gradcheck import demo
 
+    if not args.no_serve:
+        # Before training: a busy port found after minutes of training
+        # would throw the runs' TensorBoard away.
+        _check_port(args.host, args.port)
     logdir = args.logdir or tempfile.mkdtemp(prefix="tb_gradcheck_demo_")
     started = time.time()
     runs = demo.write_runs(logdir, steps=args.steps)
@@ -160,7 +224,11 @@ def _demo(args):
 
     tb = program.TensorBoard()
     tb.configure(argv=[None, "--logdir", logdir, "--host", args.host, "--port", str(args.port)])
-    url = tb.launch()
+    try:
+        url = tb.launch()
+    except program.TensorBoardPortInUseError:
+        # Taken between the check and now: the runs are written, say where.
+        raise _UsageError(f"{_port_in_use(args.host, args.port)}; the runs are in {logdir}") from None
     print(f"Gradients tab: {url}#gradients")
     print("Press Ctrl-C to stop.")
     sys.stdout.flush()
@@ -171,10 +239,80 @@ def _demo(args):
         return 0
 
 
+def _check_port(host, port):
+    """Raises ``_UsageError`` naming ``--port`` if TensorBoard could not listen on ``host:port``."""
+    if port == 0:  # TensorBoard picks a free one
+        return
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise _UsageError(f"cannot resolve --host {host!r}: {e.strerror}") from None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            # As a server binds: a port left in TIME_WAIT by a closed server is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise _UsageError(_port_in_use(host, port)) from None
+                if e.errno != errno.EADDRNOTAVAIL:  # e.g. no IPv6 on this machine: TensorBoard skips it too
+                    raise _UsageError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port or --host") from None
+
+
+def _port_in_use(host, port):
+    return f"port {port} on {host} is already in use; choose another with --port"
+
+
+def _quiet_tensorflow():
+    """Imports TensorFlow, if installed, without its start-up log lines on stderr.
+
+    TensorFlow's C++ side prints its oneDNN and CPU-feature notices while it
+    is imported, before any logging setting is read, whatever
+    TF_CPP_MIN_LOG_LEVEL says; TensorBoard's reader imports TensorFlow too
+    when it is installed. So the import runs here, first, with file
+    descriptor 2 sent to a temporary file, which is replayed if the import
+    fails. Later warnings and errors still reach stderr.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "tensorflow" in sys.modules:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.get_logger().setLevel("ERROR")
+        except BaseException:
+            os.dup2(saved, 2)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode("utf-8", "replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def _positive(text):
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _port(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
     return value
 
 

@@ -20,6 +20,7 @@ from tensorboard.plugins import base_plugin
 from tb_gradcheck import binning
 from tb_gradcheck import export
 from tb_gradcheck import metadata
+from tb_gradcheck import queries
 from tb_gradcheck import store
 
 # Points kept per tag when the user does not say: all of them. TensorBoard's
@@ -46,15 +47,15 @@ def _frontend_dir():
 
 
 def _route(handler):
-    """A WSGI route whose store errors become TensorBoard's 404 and 400 responses."""
+    """A WSGI route whose query errors become TensorBoard's 404 and 400 responses."""
 
     @functools.wraps(handler)
     def wrapped(self, request):
         try:
             return handler(self, request)
-        except store.NotFound as e:
+        except queries.NotFound as e:
             raise errors.NotFoundError(str(e)) from None
-        except store.BadRequest as e:
+        except queries.BadRequest as e:
             raise errors.InvalidArgumentError(str(e)) from None
 
     return werkzeug.wrappers.Request.application(wrapped)
@@ -78,7 +79,6 @@ class GradientsPlugin(base_plugin.TBPlugin):
     plugin_name = metadata.PLUGIN_NAME
 
     def __init__(self, context):
-        self._provider = context.data_provider
         self._store = store.Store(context.data_provider)
         flags = getattr(context, "flags", None)
         samples = getattr(flags, "samples_per_plugin", None) or {}
@@ -171,114 +171,42 @@ class GradientsPlugin(base_plugin.TBPlugin):
 
     def runs_impl(self, ctx, experiment_id):
         """The body of ``GET runs`` (see docs/http_api.md)."""
-        out = []
-        for run, index in sorted(self._store.runs(ctx, experiment_id).items()):
-            aggregates = store.metric_aggregates(index)
-            entry = {
-                "run": run,
-                "metrics": list(aggregates),
-                "aggregates": aggregates,
-                "window": index.window(),
-                "granularities": {},
-                "check_granularities": [g for g in metadata.GRANULARITIES if index.layouts(metadata.KIND_CHECK, g)],
-                "total_steps": None,
-                "sampled": False,
-                "problems": [p.to_dict() for p in index.problems],
-                "last_write": index.last_write(),
-            }
-            kept = 0
-            for kind in (metadata.KIND_STATS, metadata.KIND_CHECK):
-                kind_metrics = [m for m in aggregates if (m == metadata.CHECK_METRIC) == (kind == metadata.KIND_CHECK)]
-                for granularity in metadata.GRANULARITIES:
-                    if not index.layouts(kind, granularity):
-                        continue
-                    matrix = self._store.matrix(ctx, experiment_id, index, kind, granularity)
-                    entry["problems"].extend(p.to_dict() for p in matrix.problems)
-                    described = entry["granularities"].setdefault(granularity, _describe(matrix))
-                    described.setdefault("metrics", []).extend(kind_metrics)
-                    if kind == metadata.KIND_STATS:
-                        kept = max(kept, len(matrix.steps))
-            total, problems = self._store.progress(ctx, experiment_id, index)
-            entry["problems"].extend(p.to_dict() for p in problems)
-            if metadata.KIND_STATS in index.kinds():
-                entry["total_steps"] = total
-                entry["sampled"] = entry["total_steps"] is not None and kept < entry["total_steps"]
-            # A stats tag serves both granularities: report each problem once.
-            entry["problems"] = list({(p["tag"], p["reason"]): p for p in entry["problems"]}.values())
-            if entry["metrics"] or entry["problems"]:
-                out.append(entry)
-        return {"runs": out, "samples_per_plugin": self._samples}
+        return {"runs": queries.runs(self._store, ctx, experiment_id), "samples_per_plugin": self._samples}
 
     def heatmap_impl(self, ctx, experiment_id, run, metric, granularity="layer", aggregate="last", width=None,
                      reduce="max", encoding="json"):
         """The body of ``GET heatmap``."""
-        heat = self._store.heatmap(ctx, experiment_id, run, metric, granularity, aggregate)
+        heat = queries.heatmap(self._store, ctx, experiment_id, run, metric, granularity, aggregate)
         return _heatmap_body(heat, width, reduce, encoding)
 
     def compare_impl(self, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last",
                      width=None, reduce="max", encoding="json"):
         """The body of ``GET compare``: ``run`` over ``other``, rows aligned by name."""
-        heat, only_run, only_other = self._store.compare(ctx, experiment_id, run, other, metric, granularity, aggregate)
+        heat, only_run, only_other = queries.compare(
+            self._store, ctx, experiment_id, run, other, metric, granularity, aggregate)
         body = _heatmap_body(heat, width, reduce, encoding)
         body.update(other=other, only_in_run=only_run, only_in_other=only_other)
         return body
 
     def findings_impl(self, ctx, experiment_id, run):
         """The body of ``GET findings``."""
-        findings = self._store.findings(ctx, experiment_id, run)
+        findings = queries.findings(self._store, ctx, experiment_id, run)
         return {"run": run, "findings": [f.to_dict() for f in findings]}
 
     def export_impl(self, ctx, experiment_id, run, metric, granularity, aggregate, fmt):
         """``(body, filename)`` of ``GET export``: the unbinned matrix as CSV text or a JSON-able dict."""
-        heat = self._store.heatmap(ctx, experiment_id, run, metric, granularity, aggregate)
-        body = export.to_csv(heat) if fmt == "csv" else export.to_json(heat)
-        return body, export.filename(heat, fmt)
+        return queries.export(self._store, ctx, experiment_id, run, metric, granularity, aggregate, fmt)
 
     def checks_impl(self, ctx, experiment_id, run, granularity="layer"):
         """The body of ``GET checks``: the latest check of every row, its failures, and each row's record."""
-        index = self._store.run(ctx, experiment_id, run)
-        if not index.layouts(metadata.KIND_CHECK, granularity):
-            raise store.NotFound(f"run {run!r} has no {granularity}-level gradient checks")
-        matrix = self._store.matrix(ctx, experiment_id, index, metadata.KIND_CHECK, granularity)
-        status, status_missing = matrix.slab("status")
-        names = metadata.CHECK_STATUSES
-        codes = np.where(status_missing, -1, np.nan_to_num(status, nan=-1)).astype(np.int64)
-        latest = []
-        if len(matrix.steps):
-            for j, name in enumerate(matrix.rows):
-                cell = {"name": name}
-                for column in metadata.CHECK_COLUMNS:
-                    values, missing = matrix.slab(column)
-                    if column == "status":
-                        cell[column] = None if codes[-1, j] < 0 else names[codes[-1, j]]
-                    else:
-                        cell[column] = None if missing[-1, j] else float(values[-1, j])
-                latest.append(cell)
-        mismatch = names.index("mismatch")
-        history = []
-        for j, name in enumerate(matrix.rows):
-            column = codes[:, j]
-            failed = np.nonzero(column == mismatch)[0]
-            entry = {"name": name, "checks": int(np.sum(column >= 0))}
-            entry.update({s: int(np.sum(column == i)) for i, s in enumerate(names)})
-            entry["last_mismatch_step"] = int(matrix.steps[failed[-1]]) if len(failed) else None
-            history.append(entry)
+        body = queries.checks(self._store, ctx, experiment_id, run, granularity)
         # Worst first; a NaN relative error (non-finite analytic gradient) is the worst of all.
-        failures = sorted((c for c in latest if c["status"] == "mismatch"), key=_worst_first)
-        return {
-            "run": run,
-            "granularity": granularity,
-            "step": int(matrix.steps[-1]) if len(matrix.steps) else None,
-            "rows": latest,
-            "failures": failures,
-            "history": history,
-            "num_steps": int(len(matrix.steps)),
-            "problems": [p.to_dict() for p in matrix.problems],
-        }
+        body["failures"] = sorted(body["failures"], key=_worst_first)
+        return body
 
 
 def _selection(args):
-    """``(granularity, aggregate)`` from the query, validated where the store cannot."""
+    """``(granularity, aggregate)`` from the query, validated where the queries cannot."""
     aggregate = _one(args, "aggregate")
     return _choice(args, "granularity", metadata.GRANULARITIES, "layer"), "last" if aggregate is None else aggregate
 
@@ -293,7 +221,7 @@ def _binning(args):
 
 
 def _heatmap_body(heat, width=None, reduce="max", encoding="json"):
-    """The JSON of ``GET heatmap`` for a ``store.Heatmap``, binned to ``width`` columns when given.
+    """The JSON of ``GET heatmap`` for a ``queries.Heatmap``, binned to ``width`` columns when given.
 
     ``encoding="f32"`` sends the matrix as base64 little-endian float32
     (``values_f32``, row-major steps x rows, NaN and infinities as themselves)

@@ -1,0 +1,188 @@
+"""Merging a run's layouts (tags) into one steps x rows matrix, by row name; pure numpy.
+
+A run holds several layouts of one kind when the model changed (a layer
+added, a restart with another architecture, two models through one writer).
+They are merged here by row name, never by position: a row both layouts have
+continues as one row, a row only one has is missing at the other's steps,
+and where two layouts wrote the same row at the same step the later-written
+layout wins. Columns are read by name from each layout, so a layout with
+columns this version does not know, or without a column it knows, still
+merges (the unknown column is skipped, the absent one is missing).
+
+Nothing here reads files or imports TensorBoard: ``store.py`` hands over
+decoded tags as ``Part`` objects.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from tb_gradcheck import metadata
+
+# Statistics computed on read from stored columns of the same aggregate:
+# grad_to_weight = grad_norm / weight_norm (the weights are taken at the write step).
+DERIVED = {"grad_to_weight": ("grad_norm", "weight_norm")}
+
+
+@dataclasses.dataclass
+class Part:
+    """One layout's decoded points.
+
+    Attributes:
+      content: The parsed layout (``metadata.parse``).
+      steps: int64 ``[S]``, ascending, unique.
+      values: float32 ``[S, A, L + V + 1, C]`` (stats) or ``[S, R, C]`` (check).
+    """
+
+    content: dict
+    steps: np.ndarray
+    values: np.ndarray
+
+
+@dataclasses.dataclass
+class Matrix:
+    """A run's merged data for one kind and granularity.
+
+    Attributes:
+      rows: Row names, merged in order of first appearance.
+      columns: Column names (``stat_columns()`` or ``metadata.CHECK_COLUMNS``).
+      aggregates: Slab names (stats) or ``[None]`` (check).
+      steps: int64 ``[S]``, ascending.
+      values: float32 ``[S, A, R, C]``.
+      missing: bool ``[S, A, R, C]``: no value (no gradient, row absent from
+        that step's layout, or an aggregate the layout did not store).
+      problems: ``store.Problem`` for every point or tag that was skipped.
+    """
+
+    rows: list
+    columns: list
+    aggregates: list
+    steps: np.ndarray
+    values: np.ndarray
+    missing: np.ndarray
+    problems: list = dataclasses.field(default_factory=list)
+
+    def slab(self, column, aggregate=None):
+        """``(values [S, R], missing [S, R])`` of one column and aggregate."""
+        a = 0 if aggregate is None else self.aggregates.index(aggregate)
+        c = self.columns.index(column)
+        return self.values[:, a, :, c], self.missing[:, a, :, c]
+
+
+def stat_columns():
+    """The statistics a stats matrix holds: the served ones, then any other stored column, in order."""
+    return list(dict.fromkeys(metadata.STAT_COLUMNS + metadata.STORED_STAT_COLUMNS))
+
+
+def rows(contents, granularity):
+    """Row names of every layout, merged by name in order of first appearance."""
+    names = {}
+    for content in contents:
+        for name in metadata.rows_of(content, granularity)[0]:
+            names.setdefault(name, None)
+    return list(names)
+
+
+def union_steps(step_arrays):
+    """The ascending union of several int64 step arrays."""
+    arrays = [np.asarray(s, np.int64) for s in step_arrays]
+    return np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
+
+
+def aggregates(contents):
+    """Aggregates any stats layout can answer, in canonical order (``metadata.AGGREGATES``)."""
+    found = {a for content in contents for a in content["aggregates"]}
+    return [a for a in metadata.AGGREGATES if a in found]
+
+
+def slab(parts, granularity, column, aggregate=None, row_names=None):
+    """One column of one aggregate over every layout: ``(steps [S], values [S, R], missing [S, R])``.
+
+    Args:
+      parts: ``Part`` objects of one kind, earliest-written first (later ones
+        win where two wrote the same row at the same step).
+      granularity: ``"layer"`` or ``"variable"``.
+      column: A stored column name, or a ``DERIVED`` one.
+      aggregate: For stats, the slab name (``"last"``, ...); None for checks.
+      row_names: The rows to lay out, default ``rows(...)`` of the parts.
+
+    Returns:
+      float32 values, NaN where missing.
+    """
+    if row_names is None:
+        row_names = rows([p.content for p in parts], granularity)
+    steps = union_steps([p.steps for p in parts])
+    if column in DERIVED:
+        numerator, denominator = DERIVED[column]
+        _, nv, nm = slab(parts, granularity, numerator, aggregate, row_names)
+        _, dv, dm = slab(parts, granularity, denominator, aggregate, row_names)
+        # Undefined (missing, not Inf) where the weights are all zero, as for
+        # a fresh bias; NaN stays NaN.
+        defined = ~nm & ~dm & (dv > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values = np.where(defined, nv / dv, np.nan).astype(np.float32)
+        return steps, values, ~defined
+    values = np.full((len(steps), len(row_names)), np.nan, np.float32)
+    missing = np.ones(values.shape, bool)
+    where = {name: j for j, name in enumerate(row_names)}
+    for part in parts:
+        block = _block(part, granularity, column, aggregate)
+        if block is None:
+            continue
+        data, keep, names = block
+        r = [where[n] for n in names]
+        if len(r) < len(names):  # a row the caller did not ask for
+            continue
+        ix = np.ix_(np.searchsorted(steps, part.steps), r)
+        values[ix] = np.where(keep, data, values[ix])
+        missing[ix] &= ~keep
+    return steps, values, missing
+
+
+def matrix(parts, kind, granularity, problems=()):
+    """Every column and aggregate of a run's layouts of one kind, as a ``Matrix``."""
+    contents = [p.content for p in parts]
+    row_names = rows(contents, granularity)
+    if kind == metadata.KIND_STATS:
+        columns, slabs = stat_columns(), aggregates(contents)
+    else:
+        columns, slabs = list(metadata.CHECK_COLUMNS), [None]
+    steps = union_steps([p.steps for p in parts])
+    shape = (len(steps), len(slabs), len(row_names), len(columns))
+    values = np.full(shape, np.nan, np.float32)
+    missing = np.ones(shape, bool)
+    for a, aggregate in enumerate(slabs):
+        for c, column in enumerate(columns):
+            _, values[:, a, :, c], missing[:, a, :, c] = slab(parts, granularity, column, aggregate, row_names)
+    return Matrix(row_names, columns, slabs, steps, values, missing, list(problems))
+
+
+def _block(part, granularity, column, aggregate):
+    """``(data [S, r], keep [S, r], row names)`` of one layout, or None when it cannot answer."""
+    content = part.content
+    if not len(part.steps) or column not in content["columns"]:
+        return None
+    names, row_slice = metadata.rows_of(content, granularity)
+    c = content["columns"].index(column)
+    if content["kind"] == metadata.KIND_CHECK:
+        block = part.values[:, row_slice]
+        # A check row with a NaN status was not checked at that step: every
+        # column of it is missing. metadata.parse guarantees a status column.
+        status = content["columns"].index("status")
+        return block[:, :, c], ~np.isnan(block[:, :, status]), names
+    a = slab_index(content, aggregate)
+    if a is None:
+        return None
+    data = part.values[:, a, row_slice, c]
+    # The writer stores -1 for "no value" (a None gradient); NaN is data.
+    return data, ~(data < 0), names
+
+
+def slab_index(content, aggregate):
+    """Index of the slab that answers ``aggregate`` in one stats layout, or None."""
+    if aggregate in content["aggregates"]:
+        return content["aggregates"].index(aggregate)
+    # A one-step window's mean, max and min all equal its last value.
+    if content["window"] == 1 and aggregate != "sum" and "last" in content["aggregates"]:
+        return content["aggregates"].index("last")
+    return None

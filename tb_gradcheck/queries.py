@@ -1,0 +1,243 @@
+"""The questions the tab and the command line ask of a logdir: runs, heatmap, compare, findings, checks, export.
+
+Both the plugin's routes and ``tb-gradcheck report | export`` call these
+functions, so the tab and the command line always see the same numbers.
+Each takes a ``store.Store`` and the request's context and experiment id,
+reads only the runs it is asked about, and returns plain data (dicts,
+``Heatmap``, ``diagnose.Finding``); turning that into bytes is the caller's
+job. Errors are ``NotFound`` (HTTP 404, exit code 2) and ``BadRequest``
+(HTTP 400, exit code 2). numpy only.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from tb_gradcheck import diagnose
+from tb_gradcheck import export as export_format
+from tb_gradcheck import merge
+from tb_gradcheck import metadata
+from tb_gradcheck import store
+
+NotFound = store.NotFound
+BadRequest = store.BadRequest
+
+
+@dataclasses.dataclass
+class Heatmap:
+    """One metric of one run as a steps x rows matrix (see docs/http_api.md ``GET heatmap``).
+
+    Attributes:
+      rows: Row names in depth order.
+      steps: int64 ``[S]``.
+      values: float ``[S, R]``.
+      missing: bool ``[S, R]``.
+      status: float ``[S, R]`` check status codes (index into
+        ``metadata.CHECK_STATUSES``) for ``check_error``, else None.
+      status_missing: bool ``[S, R]`` or None.
+      total_steps: Writes the writer made (progress counter), or None.
+    """
+
+    run: str
+    metric: str
+    granularity: str
+    aggregate: str
+    rows: list
+    steps: np.ndarray
+    values: np.ndarray
+    missing: np.ndarray
+    status: object = None
+    status_missing: object = None
+    total_steps: object = None
+
+
+def metric_aggregates(index):
+    """``{metric: [aggregates]}`` a run can serve, metrics in display order."""
+    out = {}
+    if metadata.KIND_STATS in index.kinds():
+        stored = index.aggregates()
+        for m in metadata.STAT_COLUMNS:
+            out[m] = [a for a in metadata.METRIC_AGGREGATES[m] if a in stored]
+    if metadata.KIND_CHECK in index.kinds():
+        out[metadata.CHECK_METRIC] = ["last"]
+    return out
+
+
+def runs(st, ctx, experiment_id):
+    """The ``runs`` list of ``GET runs`` (see docs/http_api.md), one entry per run with data or problems.
+
+    Reads each tag's small ``store.Summary`` (its steps, skipped points and
+    write counter), never a merged matrix: listing many large runs costs
+    their summaries, which the store keeps while it drops their values.
+    """
+    out = []
+    for run, index in sorted(st.runs(ctx, experiment_id).items()):
+        aggregates = metric_aggregates(index)
+        entry = {
+            "run": run,
+            "metrics": list(aggregates),
+            "aggregates": aggregates,
+            "window": index.window(),
+            "granularities": {},
+            "check_granularities": [g for g in metadata.GRANULARITIES if index.layouts(metadata.KIND_CHECK, g)],
+            "total_steps": None,
+            "sampled": False,
+            "problems": [p.to_dict() for p in index.problems],
+            "last_write": index.last_write(),
+        }
+        kept = 0
+        for kind in (metadata.KIND_STATS, metadata.KIND_CHECK):
+            kind_metrics = [m for m in aggregates if (m == metadata.CHECK_METRIC) == (kind == metadata.KIND_CHECK)]
+            for granularity in metadata.GRANULARITIES:
+                layouts = index.layouts(kind, granularity)
+                if not layouts:
+                    continue
+                summaries = [st.summary(ctx, experiment_id, run, s) for s in layouts]
+                for summary in summaries:
+                    entry["problems"].extend(p.to_dict() for p in summary.problems)
+                steps = merge.union_steps([s.steps for s in summaries])
+                described = entry["granularities"].setdefault(granularity, {
+                    "rows": index.rows(kind, granularity),
+                    "num_steps": int(len(steps)),
+                    "first_step": int(steps[0]) if len(steps) else None,
+                    "last_step": int(steps[-1]) if len(steps) else None,
+                })
+                described.setdefault("metrics", []).extend(kind_metrics)
+                if kind == metadata.KIND_STATS:
+                    kept = max(kept, len(steps))
+        total, problems = st.progress(ctx, experiment_id, index)
+        entry["problems"].extend(p.to_dict() for p in problems)
+        if metadata.KIND_STATS in index.kinds():
+            entry["total_steps"] = total
+            entry["sampled"] = total is not None and kept < total
+        # A stats tag serves both granularities: report each problem once.
+        entry["problems"] = list({(p["tag"], p["reason"]): p for p in entry["problems"]}.values())
+        if entry["metrics"] or entry["problems"]:
+            out.append(entry)
+    return out
+
+
+def heatmap(st, ctx, experiment_id, run, metric, granularity="layer", aggregate="last"):
+    """One metric of one run, merged over its layouts, as a ``Heatmap``.
+
+    Raises:
+      NotFound: Unknown run, or a metric or granularity the run lacks.
+      BadRequest: An aggregate the run does not have for the metric.
+    """
+    index = st.run(ctx, experiment_id, run)
+    allowed = metric_aggregates(index).get(metric)
+    if allowed is None:
+        raise NotFound(f"run {run!r} has no metric {metric!r}")
+    if aggregate not in allowed:
+        raise BadRequest(f"aggregate must be one of {allowed} for metric {metric!r} of run {run!r}, got {aggregate!r}")
+    check = metric == metadata.CHECK_METRIC
+    kind = metadata.KIND_CHECK if check else metadata.KIND_STATS
+    if not index.layouts(kind, granularity):
+        raise NotFound(f"run {run!r} has no {granularity}-level {metric!r} data")
+    parts, _ = st.parts(ctx, experiment_id, index, kind, granularity)
+    rows = index.rows(kind, granularity)
+    if check:
+        steps, values, missing = merge.slab(parts, granularity, "relative_error", None, rows)
+        _, status, status_missing = merge.slab(parts, granularity, "status", None, rows)
+        return Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, status, status_missing)
+    steps, values, missing = merge.slab(parts, granularity, metric, aggregate, rows)
+    total = st.progress(ctx, experiment_id, index)[0]
+    return Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, total_steps=total)
+
+
+def compare(st, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last"):
+    """``run`` over ``other``: the ratio of one metric, rows aligned by name, at the steps both have.
+
+    Returns:
+      ``(heatmap, only_in_run, only_in_other)``: a ``Heatmap`` of ratios
+      (rows of both runs, ``run``'s order first; missing where either
+      run has no value), and the row names each run alone has.
+    """
+    if metric == metadata.CHECK_METRIC:
+        raise BadRequest(f"compare takes a statistic, not {metric!r}")
+    a = heatmap(st, ctx, experiment_id, run, metric, granularity, aggregate)
+    b = heatmap(st, ctx, experiment_id, other, metric, granularity, aggregate)
+    rows = a.rows + [r for r in b.rows if r not in set(a.rows)]
+    steps, ia, ib = np.intersect1d(a.steps, b.steps, return_indices=True)
+    values = np.full((len(steps), len(rows)), np.nan)
+    missing = np.ones((len(steps), len(rows)), bool)
+    ja = {r: j for j, r in enumerate(a.rows)}
+    jb = {r: j for j, r in enumerate(b.rows)}
+    for k, row in enumerate(rows):
+        if row in ja and row in jb:
+            va = a.values[ia, ja[row]].astype(np.float64)
+            vb = b.values[ib, jb[row]].astype(np.float64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                values[:, k] = va / vb
+            missing[:, k] = a.missing[ia, ja[row]] | b.missing[ib, jb[row]]
+    heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing)
+    return heat, [r for r in a.rows if r not in jb], [r for r in b.rows if r not in ja]
+
+
+def matrix(st, ctx, experiment_id, index, kind, granularity):
+    """Every column and aggregate of one run's ``kind``/``granularity`` layouts, as a ``merge.Matrix``."""
+    parts, problems = st.parts(ctx, experiment_id, index, kind, granularity)
+    return merge.matrix(parts, kind, granularity, problems)
+
+
+def findings(st, ctx, experiment_id, run, thresholds=None):
+    """``diagnose.find`` over one run's layer-level stats and checks: a list of ``diagnose.Finding``."""
+    index = st.run(ctx, experiment_id, run)
+    layer = "layer"
+    stats = checks = None
+    if index.layouts(metadata.KIND_STATS, layer):
+        stats = matrix(st, ctx, experiment_id, index, metadata.KIND_STATS, layer)
+    if index.layouts(metadata.KIND_CHECK, layer):
+        checks = matrix(st, ctx, experiment_id, index, metadata.KIND_CHECK, layer)
+    return diagnose.find(run, stats, checks, thresholds, sparse_rows=index.sparse_rows(layer))
+
+
+def checks(st, ctx, experiment_id, run, granularity="layer"):
+    """The body of ``GET checks``: the latest check of every row, its failures, and each row's record.
+
+    ``failures`` are the mismatched rows of the latest check, in row order.
+    """
+    index = st.run(ctx, experiment_id, run)
+    if not index.layouts(metadata.KIND_CHECK, granularity):
+        raise NotFound(f"run {run!r} has no {granularity}-level gradient checks")
+    m = matrix(st, ctx, experiment_id, index, metadata.KIND_CHECK, granularity)
+    status, status_missing = m.slab("status")
+    names = metadata.CHECK_STATUSES
+    codes = np.where(status_missing, -1, np.nan_to_num(status, nan=-1)).astype(np.int64)
+    latest = []
+    if len(m.steps):
+        for j, name in enumerate(m.rows):
+            cell = {"name": name}
+            for column in metadata.CHECK_COLUMNS:
+                values, missing = m.slab(column)
+                if column == "status":
+                    cell[column] = None if codes[-1, j] < 0 else names[codes[-1, j]]
+                else:
+                    cell[column] = None if missing[-1, j] else float(values[-1, j])
+            latest.append(cell)
+    mismatch = names.index("mismatch")
+    history = []
+    for j, name in enumerate(m.rows):
+        column = codes[:, j]
+        failed = np.nonzero(column == mismatch)[0]
+        entry = {"name": name, "checks": int(np.sum(column >= 0))}
+        entry.update({s: int(np.sum(column == i)) for i, s in enumerate(names)})
+        entry["last_mismatch_step"] = int(m.steps[failed[-1]]) if len(failed) else None
+        history.append(entry)
+    return {
+        "run": run,
+        "granularity": granularity,
+        "step": int(m.steps[-1]) if len(m.steps) else None,
+        "rows": latest,
+        "failures": [c for c in latest if c["status"] == "mismatch"],
+        "history": history,
+        "num_steps": int(len(m.steps)),
+        "problems": [p.to_dict() for p in m.problems],
+    }
+
+
+def export(st, ctx, experiment_id, run, metric, granularity, aggregate, fmt):
+    """``(body, filename)``: the unbinned matrix as CSV text or a JSON-able dict (``export.FORMATS``)."""
+    heat = heatmap(st, ctx, experiment_id, run, metric, granularity, aggregate)
+    body = export_format.to_csv(heat) if fmt == "csv" else export_format.to_json(heat)
+    return body, export_format.filename(heat, fmt)
