@@ -13,11 +13,8 @@ import dataclasses
 
 import numpy as np
 
-from tb_gradcheck import diagnose
+from tb_gradcheck import diagnose, merge, metadata, store
 from tb_gradcheck import export as export_format
-from tb_gradcheck import merge
-from tb_gradcheck import metadata
-from tb_gradcheck import store
 
 NotFound = store.NotFound
 BadRequest = store.BadRequest

@@ -13,9 +13,7 @@ import time
 
 import numpy as np
 
-from tb_gradcheck import cache
-from tb_gradcheck import merge
-from tb_gradcheck import metadata
+from tb_gradcheck import cache, merge, metadata
 
 # read_tensors takes a sampling hint and returns at most that many points. The
 # plugin keeps every point by default (see plugin.py), so ask for all of them;
