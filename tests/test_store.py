@@ -1,0 +1,118 @@
+"""The read side's one cache: bounded by bytes, and the store and queries over real TensorBoard reads.
+
+Runs are written by the real GradientWriter and read through TensorBoard's
+own MultiplexerDataProvider (``store.local_store``); the closed-form values
+of ``conftest.synthetic_run`` say what every answer must be.
+"""
+
+import numpy as np
+import pytest
+
+from conftest import synthetic_run
+from tb_gradcheck import cache, queries, store
+
+STEPS = 40
+RUNS = ("r0", "r1", "r2")
+
+
+def test_lru_drops_least_recently_used_first_and_never_exceeds_its_budget():
+    lru = cache.LRU(100)
+    lru.put("a", 1, 40)
+    lru.put("b", 2, 40)
+    assert lru.get("a") == 1  # "a" is now the most recent
+    lru.put("c", 3, 40)
+    assert "b" not in lru and lru.get("a") == 1 and lru.get("c") == 3 and lru.nbytes == 80
+    lru.put("a", 4, 10)  # replacing an entry counts its new size only
+    assert lru.nbytes == 50 and lru.get("a") == 4
+    lru.put("huge", 5, 101)  # larger than the whole budget: not kept, nothing evicted for it
+    assert "huge" not in lru and lru.nbytes == 50 and len(lru) == 2
+    for i in range(50):
+        lru.put(i, i, 7)
+        assert lru.nbytes <= 100
+    lru.pop(49)
+    assert 49 not in lru and lru.nbytes == sum(7 for k in range(50) if k in lru)
+
+
+@pytest.mark.parametrize("budget", [-1, 1.5, True, "1"])
+def test_lru_refuses_a_budget_that_is_not_a_byte_count(budget):
+    with pytest.raises(ValueError, match="Expected max_bytes"):
+        cache.LRU(budget)
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    logdir = tmp_path_factory.mktemp("runs")
+    for run in RUNS:
+        sizes, scale = synthetic_run(logdir / run, STEPS)
+    return logdir, sizes, scale
+
+
+def tag_bytes(st, ctx, eid, run):
+    """Bytes of one run's decoded stats tag, as the store sizes it."""
+    index = st.run(ctx, eid, run)
+    (part,), _ = st.parts(ctx, eid, index, "stats", "layer")
+    return part.values.nbytes + part.steps.nbytes
+
+
+def check_norms(heat, sizes, scale):
+    want = [[np.sqrt(sizes[j]) * scale(j, s) for j in range(3)] for s in range(STEPS)]
+    np.testing.assert_allclose(heat.values, want, rtol=1e-6)  # float32 storage
+
+
+def test_cache_stays_within_budget_and_answers_stay_exact_while_it_evicts(logdir):
+    logdir, sizes, scale = logdir
+    probe, ctx, eid = store.local_store(logdir)
+    one_run = tag_bytes(probe, ctx, eid, "r0")
+    # Room for one run's values and the small entries, not for two runs' values.
+    budget = one_run + one_run // 2
+    st, ctx, eid = store.local_store(logdir, cache_bytes=budget)
+    for run in RUNS + RUNS:
+        check_norms(queries.heatmap(st, ctx, eid, run, "grad_norm"), sizes, scale)
+        assert st.cache.nbytes <= budget
+    values_held = [k for k in st.cache._entries if k[0] == "tag"]
+    assert len(values_held) == 1 and values_held[0][2] == "r2"  # only what the tab looked at last
+
+
+def test_runs_listing_keeps_only_summaries_when_values_do_not_fit(logdir):
+    logdir, _, _ = logdir
+    probe, ctx, eid = store.local_store(logdir)
+    budget = tag_bytes(probe, ctx, eid, "r0") // 2  # not even one run's values fit
+    st, ctx, eid = store.local_store(logdir, cache_bytes=budget)
+    listing = queries.runs(st, ctx, eid)
+    assert [e["run"] for e in listing] == list(RUNS)
+    for entry in listing:
+        layer = entry["granularities"]["layer"]
+        assert (layer["num_steps"], layer["first_step"], layer["last_step"]) == (STEPS, 0, STEPS - 1)
+        assert entry["total_steps"] == STEPS and entry["sampled"] is False
+    kinds = {k[0] for k in st.cache._entries}
+    assert "tag" not in kinds and "summary" in kinds
+    assert st.cache.nbytes <= budget
+    # A second listing reads nothing again: every summary is still cached.
+    assert queries.runs(st, ctx, eid) == listing
+
+
+class CountingProvider:
+    """TensorBoard's real data provider, recording which runs each call asked for."""
+
+    def __init__(self, provider):
+        self.provider = provider
+        self.listed = []
+
+    def list_tensors(self, ctx, *, experiment_id, plugin_name, run_tag_filter=None):
+        self.listed.append(None if run_tag_filter is None else run_tag_filter.runs)
+        return self.provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                                          run_tag_filter=run_tag_filter)
+
+    def read_tensors(self, ctx, **kwargs):
+        return self.provider.read_tensors(ctx, **kwargs)
+
+
+def test_a_heatmap_lists_only_its_own_run(logdir):
+    logdir, sizes, scale = logdir
+    st, ctx, eid = store.local_store(logdir)
+    counting = CountingProvider(st._provider)
+    st = store.Store(counting)
+    check_norms(queries.heatmap(st, ctx, eid, "r1", "grad_norm"), sizes, scale)
+    assert counting.listed == [frozenset({"r1"})]
+    with pytest.raises(queries.NotFound, match="no gradient data for run 'nope'"):
+        queries.heatmap(st, ctx, eid, "nope", "grad_norm")
