@@ -1,14 +1,19 @@
 """tb_gradcheck: per-layer gradient statistics and gradient checks, shown in TensorBoard's Gradients tab."""
 
 import pathlib
+import re
 
 import setuptools
 
 HERE = pathlib.Path(__file__).parent
+# The version lives in one place, the package; read it without importing the
+# package (its dependencies may not be installed yet).
+VERSION = re.search(r'^__version__ = "([^"]+)"$', (HERE / "tb_gradcheck" / "__init__.py").read_text(encoding="utf-8"),
+                    re.MULTILINE).group(1)
 
 setuptools.setup(
     name="tb_gradcheck",
-    version="0.1.0",
+    version=VERSION,
     description="Per-layer gradient statistics and gradient checks for TensorFlow, in a TensorBoard Gradients tab",
     long_description=(HERE / "README.md").read_text(encoding="utf-8") if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
