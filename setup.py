@@ -33,7 +33,8 @@ setuptools.setup(
     extras_require={
         "tensorflow": ["tensorflow>=2.21,<2.22"],
         "cpu": ["tensorflow-cpu>=2.21,<2.22"],
-        "test": ["pytest", "pytest-xdist", "hypothesis", "playwright"],
+        # ruff pinned: `ruff format --check` in .ci/run must not change its mind with a new release.
+        "test": ["pytest", "pytest-xdist", "hypothesis", "playwright", "ruff==0.17.6"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tb_gradcheck.plugin:GradientsLoader"],
