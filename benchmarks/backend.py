@@ -26,7 +26,7 @@ LAYERS = 200
 TARGET_P50_MS = 250
 
 
-def write_run(logdir, steps, layers=LAYERS):
+def write_run(logdir, steps, layers=LAYERS, run="big"):
     """Writes a run of ``layers`` single-kernel layers x ``steps`` steps with GradientWriter (graph loop)."""
     import tensorflow as tf
 
@@ -34,7 +34,7 @@ def write_run(logdir, steps, layers=LAYERS):
 
     variables = [tf.Variable(tf.ones([4]), name=f"layer_{i:03d}") for i in range(layers)]
     scales = tf.constant([10.0 ** -(i / 40) for i in range(layers)])
-    with GradientWriter(os.path.join(logdir, "big")) as writer:
+    with GradientWriter(os.path.join(logdir, run)) as writer:
 
         @tf.function
         def write_all(start, count):
