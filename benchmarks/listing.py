@@ -46,6 +46,7 @@ def _app(logdir, data_path):
     """``(werkzeug client, GradientsPlugin)`` over ``logdir``, built as ``tensorboard`` builds its app."""
     from tensorboard import program
     from tensorboard.backend import application
+    from tensorboard.plugins.core import core_plugin
     from werkzeug import test as wtest
 
     from tb_gradcheck.plugin import GradientsLoader
@@ -58,7 +59,8 @@ def _app(logdir, data_path):
             return self.plugin
 
     loader = KeepPlugin()
-    tb = program.TensorBoard(plugins=[loader])
+    # The core plugin defines --logdir and the other loading flags.
+    tb = program.TensorBoard(plugins=[core_plugin.CorePluginLoader(), loader])
     argv = [None, "--logdir", logdir, "--reload_interval", "0", "--load_fast", {"rust": "true", "python": "false"}[data_path]]
     if data_path == "python":
         argv += ["--reload_task", "blocking"]

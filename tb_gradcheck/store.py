@@ -2,8 +2,8 @@
 
 This is the only module that talks to the data provider. It lists runs and
 tags, parses each tag's layout, decodes its points (skipping malformed ones,
-with the reason as a ``Problem``) and keeps what it decoded in one LRU cache
-bounded by bytes (``cache.LRU``), so the plugin's memory follows what the
+with the reason as a ``Problem``) and keeps what it decoded in one cache
+bounded by bytes (``cache.Cache``), so the plugin's memory follows what the
 tab is looking at, not the size of the logdir. Merging layouts is
 ``merge.py``'s job, answering requests ``queries.py``'s.
 """
@@ -127,7 +127,7 @@ class Store:
     def __init__(self, data_provider, cache_bytes=DEFAULT_CACHE_BYTES, listing_ttl=2.0):
         self._provider = data_provider
         self._listing_ttl = listing_ttl
-        self.cache = cache.LRU(cache_bytes)
+        self.cache = cache.Cache(cache_bytes)
 
     def runs(self, ctx, experiment_id):
         """Returns ``{run: RunIndex}`` for every run with gradient data."""
@@ -244,10 +244,12 @@ class Store:
         decoded = _decode(series, result.get(run, {}).get(series.tag, []))
         steps, values, _ = decoded
         # The summary is put apart from the values: a listing of many runs
-        # needs only summaries, which stay cached when the values are dropped.
+        # needs only summaries, which stay cached when the values are dropped
+        # (a miss costs the whole tag, so the cache keeps them far longer).
+        size = steps.nbytes + values.nbytes + 512
+        self.cache.put(key, (version, decoded), size)
         self.cache.put(("summary", experiment_id, run, series.tag), (version, _summarize(series, decoded)),
-                       steps.nbytes + 512)
-        self.cache.put(key, (version, decoded), steps.nbytes + values.nbytes + 512)
+                       steps.nbytes + 512, cost=size)
         return decoded
 
 

@@ -15,28 +15,44 @@ STEPS = 40
 RUNS = ("r0", "r1", "r2")
 
 
-def test_lru_drops_least_recently_used_first_and_never_exceeds_its_budget():
-    lru = cache.LRU(100)
-    lru.put("a", 1, 40)
-    lru.put("b", 2, 40)
-    assert lru.get("a") == 1  # "a" is now the most recent
-    lru.put("c", 3, 40)
-    assert "b" not in lru and lru.get("a") == 1 and lru.get("c") == 3 and lru.nbytes == 80
-    lru.put("a", 4, 10)  # replacing an entry counts its new size only
-    assert lru.nbytes == 50 and lru.get("a") == 4
-    lru.put("huge", 5, 101)  # larger than the whole budget: not kept, nothing evicted for it
-    assert "huge" not in lru and lru.nbytes == 50 and len(lru) == 2
+def test_cache_drops_least_recently_used_first_among_equals_and_never_exceeds_its_budget():
+    c = cache.Cache(100)
+    c.put("a", 1, 40)
+    c.put("b", 2, 40)
+    assert c.get("a") == 1  # "a" is now the most recent
+    c.put("c", 3, 40)
+    assert "b" not in c and c.get("a") == 1 and c.get("c") == 3 and c.nbytes == 80
+    c.put("a", 4, 10)  # replacing an entry counts its new size only
+    assert c.nbytes == 50 and c.get("a") == 4
+    c.put("huge", 5, 101)  # larger than the whole budget: not kept, nothing evicted for it
+    assert "huge" not in c and c.nbytes == 50 and len(c) == 2
     for i in range(50):
-        lru.put(i, i, 7)
-        assert lru.nbytes <= 100
-    lru.pop(49)
-    assert 49 not in lru and lru.nbytes == sum(7 for k in range(50) if k in lru)
+        c.put(i, i, 7)
+        assert c.nbytes <= 100
+    c.pop(49)
+    assert 49 not in c and c.nbytes == sum(7 for k in range(50) if k in c)
+
+
+def test_cache_keeps_small_entries_that_are_expensive_to_rebuild_while_large_ones_cycle():
+    c = cache.Cache(1000)
+    for i in range(5):
+        c.put(("summary", i), i, 10, cost=300)  # a few bytes that cost a whole tag to get back
+    for i in range(20):  # many large entries pass through, never touched again
+        c.put(("tag", i), i, 300)
+        assert c.nbytes <= 1000
+    assert all(("summary", i) in c for i in range(5))
+    assert [k for k in c.keys() if k[0] == "tag"] == [("tag", 17), ("tag", 18), ("tag", 19)]  # LRU among tags
+    # Not immortal: each turnover of the whole budget ages them by one unit
+    # of priority, and they started 30 units (cost / size) ahead.
+    for i in range(100 * 40):
+        c.put(("other", i), i, 10)
+    assert not any(("summary", i) in c for i in range(5))
 
 
 @pytest.mark.parametrize("budget", [-1, 1.5, True, "1"])
-def test_lru_refuses_a_budget_that_is_not_a_byte_count(budget):
+def test_cache_refuses_a_budget_that_is_not_a_byte_count(budget):
     with pytest.raises(ValueError, match="Expected max_bytes"):
-        cache.LRU(budget)
+        cache.Cache(budget)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +85,7 @@ def test_cache_stays_within_budget_and_answers_stay_exact_while_it_evicts(logdir
     for run in RUNS + RUNS:
         check_norms(queries.heatmap(st, ctx, eid, run, "grad_norm"), sizes, scale)
         assert st.cache.nbytes <= budget
-    values_held = [k for k in st.cache._entries if k[0] == "tag"]
+    values_held = [k for k in st.cache.keys() if k[0] == "tag"]
     assert len(values_held) == 1 and values_held[0][2] == "r2"  # only what the tab looked at last
 
 
@@ -84,7 +100,7 @@ def test_runs_listing_keeps_only_summaries_when_values_do_not_fit(logdir):
         layer = entry["granularities"]["layer"]
         assert (layer["num_steps"], layer["first_step"], layer["last_step"]) == (STEPS, 0, STEPS - 1)
         assert entry["total_steps"] == STEPS and entry["sampled"] is False
-    kinds = {k[0] for k in st.cache._entries}
+    kinds = {k[0] for k in st.cache.keys()}
     assert "tag" not in kinds and "summary" in kinds
     assert st.cache.nbytes <= budget
     # A second listing reads nothing again: every summary is still cached.
@@ -97,6 +113,7 @@ class CountingProvider:
     def __init__(self, provider):
         self.provider = provider
         self.listed = []
+        self.read = []
 
     def list_tensors(self, ctx, *, experiment_id, plugin_name, run_tag_filter=None):
         self.listed.append(None if run_tag_filter is None else run_tag_filter.runs)
@@ -104,6 +121,7 @@ class CountingProvider:
                                           run_tag_filter=run_tag_filter)
 
     def read_tensors(self, ctx, **kwargs):
+        self.read.append(kwargs["run_tag_filter"].runs)
         return self.provider.read_tensors(ctx, **kwargs)
 
 
@@ -116,3 +134,16 @@ def test_a_heatmap_lists_only_its_own_run(logdir):
     assert counting.listed == [frozenset({"r1"})]
     with pytest.raises(queries.NotFound, match="no gradient data for run 'nope'"):
         queries.heatmap(st, ctx, eid, "nope", "grad_norm")
+
+
+def test_a_repeated_listing_reads_no_tag_again_when_only_some_values_fit(logdir):
+    logdir, _, _ = logdir
+    probe, ctx, eid = store.local_store(logdir)
+    one_run = tag_bytes(probe, ctx, eid, "r0")
+    counting = CountingProvider(probe._provider)
+    st = store.Store(counting, cache_bytes=2 * one_run + one_run // 2, listing_ttl=0)  # two runs' values fit
+    first = queries.runs(st, ctx, eid)
+    assert sorted(counting.read) == [frozenset({run}) for run in RUNS]
+    assert queries.runs(st, ctx, eid) == first
+    assert len(counting.read) == len(RUNS)  # the summaries outlived the values evicted to make room
+    assert sum(k[0] == "tag" for k in st.cache.keys()) <= 2
