@@ -84,8 +84,10 @@ def rows(contents, granularity):
 
 
 def union_steps(step_arrays):
-    """The ascending union of several int64 step arrays."""
+    """The ascending union of several ascending, unique int64 step arrays."""
     arrays = [np.asarray(s, np.int64) for s in step_arrays]
+    if len(arrays) == 1:
+        return arrays[0]
     return np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
 
 
@@ -133,10 +135,25 @@ def slab(parts, granularity, column, aggregate=None, row_names=None):
         r = [where[n] for n in names]
         if len(r) < len(names):  # a row the caller did not ask for
             continue
-        ix = np.ix_(np.searchsorted(steps, part.steps), r)
-        values[ix] = np.where(keep, data, values[ix])
-        missing[ix] &= ~keep
+        at = _as_slice(np.searchsorted(steps, part.steps))
+        rs = _as_slice(np.asarray(r, np.int64))
+        if isinstance(at, slice) and isinstance(rs, slice):
+            # The common case (one layout, or layouts that follow each other
+            # in steps with the same rows): views, no fancy-index copies.
+            np.copyto(values[at, rs], data, where=keep)
+            missing[at, rs] &= ~keep
+        else:
+            ix = np.ix_(at, rs)
+            values[ix] = np.where(keep, data, values[ix])
+            missing[ix] &= ~keep
     return steps, values, missing
+
+
+def _as_slice(index):
+    """``index`` (int array) as an equivalent slice when it counts up by one, else itself."""
+    if len(index) and index[-1] - index[0] == len(index) - 1 and (len(index) < 2 or np.all(np.diff(index) == 1)):
+        return slice(int(index[0]), int(index[-1]) + 1)
+    return index
 
 
 def matrix(parts, kind, granularity, problems=()):

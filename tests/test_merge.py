@@ -125,3 +125,16 @@ def test_matrix_holds_every_column_and_aggregate_and_agrees_with_slab():
 def test_no_parts_give_an_empty_matrix(kind):
     m = merge.matrix([], kind, "layer")
     assert m.values.shape[0] == 0 and m.rows == []
+
+
+def test_interleaved_steps_and_reordered_rows_land_on_their_own_cells():
+    first = stats_part(["a", "b", "c"], [0, 2, 4], tag_value=100)
+    second = stats_part(["c", "a"], [1, 3], tag_value=200)  # rows in another order, steps between the first's
+    steps, values, missing = merge.slab([first, second], "layer", "grad_norm", "last")
+    assert steps.tolist() == [0, 1, 2, 3, 4] and not missing[:, [0, 2]].any()
+    assert missing[:, 1].tolist() == [False, True, False, True, False]
+    for i, s in enumerate(steps):
+        layout, order = (100, ["a", "b", "c"]) if s % 2 == 0 else (200, ["c", "a"])
+        for j, name in enumerate(["a", "b", "c"]):
+            if name in order:
+                assert values[i, j] == expected(layout, s, order.index(name), 0)
