@@ -135,11 +135,12 @@ def slab(parts, granularity, column, aggregate=None, row_names=None):
         r = [where[n] for n in names]
         if len(r) < len(names):  # a row the caller did not ask for
             continue
-        at = _as_slice(np.searchsorted(steps, part.steps))
-        rs = _as_slice(np.asarray(r, np.int64))
-        if isinstance(at, slice) and isinstance(rs, slice):
+        at = np.searchsorted(steps, part.steps)
+        rs = np.asarray(r, np.int64)
+        if isinstance(_as_slice(at), slice) and isinstance(_as_slice(rs), slice):
             # The common case (one layout, or layouts that follow each other
             # in steps with the same rows): views, no fancy-index copies.
+            at, rs = _as_slice(at), _as_slice(rs)
             np.copyto(values[at, rs], data, where=keep)
             missing[at, rs] &= ~keep
         else:
