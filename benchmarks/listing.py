@@ -61,7 +61,15 @@ def _app(logdir, data_path):
     loader = KeepPlugin()
     # The core plugin defines --logdir and the other loading flags.
     tb = program.TensorBoard(plugins=[core_plugin.CorePluginLoader(), loader])
-    argv = [None, "--logdir", logdir, "--reload_interval", "0", "--load_fast", {"rust": "true", "python": "false"}[data_path]]
+    argv = [
+        None,
+        "--logdir",
+        logdir,
+        "--reload_interval",
+        "0",
+        "--load_fast",
+        {"rust": "true", "python": "false"}[data_path],
+    ]
     if data_path == "python":
         argv += ["--reload_task", "blocking"]
     tb.configure(argv=argv)
@@ -134,16 +142,37 @@ def run(quick=False):
             mib = 1 / (1 << 20)
             rows += [
                 row(f"listing {label}: first GET runs, {size} vs 1 run", base["cold"], big["cold"], "s"),
-                row(f"listing {label}: repeated GET runs (listing re-read, summaries cached) vs 1 run",
-                    base["warm"] * 1e3, big["warm"] * 1e3, "ms"),
-                row(f"listing {label}: plugin cache after GET runs vs decoded size of every run",
-                    runs * decoded_run * mib, big["cache_after_listing"] * mib, "MiB"),
-                row(f"listing {label}: heatmap of one run after GET runs, first request vs with 1 run",
-                    base["heatmap_first"] * 1e3, big["heatmap_first"] * 1e3, "ms"),
-                row(f"listing {label}: heatmap of one run, repeated, vs with 1 run",
-                    base["heatmap"] * 1e3, big["heatmap"] * 1e3, "ms"),
-                row(f"listing {label}: plugin cache after the heatmap vs its budget",
-                    big["budget"] * mib, big["cache_after_heatmap"] * mib, "MiB", target=1.0),
+                row(
+                    f"listing {label}: repeated GET runs (listing re-read, summaries cached) vs 1 run",
+                    base["warm"] * 1e3,
+                    big["warm"] * 1e3,
+                    "ms",
+                ),
+                row(
+                    f"listing {label}: plugin cache after GET runs vs decoded size of every run",
+                    runs * decoded_run * mib,
+                    big["cache_after_listing"] * mib,
+                    "MiB",
+                ),
+                row(
+                    f"listing {label}: heatmap of one run after GET runs, first request vs with 1 run",
+                    base["heatmap_first"] * 1e3,
+                    big["heatmap_first"] * 1e3,
+                    "ms",
+                ),
+                row(
+                    f"listing {label}: heatmap of one run, repeated, vs with 1 run",
+                    base["heatmap"] * 1e3,
+                    big["heatmap"] * 1e3,
+                    "ms",
+                ),
+                row(
+                    f"listing {label}: plugin cache after the heatmap vs its budget",
+                    big["budget"] * mib,
+                    big["cache_after_heatmap"] * mib,
+                    "MiB",
+                    target=1.0,
+                ),
             ]
     return rows
 

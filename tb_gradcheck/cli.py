@@ -41,7 +41,10 @@ def main(argv=None):
     report.add_argument("--run", help="only this run (default: every run with gradient data)")
     report.add_argument("--format", choices=("text", "json"), default="text")
     report.add_argument(
-        "--threshold", action="append", default=[], metavar="NAME=VALUE",
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="override a diagnosis threshold, e.g. --threshold vanishing_orders=2 (repeatable)",
     )
     report.set_defaults(func=_report)
@@ -124,7 +127,9 @@ def _report(args):
         print(_visible(json.dumps(body, indent=2, default=_json_default, ensure_ascii=False), json_escape=True))
     else:
         for run, fs in found.items():
-            print(f"run {_visible(run)}: " + ("healthy" if not fs else f"{len(fs)} finding{'s' if len(fs) > 1 else ''}"))
+            print(
+                f"run {_visible(run)}: " + ("healthy" if not fs else f"{len(fs)} finding{'s' if len(fs) > 1 else ''}")
+            )
             for f in fs:
                 print(f"  {f['severity'].upper():7} {f['kind']:13} steps {f['steps'][0]}-{f['steps'][1]}")
                 print(f"    {_visible(f['message'])}")
@@ -217,7 +222,9 @@ def _demo(args):
     logdir = args.logdir or tempfile.mkdtemp(prefix="tb_gradcheck_demo_")
     started = time.time()
     runs = demo.write_runs(logdir, steps=args.steps)
-    print(f"Wrote {len(runs)} runs to {logdir} in {time.time() - started:.1f} s: {', '.join(os.path.basename(r) for r in runs)}")
+    print(
+        f"Wrote {len(runs)} runs to {logdir} in {time.time() - started:.1f} s: {', '.join(os.path.basename(r) for r in runs)}"
+    )
     if args.no_serve:
         return 0
     from tensorboard import program
@@ -257,7 +264,9 @@ def _check_port(host, port):
                 if e.errno == errno.EADDRINUSE:
                     raise _UsageError(_port_in_use(host, port)) from None
                 if e.errno != errno.EADDRNOTAVAIL:  # e.g. no IPv6 on this machine: TensorBoard skips it too
-                    raise _UsageError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port or --host") from None
+                    raise _UsageError(
+                        f"cannot listen on {host}:{port} ({e.strerror}); choose another --port or --host"
+                    ) from None
 
 
 def _port_in_use(host, port):

@@ -93,12 +93,15 @@ def runs(st, ctx, experiment_id):
                 for summary in summaries:
                     entry["problems"].extend(p.to_dict() for p in summary.problems)
                 steps = merge.union_steps([s.steps for s in summaries])
-                described = entry["granularities"].setdefault(granularity, {
-                    "rows": index.rows(kind, granularity),
-                    "num_steps": int(len(steps)),
-                    "first_step": int(steps[0]) if len(steps) else None,
-                    "last_step": int(steps[-1]) if len(steps) else None,
-                })
+                described = entry["granularities"].setdefault(
+                    granularity,
+                    {
+                        "rows": index.rows(kind, granularity),
+                        "num_steps": int(len(steps)),
+                        "first_step": int(steps[0]) if len(steps) else None,
+                        "last_step": int(steps[-1]) if len(steps) else None,
+                    },
+                )
                 described.setdefault("metrics", []).extend(kind_metrics)
                 if kind == metadata.KIND_STATS:
                     kept = max(kept, len(steps))

@@ -91,8 +91,13 @@ class RunIndex:
 
     def sparse_rows(self, granularity):
         """Rows any layout marks as having sparse (IndexedSlices) gradients."""
-        return sorted({n for s in self.layouts(metadata.KIND_STATS, granularity)
-                       for n in s.content[granularity].get("sparse_rows", [])})
+        return sorted(
+            {
+                n
+                for s in self.layouts(metadata.KIND_STATS, granularity)
+                for n in s.content[granularity].get("sparse_rows", [])
+            }
+        )
 
     def last_write(self):
         """Wall time of the run's newest point, or None: changes whenever new data arrives."""
@@ -176,9 +181,13 @@ class Store:
             if np.isfinite(count) and count >= 1 and count == int(count):
                 total = max(total or 0, int(count))
             else:
-                problems.append(Problem(
-                    s.tag, f"the write counter at step {int(summary.steps[-1])} is {count!r}, not a count of at "
-                    "least 1; the number of steps written is unknown"))
+                problems.append(
+                    Problem(
+                        s.tag,
+                        f"the write counter at step {int(summary.steps[-1])} is {count!r}, not a count of at "
+                        "least 1; the number of steps written is unknown",
+                    )
+                )
         return total, problems
 
     def _listing(self, ctx, experiment_id, run=None):
@@ -189,7 +198,9 @@ class Store:
             if hit is not None and now - hit[0] < self._listing_ttl:
                 return hit[1] if run is None or key[2] == run else {run: hit[1].get(run, {})}
         listing = self._provider.list_tensors(
-            ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME,
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=metadata.PLUGIN_NAME,
             run_tag_filter=None if run is None else _filter(run, None),
         )
         size = sum(len(ts.plugin_content) + 256 for tags in listing.values() for ts in tags.values())
@@ -238,8 +249,11 @@ class Store:
         if hit is not None and hit[0] == version:
             return hit[1]
         result = self._provider.read_tensors(
-            ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME,
-            run_tag_filter=_filter(run, series.tag), downsample=_READ_ALL,
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=metadata.PLUGIN_NAME,
+            run_tag_filter=_filter(run, series.tag),
+            downsample=_READ_ALL,
         )
         decoded = _decode(series, result.get(run, {}).get(series.tag, []))
         steps, values, _ = decoded
@@ -248,8 +262,12 @@ class Store:
         # (a miss costs the whole tag, so the cache keeps them far longer).
         size = steps.nbytes + values.nbytes + 512
         self.cache.put(key, (version, decoded), size)
-        self.cache.put(("summary", experiment_id, run, series.tag), (version, _summarize(series, decoded)),
-                       steps.nbytes + 512, cost=size)
+        self.cache.put(
+            ("summary", experiment_id, run, series.tag),
+            (version, _summarize(series, decoded)),
+            steps.nbytes + 512,
+            cost=size,
+        )
         return decoded
 
 
@@ -286,13 +304,18 @@ def _decode(series, data):
         if arr.shape != shape or arr.dtype != expected_dtype:
             key = (f"shape {arr.shape} {_dtype_name(arr)}", expected)
         elif kind == metadata.KIND_CHECK and not np.all(np.isnan(arr[:, status]) | np.isin(arr[:, status], codes)):
-            key = ("an unknown check status code", f"NaN or one of {codes.tolist()} ({', '.join(metadata.CHECK_STATUSES)})")
+            key = (
+                "an unknown check status code",
+                f"NaN or one of {codes.tolist()} ({', '.join(metadata.CHECK_STATUSES)})",
+            )
         else:
             good.append(d)
             continue
         bad[key] = bad.get(key, 0) + 1
-    problems = [Problem(series.tag, f"{n} of {len(data)} points have {what}; expected {want}")
-                for (what, want), n in bad.items()]
+    problems = [
+        Problem(series.tag, f"{n} of {len(data)} points have {what}; expected {want}")
+        for (what, want), n in bad.items()
+    ]
     # The provider returns points in step order; keep the last point of a
     # step that appears twice (a rewritten step after a restart).
     by_step = {}

@@ -25,8 +25,13 @@ QUIET_VARS = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MIN_VLOG_LEVEL", "GLOG_minloglevel
 
 def cli(*args, timeout=300):
     env = {k: v for k, v in os.environ.items() if k not in QUIET_VARS}
-    return subprocess.run([sys.executable, "-m", "tb_gradcheck.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "tb_gradcheck.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +85,8 @@ def test_demo_on_a_busy_port_says_so_in_one_line_before_training(tmp_path):
         out = cli("demo", "--steps", "5", "--logdir", tmp_path / "logs", "--host", "127.0.0.1", "--port", port)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        f"tb-gradcheck demo: error: port {port} on 127.0.0.1 is already in use; choose another with --port"]
+        f"tb-gradcheck demo: error: port {port} on 127.0.0.1 is already in use; choose another with --port"
+    ]
     assert not (tmp_path / "logs").exists()  # refused before training, not after
 
 
@@ -92,16 +98,26 @@ def test_demo_refuses_a_port_that_is_not_one(port):
 
 def test_the_version_is_written_in_one_place_only():
     version = tb_gradcheck.__version__
-    holders = [p.relative_to(ROOT).as_posix() for p in [ROOT / "setup.py", *sorted((ROOT / "tb_gradcheck").glob("*.py"))]
-               if f'"{version}"' in p.read_text(encoding="utf-8")]
+    holders = [
+        p.relative_to(ROOT).as_posix()
+        for p in [ROOT / "setup.py", *sorted((ROOT / "tb_gradcheck").glob("*.py"))]
+        if f'"{version}"' in p.read_text(encoding="utf-8")
+    ]
     assert holders == ["tb_gradcheck/__init__.py"]
     assert importlib.metadata.version("tb_gradcheck") == version  # what pip installed agrees
 
 
 def test_the_read_side_imports_no_tensorflow():
-    modules = ["tb_gradcheck.plugin", "tb_gradcheck.queries", "tb_gradcheck.store", "tb_gradcheck.merge",
-               "tb_gradcheck.cli", "tb_gradcheck"]
+    modules = [
+        "tb_gradcheck.plugin",
+        "tb_gradcheck.queries",
+        "tb_gradcheck.store",
+        "tb_gradcheck.merge",
+        "tb_gradcheck.cli",
+        "tb_gradcheck",
+    ]
     code = f"import sys; import {', '.join(modules)}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=pathlib.Path(__file__).parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=pathlib.Path(__file__).parent
+    )
     assert out.stdout.strip() == "[]"

@@ -16,12 +16,16 @@ C = list(metadata.STORED_STAT_COLUMNS)
 def stats_part(layers, steps, aggregates=("last",), window=1, tag_value=0.0, columns=C):
     """A stats ``Part``: cell (step s, slab a, row r, column c) = tag_value + s + r / 10 + c / 100 + a / 1000."""
     content = metadata.stats_layout(
-        {"rows": layers, "sizes": [1] * len(layers)}, {"rows": [f"{n}/v" for n in layers], "sizes": [1] * len(layers)},
-        aggregates, window)
+        {"rows": layers, "sizes": [1] * len(layers)},
+        {"rows": [f"{n}/v" for n in layers], "sizes": [1] * len(layers)},
+        aggregates,
+        window,
+    )
     content["columns"] = list(columns)
     steps = np.asarray(steps, np.int64)
-    s, a, r, c = np.meshgrid(steps, np.arange(len(aggregates)), np.arange(2 * len(layers) + 1), np.arange(len(columns)),
-                             indexing="ij")
+    s, a, r, c = np.meshgrid(
+        steps, np.arange(len(aggregates)), np.arange(2 * len(layers) + 1), np.arange(len(columns)), indexing="ij"
+    )
     values = (tag_value + s + r / 10 + c / 100 + a / 1000).astype(np.float32)
     return merge.Part(content, steps, values)
 
@@ -80,8 +84,9 @@ def test_grad_to_weight_is_derived_per_cell_and_missing_for_zero_weights():
     part.values[:, 0, 1, C.index("weight_norm")] = 0  # layer b: all-zero weights
     _, values, missing = merge.slab([part], "layer", "grad_to_weight", "last")
     norm, weight = C.index("grad_norm"), C.index("weight_norm")
-    np.testing.assert_allclose(values[:, 0], [expected(0, s, 0, norm) / expected(0, s, 0, weight) for s in (0, 1)],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        values[:, 0], [expected(0, s, 0, norm) / expected(0, s, 0, weight) for s in (0, 1)], rtol=1e-6
+    )
     assert missing[:, 1].all() and not missing[:, 0].any()
 
 
@@ -108,8 +113,10 @@ def test_check_rows_with_a_nan_status_are_missing_in_every_column():
 
 
 def test_matrix_holds_every_column_and_aggregate_and_agrees_with_slab():
-    parts = [stats_part(["a", "b"], [0, 1, 2], aggregates=("last", "max"), window=5, tag_value=1),
-             stats_part(["b", "c"], [2, 3], tag_value=2)]
+    parts = [
+        stats_part(["a", "b"], [0, 1, 2], aggregates=("last", "max"), window=5, tag_value=1),
+        stats_part(["b", "c"], [2, 3], tag_value=2),
+    ]
     m = merge.matrix(parts, metadata.KIND_STATS, "layer", problems=["p"])
     assert m.rows == ["a", "b", "c"] and m.aggregates == ["last", "max"] and m.problems == ["p"]
     assert set(metadata.STAT_COLUMNS) <= set(m.columns)

@@ -117,8 +117,9 @@ class CountingProvider:
 
     def list_tensors(self, ctx, *, experiment_id, plugin_name, run_tag_filter=None):
         self.listed.append(None if run_tag_filter is None else run_tag_filter.runs)
-        return self.provider.list_tensors(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
-                                          run_tag_filter=run_tag_filter)
+        return self.provider.list_tensors(
+            ctx, experiment_id=experiment_id, plugin_name=plugin_name, run_tag_filter=run_tag_filter
+        )
 
     def read_tensors(self, ctx, **kwargs):
         self.read.append(kwargs["run_tag_filter"].runs)
