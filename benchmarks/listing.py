@@ -12,6 +12,8 @@ heatmap request after the listing, and the bytes the plugin's one cache holds
 after each. Baselines in the same run: the same requests on a logdir holding
 one of those runs, and the decoded size of all runs (what a store that keeps
 every run it has listed would hold).
+
+``TB_GRADCHECK_LISTING_PATHS=rust`` (or ``python``) measures one data path only.
 """
 
 import os
