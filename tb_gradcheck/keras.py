@@ -45,8 +45,10 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tb_gradcheck import stats
+from tb_gradcheck import checks
+from tb_gradcheck import replica
 from tb_gradcheck import summary
+from tb_gradcheck import units
 from tb_gradcheck import validate
 
 # The optimizer that GradientCallback was last attached to, and by which
@@ -273,16 +275,16 @@ class _Session:
         self.writer = summary.GradientWriter(
             os.path.join(callback.log_dir, "train"),
             every_n_steps=callback.every_n_steps,
-            unit_axes=stats.unit_axes(self.model),
+            unit_axes=units.unit_axes(self.model),
         )
         # Read inside the traced step, so a train function left behind by a
         # fit that raised past this callback writes nothing once detached.
-        self.enabled = summary._host_variable(True, tf.bool, "tb_gradcheck_enabled")
+        self.enabled = replica.host_variable(True, tf.bool, "tb_gradcheck_enabled")
         self.skipped = None
         if self.loss_scale is not None:
             self.skipped = _SKIPPED.get(optimizer)
             if self.skipped is None:
-                self.skipped = summary._host_variable(0, tf.int64, "tb_gradcheck_skipped")
+                self.skipped = replica.host_variable(0, tf.int64, "tb_gradcheck_skipped")
                 _SKIPPED[optimizer] = self.skipped
         self.last_check = None
         self.jit_compile = None
@@ -352,7 +354,7 @@ class _Session:
         return list(self.model.trainable_variables)
 
     def _record_applied(self, grads_and_vars):
-        if summary._writing_replica() is False:
+        if replica.writing_replica() is False:
             return
         variables = self._variables()
         index = {self._key(v): i for i, v in enumerate(variables)}
@@ -374,7 +376,7 @@ class _Session:
         self._write(grads, variables, step)
 
     def _record_if_skipped(self, grads, finite):
-        if summary._writing_replica() is False:
+        if replica.writing_replica() is False:
             return
         variables = self._variables()
         if len(grads) != len(variables):
@@ -396,7 +398,7 @@ class _Session:
             # record_if whose condition is fixed when the step is traced;
             # these records follow their own every_n_steps instead.
             with tf.summary.record_if(True):
-                self.writer._write_aggregated(grads, variables, step)
+                self.writer.record(grads, variables, step)
             return tf.constant(True)
 
         if check_enabled:
@@ -430,8 +432,6 @@ class _Session:
         self.check(step)
 
     def check(self, step):
-        from tb_gradcheck import checks  # TensorFlow-heavy, and needed only when checks are on
-
         model = self.model
         x, y, *rest = self.callback.check_data
         sample_weight = rest[0] if rest else None

@@ -6,46 +6,15 @@ row per variable, one column per name in ``metadata.STORED_STAT_COLUMNS``. Missi
 gradients are written as ``MISSING`` (-1): every gradient column is
 non-negative by definition, so a negative value can only mean "no gradient".
 
-Units (``dead_unit_fraction``). A unit is one output of a layer: the
-parameters that only it uses. Which axes of a variable index its units:
-
-- a Dense kernel ``[in, out]``, a Conv kernel ``[..., in, out]``, a recurrent
-  kernel ``[units, 4 * units]``, any other variable of rank 2 or more: the last
-  axis (one unit per output channel, all its input weights together);
-- a vector (a bias, LayerNormalization and BatchNormalization's gamma and
-  beta): each element;
-- a DepthwiseConv kernel ``[kh, kw, in, multiplier]`` (and SeparableConv's
-  ``depthwise_kernel``): the last two axes, one unit per (input channel,
-  multiplier) output channel. Shapes cannot tell it from a Conv kernel, so
-  this needs the model: ``unit_axes(model)`` finds them, and
-  ``GradientCallback`` passes it on;
-- a scalar: one unit.
-
-A unit is dead at a step when every gradient element of it is exactly zero.
-A variable's ``dead_unit_fraction`` is its dead units over its units. A
-layer's units are those of its last variable (the bias, when the layer has
-one: Keras creates it after the kernel), and a unit of the layer is dead when
-it is dead in every variable of the layer with that many units (Dense: kernel
-column j and bias j). Variables with another unit count (SeparableConv's
-depthwise kernel) are left out of the layer's fraction; their own rows still
-have theirs. A unit fed by a dead unit is not dead: only its kernel row from
-the dead unit is zero, the rest of its column is not.
-
-A NaN or Inf element makes its unit not dead (it is not zero). Sparse
-gradients (``tf.IndexedSlices``, from embeddings) get units by the same rule
-(the last axis; untouched rows are zeros), but a table row of a sparse input
-is zero by nature, so readers exempt those rows (``sparse_rows``).
-
-Cost: ``max |g|`` and dead units both come from a per-unit max and min of the
-gradient (``reduce_max`` / ``reduce_min`` over every axis but the unit axes):
-no full-size ``abs`` temporary; ``max |g|`` is the larger of the top max and
-minus the bottom min.
+Dead units: what a unit is for each kind of variable, and how a layer's units
+are counted, is in ``tb_gradcheck.units``.
 """
 
 import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck import metadata
+from tb_gradcheck import units
 from tb_gradcheck import validate
 
 # Stored in every gradient column of a row whose gradient is None (the
@@ -73,34 +42,6 @@ _SUMSQ_LOW = 1e-30
 _SUMSQ_HIGH = 1e30
 
 
-def unit_axes(model):
-    """``{variable path: 2}`` for the depthwise kernels of a Keras model (see the module docstring).
-
-    Every other variable's units follow from its shape. Walks nested models
-    and layers through their ``layers`` attribute.
-    """
-    import keras
-
-    depthwise = tuple(
-        getattr(keras.layers, name)
-        for name in ("DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D")
-        if hasattr(keras.layers, name)
-    )
-    out = {}
-    stack, seen = [model], set()
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        if isinstance(layer, depthwise):
-            kernel = getattr(layer, "depthwise_kernel", None) or getattr(layer, "kernel", None)
-            if kernel is not None:
-                out[validate.variable_name(kernel)] = 2
-        stack.extend(getattr(layer, "layers", None) or [])
-    return out
-
-
 class Rows:
     """How variables map to rows: layers in depth order, and the variables themselves.
 
@@ -115,9 +56,10 @@ class Rows:
       variables: The checked variables (``validate.variables``).
       unit_axes: ``{variable name: number of trailing axes that index a
         unit}`` for variables whose units do not follow from their shape
-        (``unit_axes(model)``); None for none.
+        (``units.unit_axes(model)``); None for none.
 
     Attributes:
+      variables: The variables, in the order given.
       layer_names: Layer row names, depth order.
       variable_names: Variable row names, in the order given.
       layer_of: For each variable, the index of its layer row.
@@ -128,7 +70,7 @@ class Rows:
     """
 
     def __init__(self, variables, unit_axes=None):
-        variables = list(variables)
+        self.variables = variables = list(variables)
         unit_axes = unit_axes or {}
         names = [validate.variable_name(v) for v in variables]
         self.variable_names = _unique(names)
@@ -148,25 +90,24 @@ class Rows:
             self.layer_sizes[layer] += size
         # Trailing axes that index a unit: the last one from rank 1 up (a
         # vector's elements, a kernel's output channels), none for a scalar.
-        self.unit_axes = [min(len(s), unit_axes.get(n, 1)) for s, n in zip(shapes, names)]
+        self.unit_axes = [units.trailing_axes(s, n, unit_axes) for s, n in zip(shapes, names)]
         self.variable_units = [int(np.prod(s[len(s) - k :])) for s, k in zip(shapes, self.unit_axes)]
         self.layer_units = [0] * len(self.layer_names)
-        for units, layer in zip(self.variable_units, self.layer_of):
-            self.layer_units[layer] = units  # the last variable of the layer wins
+        for count, layer in zip(self.variable_units, self.layer_of):
+            self.layer_units[layer] = count  # the last variable of the layer wins
 
 
-def compute(gradients, variables, rows, weights=True, full=True):
+def compute(gradients, rows, weights=True, full=True):
     """Computes one step's statistics.
 
     Args:
       gradients: One checked gradient per variable (``validate.gradients``):
         a dense tensor, a ``tf.IndexedSlices`` (summed over repeated indices,
         as the optimizer would apply it) or None (recorded as missing).
-      variables: The variables, in the order ``rows`` was built from.
-      rows: The ``Rows`` of ``variables``.
-      weights: Bool, default True. When False the weight columns hold
-        MISSING; the windowed writer fills them in at write steps only
-        (``with_weights``), since weights barely move within a window.
+      rows: The ``Rows`` of the variables, in the order of ``gradients``.
+      weights: Bool, default True. When False the weight column holds
+        MISSING; the windowed writer takes ``weight_norms`` itself, outside
+        the cond of its write step.
       full: Bool, default True. When False only ``grad_norm``,
         ``grad_nonfinite`` and the two onset columns are computed (one fused
         pass per gradient, the cost a windowed writer pays at every step) and
@@ -180,6 +121,7 @@ def compute(gradients, variables, rows, weights=True, full=True):
       ``C = len(metadata.STORED_STAT_COLUMNS)``. ``first_nonfinite_offset``
       is 0 (this step) where the gradient has a non-finite element.
     """
+    variables = rows.variables
     present = [g is not None for g in gradients]
     where = [i for i, p in enumerate(present) if p]
     parts = [_partials(gradients[i], variables[i], rows.unit_axes[i], full) for i in where]
@@ -209,7 +151,7 @@ def compute(gradients, variables, rows, weights=True, full=True):
     layer_present = [any(present[v] for v in range(n_var) if rows.layer_of[v] == j) for j in range(n_layer)]
     layer_stats = _assemble(
         _combine_norms(norm_v * mask, seg, n_layer),
-        _segment_max(max_abs_v * mask, seg, n_layer),
+        units.segment_max(max_abs_v * mask, seg, n_layer),
         tf.math.unsorted_segment_sum(zeros_v * mask, seg, n_layer),
         tf.math.unsorted_segment_sum(nonfinite_v * mask, seg, n_layer),
         dead_l,
@@ -222,17 +164,17 @@ def compute(gradients, variables, rows, weights=True, full=True):
     elif parts:
         # A layer whose unit-defining variables all lack a gradient has no
         # dead-unit fraction even though other variables of it have one.
-        layer_stats = _blank_cells(layer_stats, _COL["dead_unit_fraction"], _layers_without_units(rows, present))
+        layer_stats = _blank_cells(layer_stats, _COL["dead_unit_fraction"], units.layers_without_units(rows, present))
     if weights:
-        layer_w, variable_w = weight_norms(variables, rows)
-        layer_stats = with_weights(layer_stats, layer_w)
-        variable_stats = with_weights(variable_stats, variable_w)
+        layer_w, variable_w = weight_norms(rows)
+        layer_stats = _with_weights(layer_stats, layer_w)
+        variable_stats = _with_weights(variable_stats, variable_w)
     return layer_stats, variable_stats
 
 
-def weight_norms(variables, rows):
+def weight_norms(rows):
     """Returns ``(per_layer, per_variable)`` L2 norms of the variables' values (float32 vectors)."""
-    values = [_as_float(tf.convert_to_tensor(v)) for v in variables]
+    values = [_as_float(tf.convert_to_tensor(v)) for v in rows.variables]
     sumsq = tf.stack([tf.cast(tf.nn.l2_loss(v), tf.float64) * 2.0 for v in values])
     # Weights' max |w| is not reported, so it is computed only on the rare
     # out-of-band path, and there for every variable at once.
@@ -247,7 +189,7 @@ def weight_norms(variables, rows):
     return tf.cast(w_norm_l, tf.float32), tf.cast(w_norm_v, tf.float32)
 
 
-def with_weights(stats, weight_norm):
+def _with_weights(stats, weight_norm):
     """Fills the ``weight_norm`` column of ``stats``.
 
     Args:
@@ -259,15 +201,6 @@ def with_weights(stats, weight_norm):
     """
     w = tf.broadcast_to(weight_norm, tf.shape(stats[..., _WEIGHT_NORM]))
     return tf.concat([stats[..., :_WEIGHT_NORM], w[..., None], stats[..., _WEIGHT_NORM + 1 :]], axis=-1)
-
-
-def present(stats):
-    """Boolean ``[..., R]``: which rows of ``stats`` have a gradient.
-
-    A missing row holds exactly MISSING in grad_norm; a present one holds a
-    norm >= 0 or NaN (NaN != MISSING), and grad_norm is computed in every mode.
-    """
-    return tf.not_equal(stats[..., _GRAD_NORM], MISSING)
 
 
 def _partials(gradient, variable, unit_axes, full=True):
@@ -290,17 +223,7 @@ def _partials(gradient, variable, unit_axes, full=True):
     sumsq = tf.cast(tf.nn.l2_loss(values), tf.float64) * 2.0
     if not full:
         return values, sumsq, None, None, None
-    units = int(np.prod(shape[len(shape) - unit_axes :]))
-    if units == 0:
-        top = bottom = tf.zeros([0], tf.float64)
-    else:
-        per_unit = tf.reshape(values, [-1, units])
-        # Clamped at 0: an empty gradient (no slices, a zero-length axis)
-        # reduces to -inf/+inf, and untouched slice rows are zeros. Clamping
-        # cannot make a live unit look dead (that needs max == min == 0, so
-        # every element 0), nor change max |g| = max(top, -bottom) >= 0.
-        top = tf.maximum(tf.cast(tf.reduce_max(per_unit, axis=0), tf.float64), 0.0)
-        bottom = tf.minimum(tf.cast(tf.reduce_min(per_unit, axis=0), tf.float64), 0.0)
+    top, bottom = units.extremes(values, int(np.prod(shape[len(shape) - unit_axes :])))
     zeros = tf.cast(tf.reduce_sum(tf.cast(tf.equal(values, 0), tf.int32)), tf.float64)
     return values, sumsq, top, bottom, zeros + untouched
 
@@ -319,7 +242,7 @@ def _gather_partials(parts, where, rows):
     max_abs = dead_v = dead_l = None
     if full:
         zeros = tf.stack(zeros)
-        max_abs, dead_v, dead_l = _unit_stats(top, bottom, where, rows)
+        max_abs, dead_v, dead_l = units.fractions(top, bottom, where, rows)
     # Two things need a second look at the values, both rare: a non-finite
     # element (every one makes the sum of squares non-finite, so a finite sum
     # proves there are none and the count is paid for only on bad steps), and
@@ -338,53 +261,6 @@ def _gather_partials(parts, where, rows):
 
     norms, nonfinite = tf.cond(rare, careful, lambda: (tf.sqrt(sumsq), tf.zeros_like(sumsq)))
     return norms, max_abs, zeros, nonfinite, dead_v, dead_l
-
-
-def _unit_stats(top, bottom, where, rows):
-    """max |g| and dead-unit fraction per present variable, and dead-unit fraction per layer.
-
-    A layer's unit j is dead when unit j is dead in every present variable of
-    the layer that has the layer's unit count (see the module docstring).
-    """
-    n = len(where)
-    units = [rows.variable_units[i] for i in where]
-    unit_var = tf.constant(np.repeat(np.arange(n), units), tf.int32)
-    top, bottom = tf.concat(top, 0), tf.concat(bottom, 0)
-    # Empty segments reduce to -inf (max) and +inf (min); the outer maximum
-    # with 0 fixes both and keeps NaN.
-    max_abs = tf.maximum(_segment_max(tf.maximum(top, -bottom), unit_var, n), 0.0)
-    dead = tf.cast((top == 0) & (bottom == 0), tf.float64)
-    dead_v = tf.math.unsorted_segment_sum(dead, unit_var, n) / np.maximum(units, 1)
-    # Layer units: slot offset[layer] + j for unit j of a variable with the
-    # layer's unit count; every other unit goes to one spare slot at the end.
-    offsets = np.concatenate([[0], np.cumsum(rows.layer_units)])
-    spare = int(offsets[-1])
-    slots = np.concatenate([
-        offsets[rows.layer_of[i]] + np.arange(u) if u == rows.layer_units[rows.layer_of[i]] else np.full(u, spare)
-        for i, u in zip(where, units)
-    ]).astype(np.int32)
-    all_dead = tf.math.unsorted_segment_min(dead, tf.constant(slots), spare + 1)[:spare]
-    # A slot no present variable covers reduces to +inf; its layer's value is
-    # blanked by the caller, so clamp only to keep the sum finite.
-    all_dead = tf.minimum(all_dead, 1.0)
-    slot_layer = tf.constant(np.repeat(np.arange(len(rows.layer_units)), rows.layer_units), tf.int32)
-    dead_l = tf.math.unsorted_segment_sum(all_dead, slot_layer, len(rows.layer_units)) / np.maximum(
-        rows.layer_units, 1
-    )
-    return max_abs, dead_v, dead_l
-
-
-def _segment_max(values, segments, n):
-    """unsorted_segment_max that propagates NaN (the op itself keeps or drops a NaN depending on order)."""
-    has_nan = tf.math.unsorted_segment_max(tf.cast(tf.math.is_nan(values), tf.int32), segments, n) > 0
-    return _where(has_nan, np.nan, tf.math.unsorted_segment_max(values, segments, n))
-
-
-def _layers_without_units(rows, present):
-    """Layers none of whose present variables has the layer's unit count."""
-    covered = {rows.layer_of[i] for i, p in enumerate(present)
-               if p and rows.variable_units[i] == rows.layer_units[rows.layer_of[i]]}
-    return [j for j in range(len(rows.layer_names)) if j not in covered]
 
 
 def _robust_norms(values, sumsq, max_abs):
@@ -478,9 +354,19 @@ def _owner(v, name):
 
 
 def _unique(names):
+    """``names`` with repeats numbered ``#2``, ``#3``...; a number already taken (a name that ends in ``#2``) is skipped."""
+    taken = set(names)
     counts = {}
     out = []
     for n in names:
-        counts[n] = counts.get(n, 0) + 1
-        out.append(n if counts[n] == 1 else f"{n}#{counts[n]}")
+        if n not in counts:
+            counts[n] = 1
+            out.append(n)
+            continue
+        candidate = n
+        while candidate in taken:
+            counts[n] += 1
+            candidate = f"{n}#{counts[n]}"
+        taken.add(candidate)
+        out.append(candidate)
     return out

@@ -188,7 +188,7 @@ def variable_name(v):
     if isinstance(p, str) and p:
         return p
     n = getattr(v, "name", None) or "variable"
-    return n[:-2] if n.endswith(":0") else n
+    return n.removesuffix(":0")
 
 
 def _is_keras_variable(v):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tb_gradcheck import metadata, stats
+from tb_gradcheck import metadata, stats, units
 from tb_gradcheck.validate import variable_name as validate_name
 
 # float32 reductions over a few thousand elements agree with float64 numpy to
@@ -70,10 +70,10 @@ def _dense(g, v):
 def compute(gradients, variables, graph):
     rows = stats.Rows(variables)
     if graph:
-        fn = tf.function(lambda gs: stats.compute(gs, variables, rows))
+        fn = tf.function(lambda gs: stats.compute(gs, rows))
         layer, variable = fn(gradients)
     else:
-        layer, variable = stats.compute(gradients, variables, rows)
+        layer, variable = stats.compute(gradients, rows)
     return rows, layer.numpy(), variable.numpy()
 
 
@@ -224,8 +224,8 @@ def test_cheap_mode_computes_norms_and_nonfinite_only(model, graph):
     grads[2] = grads[2] + np.float32(np.nan)  # one NaN layer
     variables = model.trainable_variables
     rows = stats.Rows(variables)
-    run = tf.function(lambda gs, full: stats.compute(gs, variables, rows, weights=False, full=full)) if graph else (
-        lambda gs, full: stats.compute(gs, variables, rows, weights=False, full=full))
+    run = tf.function(lambda gs, full: stats.compute(gs, rows, weights=False, full=full)) if graph else (
+        lambda gs, full: stats.compute(gs, rows, weights=False, full=full))
     full_l, full_v = (t.numpy() for t in run(grads, True))
     cheap_l, cheap_v = (t.numpy() for t in run(grads, False))
     for cheap, full in ((cheap_l, full_l), (cheap_v, full_v)):
@@ -271,9 +271,9 @@ def test_dead_unit_fraction_matches_numpy_on_real_layers(layer, input_shape, uni
     grads = _masked_gradients(model, x, seed=1)
     variables = model.trainable_variables
     # Found from the model, not told: only the depthwise kernel differs from the shape rule.
-    assert stats.unit_axes(model) == {validate_name(variables[i]): k for i, k in unit_axes.items()}
-    rows = stats.Rows(variables, stats.unit_axes(model))
-    fn = (lambda gs: stats.compute(gs, variables, rows))
+    assert units.unit_axes(model) == {validate_name(variables[i]): k for i, k in unit_axes.items()}
+    rows = stats.Rows(variables, units.unit_axes(model))
+    fn = (lambda gs: stats.compute(gs, rows))
     layer_s, variable_s = (tf.function(fn) if graph else fn)(grads)
     expected_v = reference(grads, variables, [[i] for i in range(len(variables))], unit_axes)
     expected_l = reference(grads, variables, [list(range(len(variables)))], unit_axes)
@@ -292,10 +292,10 @@ def test_depthwise_units_are_input_channel_times_multiplier():
     x = tf.constant(np.random.default_rng(0).normal(size=(2, 6, 6, 3)), tf.float32)
     grads = _masked_gradients(model, x, seed=2)
     variables = model.trainable_variables
-    layer_s, variable_s = stats.compute(grads, variables, stats.Rows(variables, stats.unit_axes(model)))
+    layer_s, variable_s = stats.compute(grads, stats.Rows(variables, units.unit_axes(model)))
     assert variable_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(4 / 6)
     assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(4 / 6)
-    _, by_shape = stats.compute(grads, variables, stats.Rows(variables))
+    _, by_shape = stats.compute(grads, stats.Rows(variables))
     assert by_shape.numpy()[0, COL["dead_unit_fraction"]] == 0.5
 
 
@@ -305,7 +305,7 @@ def test_embedding_dead_units_are_columns_of_the_summed_slices():
     grads = _masked_gradients(model, x, seed=3)
     assert isinstance(grads[0], tf.IndexedSlices)
     variables = model.trainable_variables
-    _, variable_s = stats.compute(grads, variables, stats.Rows(variables))
+    _, variable_s = stats.compute(grads, stats.Rows(variables))
     np.testing.assert_allclose(variable_s.numpy(), reference(grads, variables, [[0]]), rtol=RTOL)
     assert variable_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(2 / 4)  # columns 1 and 3
 
@@ -336,7 +336,7 @@ def test_planted_dead_relu_units_are_dead_and_their_successor_is_not():
     assert sorted(np.flatnonzero((pre <= 0).all(axis=0))) == planted
     assert (grads[2].numpy()[planted] == 0).all()  # out's kernel rows from them are zero
     rows = stats.Rows(variables)
-    layer_s, variable_s = stats.compute(grads, variables, rows)
+    layer_s, variable_s = stats.compute(grads, rows)
     dead = layer_s.numpy()[:, COL["dead_unit_fraction"]]
     assert dead[0] == pytest.approx(len(planted) / 10) and dead[1] == 0.0
     np.testing.assert_allclose(layer_s.numpy(), reference(grads, variables, [[0, 1], [2, 3]]), rtol=RTOL)
@@ -351,14 +351,29 @@ def test_layer_units_are_and_over_variables_with_the_layer_unit_count():
     kernel, bias = model.trainable_variables
     gk = tf.constant([[0.0, 1.0, 0.0], [0.0, 2.0, 0.0]])
     gb = tf.constant([0.0, 0.0, 5.0])
-    layer_s, variable_s = stats.compute([gk, gb], [kernel, bias], stats.Rows([kernel, bias]))
+    layer_s, variable_s = stats.compute([gk, gb], stats.Rows([kernel, bias]))
     assert variable_s.numpy()[:, COL["dead_unit_fraction"]].tolist() == pytest.approx([2 / 3, 2 / 3])
     assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(1 / 3)  # only unit 0
     # Without the bias's gradient the layer's units come from the kernel alone.
-    layer_s, _ = stats.compute([gk, None], [kernel, bias], stats.Rows([kernel, bias]))
+    layer_s, _ = stats.compute([gk, None], stats.Rows([kernel, bias]))
     assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(2 / 3)
     # Without any variable of the layer's unit count there is no fraction.
     v = tf.Variable(np.ones((2, 2), np.float32), name="w")
     s = tf.Variable(1.0, name="s")
-    layer_s, _ = stats.compute([None, tf.ones(())], [v, s], stats.Rows([v, s]))
+    layer_s, _ = stats.compute([None, tf.ones(())], stats.Rows([v, s]))
     assert layer_s.numpy()[1, COL["dead_unit_fraction"]] == 0.0  # the scalar's one unit is alive
+
+
+def test_row_names_stay_unique_when_a_name_already_ends_in_a_suffix():
+    # Three plain variables named Variable, Variable#2, Variable: numbering the
+    # third "#2" would give two rows of one name, and the reader rejects a
+    # layout with duplicate rows (the whole tag would show as a problem).
+    vs = [tf.Variable(1.0, name=n) for n in ("Variable", "Variable#2", "Variable")]
+    rows = stats.Rows(vs)
+    assert rows.variable_names == ["Variable", "Variable#2", "Variable#3"]
+    assert rows.layer_names == rows.variable_names
+    assert metadata.parse(metadata.encode(metadata.stats_layout(
+        {"rows": rows.layer_names, "sizes": rows.layer_sizes},
+        {"rows": rows.variable_names, "sizes": rows.variable_sizes},
+        ["last"], 1,
+    )))["variable"]["rows"] == rows.variable_names
