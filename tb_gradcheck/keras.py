@@ -190,6 +190,8 @@ class GradientCallback(keras.callbacks.Callback):
         self._in_batch = True
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._session is not None and self._session.compiled:
+            self._session.writer.write_compiled()
         if self._session is not None and self.check_every_n_steps is not None:
             self._session.maybe_check()
 
@@ -288,14 +290,24 @@ class _Session:
                 _SKIPPED[optimizer] = self.skipped
         self.last_check = None
         self.jit_compile = None
+        # With XLA on, the statistics are computed inside the compiled step
+        # into variables and written after it (on_train_batch_end). That needs
+        # one step per train-function call (on_train_batch_end runs once per
+        # call), a single replica, and no refused-step hook (it writes from
+        # inside the step); otherwise XLA is turned off for the fit.
+        self.compiled = False
         if self.model.jit_compile and not self.model.run_eagerly:
-            self.callback._warn_once(
-                "jit",
-                "GradientCallback turns XLA off (jit_compile=False) for this fit: summary ops cannot run "
-                "inside an XLA-compiled train step. It is turned back on when training ends.",
-            )
-            self.jit_compile = self.model.jit_compile
-            self.model.jit_compile = False
+            reason = _why_not_compiled(self.model, self.strategy, self.loss_scale)
+            if reason is None:
+                self.compiled = True
+            else:
+                self.callback._warn_once(
+                    "jit",
+                    f"GradientCallback turns XLA off (jit_compile=False) for this fit: {reason}. "
+                    "It is turned back on when training ends.",
+                )
+                self.jit_compile = self.model.jit_compile
+                self.model.jit_compile = False
         self.saved = []
         self._attach(target, _APPLIED_HOOK, self._applied_hook)
         if self.loss_scale is not None:
@@ -393,6 +405,14 @@ class _Session:
         tf.cond(tf.logical_and(self.enabled, tf.logical_not(finite)), skipped, lambda: tf.constant(False))
 
     def _write(self, grads, variables, step, check_enabled=True):
+        if self.compiled:
+            def stash():
+                self.writer.record_compiled(grads, variables, step)
+                return tf.constant(True)
+
+            tf.cond(self.enabled, stash, lambda: tf.constant(False))
+            return
+
         def record():
             # keras.callbacks.TensorBoard(update_freq=N) wraps training in a
             # record_if whose condition is fixed when the step is traced;
@@ -452,6 +472,17 @@ class _Session:
 
 
 _ABSENT = object()
+
+
+def _why_not_compiled(model, strategy, loss_scale):
+    """Why a fit with XLA cannot record from inside the compiled step, or None if it can."""
+    if int(getattr(model, "steps_per_execution", 1) or 1) != 1:
+        return "steps_per_execution > 1 runs several steps per compiled call"
+    if strategy.num_replicas_in_sync != 1:
+        return "a distribution strategy with several replicas"
+    if loss_scale is not None:
+        return "a LossScaleOptimizer's refused steps are recorded from inside the step"
+    return None
 
 
 def _unscale(gradient, scale):

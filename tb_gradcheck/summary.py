@@ -44,9 +44,11 @@ writer writes (``tb_gradcheck.events``). Under ``tf.distribute`` one event is
 written per step, by replica 0 of the chief (``tb_gradcheck.replica``).
 
 Modules of the writer: ``summary`` (this one: the public ``GradientWriter``
-and its internal interface ``record`` for ``tb_gradcheck.keras``),
-``validate`` (argument checks at the entry points), ``stats`` and ``units``
-(the statistics, inside the step), ``window`` (``every_n_steps > 1``),
+and its internal interface ``record`` / ``record_compiled`` /
+``write_compiled`` for ``tb_gradcheck.keras``), ``validate`` (argument checks
+at the entry points), ``recording`` (one list of variables: gradients to
+events), ``stats`` and ``units`` (the statistics, inside the step),
+``window`` (``every_n_steps > 1``), ``stash`` (from an XLA-compiled step),
 ``events`` (tags and metadata), ``replica`` (which replica records).
 """
 
@@ -60,9 +62,9 @@ from tb_gradcheck import checks
 from tb_gradcheck import events
 from tb_gradcheck import metadata
 from tb_gradcheck import replica
+from tb_gradcheck import recording
 from tb_gradcheck import stats
 from tb_gradcheck import validate
-from tb_gradcheck import window
 
 # Flush policy. Every write() ends by flushing its events to the operating
 # system: tf.summary's writer.as_default() flushes when its block exits,
@@ -146,7 +148,7 @@ class GradientWriter:
         self._flush_millis = int(flush_millis)
         self._summary_writer = writer
         self._closed = False
-        self._layouts = {}  # tuple of variable ids -> _Layout
+        self._layouts = {}  # (variable ids, sparse flags) -> recording.Recording
         self._events = events.Events()  # tags, fresh flags, the header row's write counter
         self._open = None  # variable(bool): False after close(), read by traced graphs
         self._warned = None  # variable(bool): the after-close warning was printed
@@ -192,6 +194,39 @@ class GradientWriter:
         step = validate.step(step)
         self.record(replica.sum_over_replicas(gradients), variables, step)
 
+    @tf.autograph.experimental.do_not_convert
+    def stash(self, gradients, variables, step):
+        """Records this step's statistics from inside a ``tf.function(jit_compile=True)`` step.
+
+        XLA cannot compile summary ops, so ``write`` cannot run there.
+        ``stash`` computes the same statistics inside the compiled step
+        (compiled with it) into variables; call ``write_stashed()`` after each
+        step, outside the compiled function, to write them:
+
+            @tf.function(jit_compile=True)
+            def train_step(x, y):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y, model(x, training=True))
+                grads = tape.gradient(loss, model.trainable_variables)
+                writer.stash(grads, model.trainable_variables, optimizer.iterations)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+            for x, y in dataset:
+                train_step(x, y)
+                writer.write_stashed()
+
+        For one replica (no ``tf.distribute`` strategy with several). Args,
+        returns and errors as for ``write``.
+        """
+        self._check_open("write")
+        variables = validate.variables(variables)
+        gradients = validate.gradients(gradients, variables)
+        self.record_compiled(gradients, variables, validate.step(step))
+
+    def write_stashed(self):
+        """Writes what ``stash`` recorded since the last call (with ``every_n_steps=N``, every N steps)."""
+        self.write_compiled()
+
     # -- internal interface ---------------------------------------------------
     # For callers inside tb_gradcheck that hold gradients already checked and
     # summed over replicas (tb_gradcheck.keras: the gradients a Keras
@@ -221,17 +256,34 @@ class GradientWriter:
             # with the rest of the backward pass, while inside a cond branch
             # they would wait for every gradient and run alone (that doubled
             # the cost on a 20-layer MLP). Only the writes are conditional.
-            measured = self._measure(layout, gradients)
+            measured = layout.measure(gradients)
             self._while_open(lambda: self._record(layout, measured, gradients, step), step)
             return
         # Replica id known only at run time (e.g. TPU): the same decision as a cond.
         tf.cond(
             writing,
             lambda: self._while_open(
-                lambda: self._record(layout, self._measure(layout, gradients), gradients, step), step
+                lambda: self._record(layout, layout.measure(gradients), gradients, step), step
             ),
             lambda: tf.constant(False),
         )
+
+    def record_compiled(self, gradients, variables, step):
+        """Like ``record``, inside an XLA-compiled step: statistics into variables, no summary op.
+
+        Call ``write_compiled`` after the step, outside XLA, to write them
+        (``tb_gradcheck.stash``). For a single process without a
+        distribution strategy, where replica 0 is the only replica.
+        """
+        self._check_open("write")
+        self._layout_for(variables, gradients).stash(gradients, step)
+
+    def write_compiled(self):
+        """Writes, eagerly, what ``record_compiled`` stored since the last call (every N steps with a window)."""
+        self._check_open("write")
+        for layout in self._layouts.values():
+            with self._writer.as_default():
+                layout.write_stashed()
 
     def _while_open(self, record, step):
         """Runs ``record`` (which returns a bool tensor) now, or, in a graph, only while the writer is open.
@@ -250,6 +302,12 @@ class GradientWriter:
             self._warned = replica.host_variable(False, tf.bool, "tb_gradcheck_warned")
         return tf.cond(self._open, record, lambda: self._skip_closed(step))
 
+    def _record(self, layout, measured, gradients, step):
+        # Leaving as_default() flushes the writer: this is what makes every
+        # written step survive a SIGKILL (see the flush policy above).
+        with self._writer.as_default():
+            return layout.record(measured, gradients, step)
+
     def _skip_closed(self, step):
         def warn():
             tf.print(
@@ -262,36 +320,6 @@ class GradientWriter:
             return tf.constant(False)
 
         return tf.cond(self._warned, lambda: tf.constant(False), warn)
-
-    def _measure(self, layout, gradients):
-        """This step's statistics: all of them when every step is written, else what a window reduces.
-
-        Returns ``(layer, variable)`` stats, and for a window also
-        ``(layer, variable)`` weight norms.
-        """
-        if self.every_n_steps == 1:
-            return stats.compute(gradients, layout.rows)
-        # Between writes only what a window needs: one fused pass per
-        # gradient for the norm (and, on a bad step only, the NaN count).
-        # The weight norms are taken here too, outside the write's cond: read
-        # inside it, the model's variables would make the cond an op that the
-        # optimizer's updates must wait for, serialising the whole step.
-        layer, variable = stats.compute(gradients, layout.rows, weights=False, full=False)
-        return layer, variable, stats.weight_norms(layout.rows)
-
-    def _record(self, layout, measured, gradients, step):
-        """Writes (or, windowed, accumulates and every N steps writes) the measured statistics."""
-        layer, variable = measured[:2]
-        # Leaving as_default() flushes the writer: this is what makes every
-        # written step survive a SIGKILL (see the flush policy above).
-        with self._writer.as_default():
-            if self.every_n_steps == 1:
-                self._events.stats(layout.content, layer[None], variable[None], step)
-                return tf.constant(True)
-            layout.window.add(layer, variable, step)
-            due = tf.equal(step % self.every_n_steps, 0)
-            tf.cond(due, lambda: self._flush_window(layout, step, measured[2], gradients), lambda: tf.constant(False))
-        return tf.constant(True)
 
     def write_check(self, report, step):
         """Records a gradient check report for the tab's ``check_error`` heatmap.
@@ -358,7 +386,7 @@ class GradientWriter:
                 if layout.window is not None and bool(layout.window.pending()):
                     with self._summary_writer.as_default():
                         weights = stats.weight_norms(layout.rows)
-                        self._flush_window(layout, layout.window.last_step.read_value(), weights)
+                        layout.flush_window(layout.window.last_step.read_value(), weights)
             self._summary_writer.flush()
             if self._owns_writer:
                 self._summary_writer.close()
@@ -393,36 +421,9 @@ class GradientWriter:
         key = (tuple(id(v) for v in variables), sparse)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = _Layout(variables, sparse, self.every_n_steps, self._unit_axes)
+            layout = recording.Recording(variables, sparse, self.every_n_steps, self._unit_axes, self._events)
             self._layouts[key] = layout
         return layout
-
-    def _flush_window(self, layout, step, weight_norms, gradients=None):
-        """Writes the window; with this step's ``gradients``, its ``last`` slab has every statistic."""
-        last = None if gradients is None else stats.compute(gradients, layout.rows, weights=False)
-        layer, variable = layout.window.aggregates(step, weight_norms, last)
-        self._events.stats(layout.content, layer, variable, step)
-        layout.window.reset()
-        return tf.constant(True)
-
-class _Layout:
-    """Everything fixed for one list of variables: rows, tag content, window state."""
-
-    def __init__(self, variables, sparse, every_n_steps, unit_axes):
-        self.rows = stats.Rows(variables, unit_axes)
-        sparse_variables = [n for n, s in zip(self.rows.variable_names, sparse) if s]
-        sparse_layers = [n for i, n in enumerate(self.rows.layer_names)
-                         if any(s and self.rows.layer_of[v] == i for v, s in enumerate(sparse))]
-        aggregates = metadata.SINGLE_STEP_AGGREGATES if every_n_steps == 1 else metadata.AGGREGATES
-        self.content = metadata.stats_layout(
-            {"rows": self.rows.layer_names, "sizes": self.rows.layer_sizes, "sparse_rows": sparse_layers},
-            {"rows": self.rows.variable_names, "sizes": self.rows.variable_sizes, "sparse_rows": sparse_variables},
-            aggregates,
-            every_n_steps,
-        )
-        self.window = None
-        if every_n_steps > 1:
-            self.window = window.Window(len(self.rows.layer_names), len(self.rows.variable_names))
 
 
 # Writers still open at interpreter exit get flushed and closed, so a normal

@@ -376,3 +376,38 @@ def test_new_columns_reach_readers_through_tensorboard(tmp_path, data_path):
     assert finite[1, 0] == pytest.approx(1e6 * np.sqrt(4 * 5), rel=1e-6)  # step 6: 4 elements of 1e6, 4 of 2e6
     dead, _ = matrix.slab("dead_unit_fraction", "last")
     assert dead[:, 0].tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, every):
+    """The documented custom-loop pattern for tf.function(jit_compile=True)."""
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4, activation="relu", name="d"),
+                                 tf.keras.layers.Dense(1, name="o")], name="net")
+    variables = model.trainable_variables
+    x = tf.constant(np.random.default_rng(0).normal(size=(8, 3)), tf.float32)
+
+    def grads():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(x) ** 2)
+        return tape.gradient(loss, variables)
+
+    with GradientWriter(tmp_path / "xla", every_n_steps=every) as compiled, \
+            GradientWriter(tmp_path / "plain", every_n_steps=every) as plain:
+
+        @tf.function(jit_compile=True)
+        def xla_step(step):
+            compiled.stash(grads(), variables, step)
+
+        @tf.function
+        def plain_step(step):
+            plain.write(grads(), variables, step)
+
+        for step in range(1, 6):
+            xla_step(tf.constant(step, tf.int64))
+            compiled.write_stashed()
+            compiled.write_stashed()  # nothing new: writes nothing
+            plain_step(tf.constant(step, tf.int64))
+    xla, ref = stats_events(tmp_path / "xla"), stats_events(tmp_path / "plain")
+    assert [e[0] for e in xla] == [e[0] for e in ref] == ([1, 2, 3, 4, 5] if every == 1 else [2, 4, 5])
+    for (_, _, a), (_, _, b) in zip(xla, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)  # XLA may reorder float32 sums
