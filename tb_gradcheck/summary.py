@@ -282,8 +282,7 @@ class GradientWriter:
         """Writes, eagerly, what ``record_compiled`` stored since the last call (every N steps with a window)."""
         self._check_open("write")
         for layout in self._layouts.values():
-            with self._writer.as_default():
-                layout.write_stashed()
+            layout.write_stashed(self._writer)
 
     def _while_open(self, record, step):
         """Runs ``record`` (which returns a bool tensor) now, or, in a graph, only while the writer is open.
