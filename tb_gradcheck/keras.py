@@ -35,8 +35,6 @@ still matches TensorBoard's batch axis. The count lives as long as the
 optimizer object; a run restored from a checkpoint starts it again at zero.
 """
 
-import numbers
-import os
 import warnings
 import weakref
 
@@ -46,19 +44,14 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tb_gradcheck import summary
+from tb_gradcheck import hooks
+from tb_gradcheck import validate
 
 # The optimizer that GradientCallback was last attached to, and by which
 # callback: a fit that raised outside the training step (in another callback,
 # say) never reaches on_train_end, and the next attach detaches that one first.
 _ATTACHED = weakref.WeakKeyDictionary()
-# Steps a LossScaleOptimizer skipped, per optimizer (a host int64 variable),
-# kept across fit() calls so that the step axis never runs backwards.
-_SKIPPED = weakref.WeakKeyDictionary()
 
-# The hooked methods (see the module docstring).
-_APPLIED_HOOK = "_all_reduce_sum_gradients"
-_FINITE_HOOK = "check_finite"
 
 
 class GradientCallback(keras.callbacks.Callback):
@@ -73,9 +66,11 @@ class GradientCallback(keras.callbacks.Callback):
 
     Works with the compiled train step (the default), ``run_eagerly=True``,
     ``steps_per_execution > 1``, ``tf.distribute`` strategies and mixed
-    precision. XLA (``jit_compile=True``, the default on a GPU without a
-    distribution strategy) cannot run summary ops inside the compiled step,
-    so the callback turns it off for the fits it records, with a warning.
+    precision. With XLA (``jit_compile=True``, the default on a GPU without
+    a distribution strategy) the statistics are computed inside the compiled
+    step and written after each batch; XLA is turned off for the fit, with a
+    warning, only with ``steps_per_execution > 1``, several replicas or a
+    ``LossScaleOptimizer`` (see ``hooks.why_not_compiled``).
 
     Training is not changed: the weights and optimizer state after a fit with
     this callback are bit-identical to those after the same fit without it.
@@ -115,13 +110,10 @@ class GradientCallback(keras.callbacks.Callback):
 
     def __init__(self, log_dir, *, every_n_steps=1, check_every_n_steps=None, check_data=None):
         super().__init__()
-        if isinstance(log_dir, bytes):
-            log_dir = log_dir.decode()
-        if not isinstance(log_dir, str) and not hasattr(log_dir, "__fspath__"):
-            raise TypeError(f"Expected `log_dir` to be a path. Received: {type(log_dir).__name__}")
-        _check_count("every_n_steps", every_n_steps)
+        log_dir = validate.path(log_dir, "log_dir")
+        every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
         if check_every_n_steps is not None:
-            _check_count("check_every_n_steps", check_every_n_steps)
+            check_every_n_steps = validate.positive_int(check_every_n_steps, "check_every_n_steps")
             if check_data is None:
                 raise ValueError(
                     "Expected `check_data` (a batch `(x, y)` to check the gradients on) with "
@@ -133,9 +125,9 @@ class GradientCallback(keras.callbacks.Callback):
                 f"Received: {type(check_data).__name__}"
                 + (f" of length {len(check_data)}" if isinstance(check_data, (tuple, list)) else "")
             )
-        self.log_dir = os.fspath(log_dir)
-        self.every_n_steps = int(every_n_steps)
-        self.check_every_n_steps = None if check_every_n_steps is None else int(check_every_n_steps)
+        self.log_dir = log_dir
+        self.every_n_steps = every_n_steps
+        self.check_every_n_steps = check_every_n_steps
         self.check_data = None if check_data is None else tuple(check_data)
         self._session = None
         self._in_batch = False
@@ -160,10 +152,10 @@ class GradientCallback(keras.callbacks.Callback):
             )
             return
         target = optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
-        if not callable(getattr(target, _APPLIED_HOOK, None)):
+        if not callable(getattr(target, hooks.APPLIED_HOOK, None)):
             warnings.warn(
                 f"GradientCallback cannot record the gradients of a {type(target).__name__}: it has no "
-                f"`{_APPLIED_HOOK}` (expected on Keras 3 optimizers with the TensorFlow backend; "
+                f"`{hooks.APPLIED_HOOK}` (expected on Keras 3 optimizers with the TensorFlow backend; "
                 f"this is Keras {keras.__version__} with backend {keras.backend.backend()!r}). "
                 "Nothing is recorded in this fit.",
                 stacklevel=2,
@@ -178,7 +170,16 @@ class GradientCallback(keras.callbacks.Callback):
                 stacklevel=2,
             )
             previous._finish()
-        self._session = _Session(self, optimizer, target)
+        self._session = hooks.Session(
+            self.model,
+            optimizer,
+            target,
+            log_dir=self.log_dir,
+            every_n_steps=self.every_n_steps,
+            check_every_n_steps=self.check_every_n_steps,
+            check_data=self.check_data,
+            warn_once=self._warn_once,
+        )
         _ATTACHED[optimizer] = self
         # fit() built (or reused) the train function before calling
         # on_train_begin, and the loop looks it up on every step: a new one,
@@ -190,6 +191,8 @@ class GradientCallback(keras.callbacks.Callback):
         self._in_batch = True
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._session is not None and self._session.compiled:
+            self._session.writer.write_compiled()
         if self._session is not None and self.check_every_n_steps is not None:
             self._session.maybe_check()
 
@@ -260,213 +263,3 @@ class GradientCallback(keras.callbacks.Callback):
             self.model.train_function = None
             session.restore_model()
             session.writer.close()
-
-
-class _Session:
-    """One fit's hooks, writer and state."""
-
-    def __init__(self, callback, optimizer, target):
-        self.callback = callback
-        self.model = callback.model
-        self.optimizer = optimizer
-        self.target = target
-        self.loss_scale = optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else None
-        self.strategy = self.model.distribute_strategy
-        self.writer = summary.GradientWriter(
-            os.path.join(callback.log_dir, "train"), every_n_steps=callback.every_n_steps
-        )
-        # Read inside the traced step, so a train function left behind by a
-        # fit that raised past this callback writes nothing once detached.
-        self.enabled = summary._host_variable(True, tf.bool, "tb_gradcheck_enabled")
-        self.skipped = None
-        if self.loss_scale is not None:
-            self.skipped = _SKIPPED.get(optimizer)
-            if self.skipped is None:
-                self.skipped = summary._host_variable(0, tf.int64, "tb_gradcheck_skipped")
-                _SKIPPED[optimizer] = self.skipped
-        self.last_check = None
-        self.jit_compile = None
-        if self.model.jit_compile and not self.model.run_eagerly:
-            self.callback._warn_once(
-                "jit",
-                "GradientCallback turns XLA off (jit_compile=False) for this fit: summary ops cannot run "
-                "inside an XLA-compiled train step. It is turned back on when training ends.",
-            )
-            self.jit_compile = self.model.jit_compile
-            self.model.jit_compile = False
-        self.saved = []
-        self._attach(target, _APPLIED_HOOK, self._applied_hook)
-        if self.loss_scale is not None:
-            self._attach(self.loss_scale, _FINITE_HOOK, self._finite_hook)
-
-    # -- hooks ---------------------------------------------------------------
-
-    def _attach(self, obj, name, make):
-        # Instance attributes set with object.__setattr__: Keras' attribute
-        # tracking never sees them, so nothing is added to the optimizer's
-        # checkpointed state.
-        original = getattr(obj, name)
-        self.saved.append((obj, name, obj.__dict__.get(name, _ABSENT)))
-        object.__setattr__(obj, name, make(original))
-
-    def detach(self):
-        self.enabled.assign(False)
-        for obj, name, previous in reversed(self.saved):
-            if previous is _ABSENT:
-                obj.__dict__.pop(name, None)
-            else:
-                object.__setattr__(obj, name, previous)
-        self.saved = []
-
-    def restore_model(self):
-        if self.jit_compile is not None:
-            self.model.jit_compile = self.jit_compile
-
-    def _applied_hook(self, original):
-        session = self
-
-        @tf.autograph.experimental.do_not_convert
-        def all_reduce_sum_gradients(grads_and_vars):
-            reduced = original(grads_and_vars)
-            if session.callback._session is session:
-                session._record_applied(list(reduced))
-            return reduced
-
-        return all_reduce_sum_gradients
-
-    def _finite_hook(self, original):
-        session = self
-
-        @tf.autograph.experimental.do_not_convert
-        def check_finite(grads):
-            finite = original(grads)
-            if session.callback._session is session:
-                session._record_if_skipped(list(grads), finite)
-            return finite
-
-        return check_finite
-
-    # -- recording -----------------------------------------------------------
-
-    def _variables(self):
-        return list(self.model.trainable_variables)
-
-    def _record_applied(self, grads_and_vars):
-        if summary._writing_replica() is False:
-            return
-        variables = self._variables()
-        index = {self._key(v): i for i, v in enumerate(variables)}
-        grads = [None] * len(variables)
-        for g, v in grads_and_vars:
-            i = index.get(self._key(v))
-            if i is None:
-                self.callback._warn_once(
-                    "unknown",
-                    f"GradientCallback: the optimizer updates {getattr(v, 'name', v)!r}, which is not in "
-                    "model.trainable_variables; its gradient is not recorded.",
-                )
-                continue
-            grads[i] = g
-        # Before this step's update (apply increments after this point).
-        step = _as_int64(self.optimizer.iterations) + 1
-        if self.skipped is not None:
-            step += self.skipped
-        self._write(grads, variables, step)
-
-    def _record_if_skipped(self, grads, finite):
-        if summary._writing_replica() is False:
-            return
-        variables = self._variables()
-        if len(grads) != len(variables):
-            return  # not fit's own train step; the applied hook still records
-        # The scale that made these gradients, read before apply() halves it.
-        scale = tf.convert_to_tensor(self.loss_scale.dynamic_scale)
-
-        def skipped():
-            count = self.skipped.assign_add(1)
-            step = _as_int64(self.optimizer.iterations) + count
-            self._write([_unscale(g, scale) for g in grads], variables, step, check_enabled=False)
-            return tf.constant(True)
-
-        tf.cond(tf.logical_and(self.enabled, tf.logical_not(finite)), skipped, lambda: tf.constant(False))
-
-    def _write(self, grads, variables, step, check_enabled=True):
-        def record():
-            # keras.callbacks.TensorBoard(update_freq=N) wraps training in a
-            # record_if whose condition is fixed when the step is traced;
-            # these records follow their own every_n_steps instead.
-            with tf.summary.record_if(True):
-                self.writer._write_aggregated(grads, variables, step)
-            return tf.constant(True)
-
-        if check_enabled:
-            tf.cond(self.enabled, record, lambda: tf.constant(False))
-        else:
-            record()
-
-    def _key(self, variable):
-        key = getattr(self.target, "_var_key", None)
-        if key is not None:
-            return key(variable)
-        return id(getattr(variable, "value", variable))
-
-    # -- gradient check --------------------------------------------------------
-
-    def current_step(self):
-        # .numpy(), not int(): int() of a Keras variable fails on a MirroredVariable.
-        step = int(self.optimizer.iterations.numpy())
-        if self.skipped is not None:
-            step += int(self.skipped.numpy())
-        return step
-
-    def maybe_check(self):
-        n = self.callback.check_every_n_steps
-        step = self.current_step()
-        if self.last_check is None:
-            self.last_check = (step - 1) // n * n if step else 0
-        if step // n <= self.last_check // n or not self.strategy.extended.should_save_summary:
-            return
-        self.last_check = step
-        self.check(step)
-
-    def check(self, step):
-        from tb_gradcheck import checks  # TensorFlow-heavy, and needed only when checks are on
-
-        model = self.model
-        x, y, *rest = self.callback.check_data
-        sample_weight = rest[0] if rest else None
-
-        def loss_fn():
-            y_pred = model(x, training=False)
-            return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
-
-        # check_gradients promises to leave every variable bit-identical; the
-        # snapshot makes that true of the whole model here whatever it does.
-        snapshot = [(v, v.numpy()) for v in model.variables]
-        try:
-            report = checks.check_gradients(loss_fn, model.trainable_variables)
-        finally:
-            for v, value in snapshot:
-                v.assign(value)
-        self.writer.write_check(report, step)
-
-
-_ABSENT = object()
-
-
-def _unscale(gradient, scale):
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(gradient.values / tf.cast(scale, gradient.values.dtype), gradient.indices,
-                                gradient.dense_shape)
-    return gradient / tf.cast(scale, gradient.dtype)
-
-
-def _as_int64(value):
-    return tf.cast(tf.convert_to_tensor(value), tf.int64)
-
-
-def _check_count(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"Expected `{name}` to be a positive integer. Received: {value!r}")

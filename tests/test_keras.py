@@ -354,14 +354,39 @@ def test_fit_after_an_error_outside_the_step_runs_without_the_hooks(tmp_path):
     assert [s for s, _, _ in read_events(tmp_path / "train")] == [1, 2]  # and the file was closed
 
 
-def test_xla_is_turned_off_for_the_fit_and_back_on_after(tmp_path):
+@pytest.mark.parametrize("every", [1, 3])
+def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, every):
+    """Statistics are computed inside the XLA-compiled step and written after it."""
+    x, y = data(n=64)
+    weights, records = {}, {}
+    for jit, callback in ((True, True), (True, False), (False, True)):
+        model = tanh_mlp()
+        model.compile(optimizer="sgd", loss="mse", jit_compile=jit)
+        run = tmp_path / f"{jit}_{callback}"
+        callbacks = [GradientCallback(run, every_n_steps=every)] if callback else []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "turns XLA off"
+            model.fit(x, y, batch_size=8, verbose=0, callbacks=callbacks)
+        assert model.jit_compile is jit
+        weights[jit, callback] = [w.numpy() for w in model.weights]
+        if callback:
+            records[jit] = {s: v for s, v, _ in read_events(run / "train")}
+    assert all((a == b).all() for a, b in zip(weights[True, True], weights[True, False]))  # bit-identical
+    expected = [3, 6, 8] if every == 3 else list(range(1, 9))  # 8: the partial window at close
+    assert sorted(records[True]) == sorted(records[False]) == expected
+    # XLA may fuse and reorder the reductions: float32 rounding, nothing more.
+    for step in expected:
+        np.testing.assert_allclose(records[True][step], records[False][step], rtol=1e-5, atol=1e-7)
+
+
+def test_xla_is_turned_off_when_several_steps_run_per_call(tmp_path):
     x, y = data(n=16)
     model = tanh_mlp()
-    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
-    with pytest.warns(UserWarning, match="turns XLA off"):
-        model.fit(x, y, batch_size=8, verbose=0, callbacks=[GradientCallback(tmp_path)])
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True, steps_per_execution=2)
+    with pytest.warns(UserWarning, match="turns XLA off.*steps_per_execution"):
+        model.fit(x, y, batch_size=4, verbose=0, callbacks=[GradientCallback(tmp_path)])
     assert model.jit_compile is True
-    assert [s for s, _, _ in read_events(tmp_path / "train")] == [1, 2]
+    assert [s for s, _, _ in read_events(tmp_path / "train")] == [1, 2, 3, 4]
 
 
 def test_event_file_opens_when_training_begins(tmp_path):

@@ -1,0 +1,275 @@
+"""GradientCallback's hooks on a Keras optimizer: where the applied gradient is recorded during one fit.
+
+See ``tb_gradcheck.keras`` for which gradient that is and what a step is.
+"""
+
+import os
+import weakref
+
+import keras
+import tensorflow as tf
+
+from tb_gradcheck import checks
+from tb_gradcheck import replica
+from tb_gradcheck import summary
+from tb_gradcheck import units
+
+# Steps a LossScaleOptimizer skipped, per optimizer (a host int64 variable),
+# kept across fit() calls so that the step axis never runs backwards.
+_SKIPPED = weakref.WeakKeyDictionary()
+
+# The hooked methods (see tb_gradcheck.keras).
+APPLIED_HOOK = "_all_reduce_sum_gradients"
+FINITE_HOOK = "check_finite"
+
+
+class Session:
+    """One fit's hooks on the optimizer, its writer and its state.
+
+    Args:
+      model: The model being fitted.
+      optimizer: Its optimizer (perhaps a ``LossScaleOptimizer``).
+      target: The optimizer whose ``APPLIED_HOOK`` is hooked (the inner one
+        of a ``LossScaleOptimizer``).
+      log_dir: The callback's ``log_dir``; the run is ``log_dir/train``.
+      every_n_steps: The callback's window length.
+      check_every_n_steps: Int or None, the callback's check interval.
+      check_data: The callback's check batch, or None.
+      warn_once: ``warn_once(key, message)``, the callback's once-per-key warning.
+    """
+
+    def __init__(self, model, optimizer, target, *, log_dir, every_n_steps, check_every_n_steps, check_data,
+                 warn_once):
+        self.model = model
+        self.check_every_n_steps = check_every_n_steps
+        self.check_data = check_data
+        self.warn_once = warn_once
+        self.attached = False
+        self.optimizer = optimizer
+        self.target = target
+        self.loss_scale = optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else None
+        self.strategy = self.model.distribute_strategy
+        self.writer = summary.GradientWriter(
+            os.path.join(log_dir, "train"),
+            every_n_steps=every_n_steps,
+            unit_axes=units.unit_axes(self.model),
+        )
+        # Read inside the traced step, so a train function left behind by a
+        # fit that raised past this callback writes nothing once detached.
+        self.enabled = replica.host_variable(True, tf.bool, "tb_gradcheck_enabled")
+        self.skipped = None
+        if self.loss_scale is not None:
+            self.skipped = _SKIPPED.get(optimizer)
+            if self.skipped is None:
+                self.skipped = replica.host_variable(0, tf.int64, "tb_gradcheck_skipped")
+                _SKIPPED[optimizer] = self.skipped
+        self.last_check = None
+        self.jit_compile = None
+        # With XLA on, the statistics are computed inside the compiled step
+        # into variables and written after it (on_train_batch_end). That needs
+        # one step per train-function call (on_train_batch_end runs once per
+        # call), a single replica, and no refused-step hook (it writes from
+        # inside the step); otherwise XLA is turned off for the fit.
+        self.compiled = False
+        if self.model.jit_compile and not self.model.run_eagerly:
+            reason = why_not_compiled(self.model, self.strategy, self.loss_scale)
+            if reason is None:
+                self.compiled = True
+            else:
+                self.warn_once(
+                    "jit",
+                    f"GradientCallback turns XLA off (jit_compile=False) for this fit: {reason}. "
+                    "It is turned back on when training ends.",
+                )
+                self.jit_compile = self.model.jit_compile
+                self.model.jit_compile = False
+        self.saved = []
+        self._attach(target, APPLIED_HOOK, self._applied_hook)
+        if self.loss_scale is not None:
+            self._attach(self.loss_scale, FINITE_HOOK, self._finite_hook)
+        self.attached = True
+
+    # -- hooks ---------------------------------------------------------------
+
+    def _attach(self, obj, name, make):
+        # Instance attributes set with object.__setattr__: Keras' attribute
+        # tracking never sees them, so nothing is added to the optimizer's
+        # checkpointed state.
+        original = getattr(obj, name)
+        self.saved.append((obj, name, obj.__dict__.get(name, _ABSENT)))
+        object.__setattr__(obj, name, make(original))
+
+    def detach(self):
+        self.attached = False
+        self.enabled.assign(False)
+        for obj, name, previous in reversed(self.saved):
+            if previous is _ABSENT:
+                obj.__dict__.pop(name, None)
+            else:
+                object.__setattr__(obj, name, previous)
+        self.saved = []
+
+    def restore_model(self):
+        if self.jit_compile is not None:
+            self.model.jit_compile = self.jit_compile
+
+    def _applied_hook(self, original):
+        session = self
+
+        @tf.autograph.experimental.do_not_convert
+        def all_reduce_sum_gradients(grads_and_vars):
+            reduced = original(grads_and_vars)
+            if session.attached:
+                session._record_applied(list(reduced))
+            return reduced
+
+        return all_reduce_sum_gradients
+
+    def _finite_hook(self, original):
+        session = self
+
+        @tf.autograph.experimental.do_not_convert
+        def check_finite(grads):
+            finite = original(grads)
+            if session.attached:
+                session._record_if_skipped(list(grads), finite)
+            return finite
+
+        return check_finite
+
+    # -- recording -----------------------------------------------------------
+
+    def _variables(self):
+        return list(self.model.trainable_variables)
+
+    def _record_applied(self, grads_and_vars):
+        if replica.writing_replica() is False:
+            return
+        variables = self._variables()
+        index = {self._key(v): i for i, v in enumerate(variables)}
+        grads = [None] * len(variables)
+        for g, v in grads_and_vars:
+            i = index.get(self._key(v))
+            if i is None:
+                self.warn_once(
+                    "unknown",
+                    f"GradientCallback: the optimizer updates {getattr(v, 'name', v)!r}, which is not in "
+                    "model.trainable_variables; its gradient is not recorded.",
+                )
+                continue
+            grads[i] = g
+        # Before this step's update (apply increments after this point).
+        step = _as_int64(self.optimizer.iterations) + 1
+        if self.skipped is not None:
+            step += self.skipped
+        self._write(grads, variables, step)
+
+    def _record_if_skipped(self, grads, finite):
+        if replica.writing_replica() is False:
+            return
+        variables = self._variables()
+        if len(grads) != len(variables):
+            return  # not fit's own train step; the applied hook still records
+        # The scale that made these gradients, read before apply() halves it.
+        scale = tf.convert_to_tensor(self.loss_scale.dynamic_scale)
+
+        def skipped():
+            count = self.skipped.assign_add(1)
+            step = _as_int64(self.optimizer.iterations) + count
+            self._write([_unscale(g, scale) for g in grads], variables, step, check_enabled=False)
+            return tf.constant(True)
+
+        tf.cond(tf.logical_and(self.enabled, tf.logical_not(finite)), skipped, lambda: tf.constant(False))
+
+    def _write(self, grads, variables, step, check_enabled=True):
+        if self.compiled:
+            def stash():
+                self.writer.record_compiled(grads, variables, step)
+                return tf.constant(True)
+
+            tf.cond(self.enabled, stash, lambda: tf.constant(False))
+            return
+
+        def record():
+            # keras.callbacks.TensorBoard(update_freq=N) wraps training in a
+            # record_if whose condition is fixed when the step is traced;
+            # these records follow their own every_n_steps instead.
+            with tf.summary.record_if(True):
+                self.writer.record(grads, variables, step)
+            return tf.constant(True)
+
+        if check_enabled:
+            tf.cond(self.enabled, record, lambda: tf.constant(False))
+        else:
+            record()
+
+    def _key(self, variable):
+        key = getattr(self.target, "_var_key", None)
+        if key is not None:
+            return key(variable)
+        return id(getattr(variable, "value", variable))
+
+    # -- gradient check --------------------------------------------------------
+
+    def current_step(self):
+        # .numpy(), not int(): int() of a Keras variable fails on a MirroredVariable.
+        step = int(self.optimizer.iterations.numpy())
+        if self.skipped is not None:
+            step += int(self.skipped.numpy())
+        return step
+
+    def maybe_check(self):
+        n = self.check_every_n_steps
+        step = self.current_step()
+        if self.last_check is None:
+            self.last_check = (step - 1) // n * n if step else 0
+        if step // n <= self.last_check // n or not self.strategy.extended.should_save_summary:
+            return
+        self.last_check = step
+        self.check(step)
+
+    def check(self, step):
+        model = self.model
+        x, y, *rest = self.check_data
+        sample_weight = rest[0] if rest else None
+
+        def loss_fn():
+            y_pred = model(x, training=False)
+            return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+
+        # check_gradients promises to leave every variable bit-identical; the
+        # snapshot makes that true of the whole model here whatever it does.
+        snapshot = [(v, v.numpy()) for v in model.variables]
+        try:
+            report = checks.check_gradients(loss_fn, model.trainable_variables)
+        finally:
+            for v, value in snapshot:
+                v.assign(value)
+        self.writer.write_check(report, step)
+
+
+_ABSENT = object()
+
+
+def why_not_compiled(model, strategy, loss_scale):
+    """Why a fit with XLA cannot record from inside the compiled step, or None if it can."""
+    if int(getattr(model, "steps_per_execution", 1) or 1) != 1:
+        return "steps_per_execution > 1 runs several steps per compiled call"
+    if strategy.num_replicas_in_sync != 1:
+        return "a distribution strategy with several replicas"
+    if loss_scale is not None:
+        return "a LossScaleOptimizer's refused steps are recorded from inside the step"
+    return None
+
+
+def _unscale(gradient, scale):
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values / tf.cast(scale, gradient.values.dtype), gradient.indices,
+                                gradient.dense_shape)
+    return gradient / tf.cast(scale, gradient.dtype)
+
+
+def _as_int64(value):
+    return tf.cast(tf.convert_to_tensor(value), tf.int64)

@@ -1,0 +1,55 @@
+"""Recording from an XLA-compiled step: statistics into variables inside the step, summaries written after it.
+
+XLA cannot compile summary ops, so a writer that records from a compiled step
+(``GradientWriter.record_compiled``) runs the same statistics ops as a traced
+step, compiled with the rest of the step, and stores the result in host
+variables; ``GradientWriter.write_compiled``, called after the step outside
+XLA, writes them. A window's per-step accumulation runs inside the step as
+usual; at a write step the stash holds that step's full statistics for the
+``last`` slab and the weight norms.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tb_gradcheck import replica
+from tb_gradcheck import stats
+
+
+class Stash:
+    """One layout's statistics of the latest compiled step, until they are written.
+
+    Attributes:
+      layer: float32 ``[L, C]`` variable: the step's layer statistics.
+      variable: float32 ``[V, C]`` variable: the step's variable statistics.
+      weights: ``(layer, variable)`` float32 weight-norm variables (windows).
+    """
+
+    def __init__(self, rows):
+        c = stats.GRADIENT_COLUMNS + 1
+        n_l, n_v = len(rows.layer_names), len(rows.variable_names)
+        self.step = replica.host_variable(-1, tf.int64, "tb_gradcheck_stash_step")
+        self.layer = replica.host_variable(np.zeros([n_l, c], np.float32), tf.float32, "tb_gradcheck_stash")
+        self.variable = replica.host_variable(np.zeros([n_v, c], np.float32), tf.float32, "tb_gradcheck_stash")
+        self.weights = (
+            replica.host_variable(np.zeros(n_l, np.float32), tf.float32, "tb_gradcheck_stash"),
+            replica.host_variable(np.zeros(n_v, np.float32), tf.float32, "tb_gradcheck_stash"),
+        )
+        self._written = -1  # the last step taken, on the host
+
+    def store(self, step, layer, variable, weights=None):
+        """Inside the compiled step: keeps this step's statistics (and weight norms) for ``take``."""
+        self.layer.assign(layer)
+        self.variable.assign(variable)
+        if weights is not None:
+            self.weights[0].assign(weights[0])
+            self.weights[1].assign(weights[1])
+        self.step.assign(tf.cast(step, tf.int64))
+
+    def take(self):
+        """After the step, eagerly: the stored step as an int if it is new since the last call, else None."""
+        step = int(self.step.numpy())
+        if step < 0 or step == self._written:
+            return None
+        self._written = step
+        return step
