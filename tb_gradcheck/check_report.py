@@ -1,12 +1,18 @@
 """Report types of the gradient check: probes, rows and the whole report; plain data, no TensorFlow."""
 
 import dataclasses
+import math
 
 from tb_gradcheck import metadata
 
 STATUSES = metadata.CHECK_STATUSES
 OK, INCONCLUSIVE, MISMATCH = STATUSES
-GRADIENT, RANDOM = "gradient", "random"
+# Probe directions: along the row's analytic gradient, Gaussian random, and
+# the two blind-spot kinds whose analytic derivative is zero by construction:
+# over the elements whose gradient is exactly zero ("zero_set"), and over a
+# block of the row, orthogonal to the gradient there ("block", thorough mode).
+GRADIENT, RANDOM, ZERO_SET, BLOCK = "gradient", "random", "zero_set", "block"
+BLIND_SPOT = (ZERO_SET, BLOCK)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,7 +20,10 @@ class Probe:
     """One directional-derivative comparison along one direction.
 
     Attributes:
-      direction: ``"gradient"`` (along the row's analytic gradient) or ``"random"``.
+      direction: ``"gradient"`` (along the row's analytic gradient),
+        ``"random"``, ``"zero_set"`` (over the elements whose analytic
+        gradient is exactly zero) or ``"block"`` (over one block of the row,
+        orthogonal to the analytic gradient there; ``thorough=True``).
       step: The step h along the unit direction, in parameter units.
       analytic: The analytic directional derivative <g, d>.
       numeric: The central difference (f(+h) - f(-h)) / 2h.
@@ -59,6 +68,17 @@ class CheckRow:
       status: ``"ok"``, ``"inconclusive"`` or ``"mismatch"``.
       reason: One line on why, for inconclusive rows.
       probes: Every ``Probe`` of the row.
+      min_detectable_error: The power of this check on this row: the
+        smallest relative error along the row's gradient (a gradient scaled
+        by 1 + r, or any error whose projection on the gradient is r times
+        it) that the gradient probe convicts whatever its rounding:
+        (tolerance + 2 E / |a|) / (1 - tolerance). Infinite when the row has
+        no usable gradient probe. Errors confined to a few elements project
+        on the gradient by about their share of it; docs/gradient_check.md
+        ("Limits") says what each mode finds there.
+      location: For a mismatch, where bisection narrowed the fault (e.g.
+        ``"dense_1/kernel[3, 7]"``, ``"dense_1/kernel[0:32, :]"``); empty
+        when not a mismatch or not narrowed below the whole row.
     """
 
     name: str
@@ -71,6 +91,8 @@ class CheckRow:
     status: str
     reason: str
     probes: tuple
+    min_detectable_error: float = math.inf
+    location: str = ""
 
     def to_dict(self):
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "probes"}
@@ -93,6 +115,8 @@ class GradientCheckReport:
       probes: Probes per row.
       tolerance: Relative error above which a resolved difference is a mismatch.
       evaluations: Loss evaluations made (the backward pass not counted).
+      thorough: Whether blind-spot probes over blocks of every row were made
+        (``check_gradients(thorough=True)``).
     """
 
     layers: tuple
@@ -104,6 +128,7 @@ class GradientCheckReport:
     probes: int
     tolerance: float
     evaluations: int
+    thorough: bool = False
 
     @property
     def rows(self):
@@ -135,6 +160,7 @@ class GradientCheckReport:
             "probes": self.probes,
             "tolerance": self.tolerance,
             "evaluations": self.evaluations,
+            "thorough": self.thorough,
             "ok": self.ok,
             "layers": [r.to_dict() for r in self.layers],
             "variables": None if self.variables is None else [r.to_dict() for r in self.variables],
@@ -148,21 +174,30 @@ class GradientCheckReport:
         verdict = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         lines = [
             f"Gradient check: loss {self.loss:.6g} ({self.dtype}, noise {self.noise:.1e}), {self.evaluations} loss evaluations, "
-            f"{self.probes} probes per row, tolerance {self.tolerance:g}, seed {self.seed}: {verdict}"
+            f"{self.probes} probes per row{', thorough' if self.thorough else ''}, tolerance {self.tolerance:g}, "
+            f"seed {self.seed}: {verdict}"
         ]
         for title, rows in groups:
             width = max([len(title)] + [len(r.name) for r in rows])
             lines.append("")
             lines.append(
                 f"{title:<{width}}  {'analytic':>12}  {'numeric':>12}  {'difference':>10}  "
-                f"{'rel. error':>10}  {'noise floor':>11}  status"
+                f"{'rel. error':>10}  {'noise floor':>11}  {'catches >=':>10}  status"
             )
             for r in rows:
-                note = f" ({r.reason})" if r.reason else ""
+                # "catches >=": the row's min_detectable_error, the smallest
+                # relative error along its gradient this check convicts.
+                note = f" ({r.reason})" if r.reason else (f" (at {r.location})" if r.location else "")
                 lines.append(
                     f"{r.name:<{width}}  {r.analytic:>12.5e}  {r.numeric:>12.5e}  "
                     f"{abs(r.analytic - r.numeric):>10.2e}  {r.relative_error:>10.2e}  "
-                    f"{r.noise_floor:>11.2e}  {r.status}{note}"
+                    f"{r.noise_floor:>11.2e}  {_percent(r.min_detectable_error):>10}  {r.status}{note}"
                 )
         return "\n".join(lines)
 
+
+
+def _percent(x):
+    if not math.isfinite(x):
+        return "-"
+    return f"{100 * x:.3g}%"
