@@ -50,6 +50,15 @@ _CONFIRM_RATIO = 8.0
 # b = 64, i.e. for 97% of elements if z is like |N(0, 1)|. Larger blocks cost
 # less (4 evaluations per block) and see less: 0.06 (95%) at 256.
 BLOCK_SIZE = 64
+# Blind-spot probes take a step 4x larger than the rule above would for the
+# block's RMS gradient: the confirmation at h/8 (see Prober.confirm) must
+# still resolve one wrong element there, whose share of the derivative is
+# ~z/sqrt(b) of the RMS; at h/8 of the plain rule's step the error bar is
+# ~1.6e-2 of the RMS, resolving only z > 0.26. 4x brings that to z > ~0.06
+# (95% of elements). The step stays ~1e-3 of the parameters' scale in
+# float32, a tenth of its cap, and kinks within it are what the h/8 re-
+# measurement and the second direction are for.
+_BLIND_RESOLVE = 0.25
 
 
 def measure_noise(evaluator, checked, theta, grads, units, f0, rng):
@@ -117,6 +126,23 @@ class RowParams:
         if k == 0 and self.grad_norm > 0 and math.isfinite(self.grad_norm):
             return [g / self.grad_norm for g in self.grads], GRADIENT
         return _unit([rng.standard_normal(t.shape) for t in self.theta]), RANDOM
+
+    def variable_directions(self):
+        """Thorough mode: the gradient restricted to each variable of a multi-variable row (unit directions).
+
+        A blind-spot probe sees no error parallel to its block's gradient (a
+        bias gradient averaged instead of summed is such an error); along the
+        variable's own gradient it shows in full, where the row's gradient
+        probe sees it only in proportion to the variable's share of |g|^2.
+        """
+        if len(self.grads) < 2 or not math.isfinite(self.grad_norm):
+            return []
+        out = []
+        for i, g in enumerate(self.grads):
+            norm = math.sqrt(float(np.sum(g * g)))
+            if norm > 0:
+                out.append([x / norm if j == i else np.zeros_like(x) for j, x in enumerate(self.grads)])
+        return out
 
     def has_zero_set(self):
         return math.isfinite(self.grad_norm) and any(z.any() for z in self.zero_masks)
@@ -244,9 +270,13 @@ class Prober:
         self.epsilon = epsilon
         self.rng = rng
 
-    def probe(self, row, direction, kind, reference=0.0, step=None):
-        """One probe along ``direction``, judged, re-measured at h/8 when its verdict needs it (see confirm)."""
-        m = measure(self.evaluator, row, direction, kind, self.f0, self.sigma, self.epsilon, step, reference)
+    def probe(self, row, direction, kind, reference=0.0, step=None, resolve=1.0):
+        """One probe along ``direction``, judged, re-measured at h/8 when its verdict needs it (see confirm).
+
+        ``resolve`` < 1 takes the step for a derivative that much smaller than
+        ``reference`` (a larger step, a proportionally smaller error bar).
+        """
+        m = measure(self.evaluator, row, direction, kind, self.f0, self.sigma, self.epsilon, step, reference * resolve)
         judged = check_verdict.judge(m, self.sigma, self.tolerance, reference)
         needs = kind != GRADIENT and judged.status == MISMATCH and math.isfinite(judged.analytic)
         if step is None and (needs or check_verdict.blocked_by_kink(m, self.sigma, self.tolerance)):
@@ -269,7 +299,7 @@ class Prober:
         at h/8 tells them apart (check_verdict.blocked_by_kink).
         """
         m = measure(self.evaluator, row, direction, probe.direction, self.f0, self.sigma, None,
-                    probe.step / _CONFIRM_RATIO, reference)
+                    probe.step / _CONFIRM_RATIO)
         again = check_verdict.judge(m, self.sigma, self.tolerance, reference)
         if again.status == MISMATCH:
             why = "smooth at h/8: curvature, not a kink" if probe.status != MISMATCH else "confirmed at step h/8"
@@ -296,11 +326,11 @@ class Prober:
         """
         reference = row.rms_over(masks)
         first_direction = row.blind_direction(masks, self.rng)
-        first = self.probe(row, first_direction, kind, reference)
+        first = self.probe(row, first_direction, kind, reference, resolve=_BLIND_RESOLVE)
         if first.status != MISMATCH:
             return [(first, first_direction)]
         second_direction = row.blind_direction(masks, self.rng)
-        second = self.probe(row, second_direction, kind, reference)
+        second = self.probe(row, second_direction, kind, reference, resolve=_BLIND_RESOLVE)
         if second.status == MISMATCH:
             first = dataclasses.replace(first, reason="confirmed at step h/8 and along a second direction")
         else:
@@ -314,11 +344,14 @@ class Prober:
         The discrepancy D = a - n along the convicting direction d is a sum
         over elements; restricting d to one half measures that half's share
         and the other half's is D minus it (check_verdict.split). Each level
-        costs one probe (4 evaluations) and halves the candidate set:
-        variables, then rows, then columns of a variable viewed as a matrix
-        (leading dimensions flattened into rows), until the fault is spread
-        over both halves or the error bar cannot tell. A 64 x 64 kernel
-        with its bias takes at most 13 levels, 52 evaluations.
+        costs one probe (4 evaluations) per axis tried and halves the
+        candidate set: across variables, then rows, then columns of a
+        variable viewed as a matrix (leading dimensions flattened into rows).
+        When the fault is spread over both halves of the rows (a wrong
+        column) the columns are tried instead, and the other way round; it
+        stops when both axes split it, or when the error bar cannot tell. A
+        64 x 64 kernel with its bias takes 13 levels: 52 evaluations, up to
+        twice that for a column.
 
         Returns:
           The location as text, or "" when not narrowed below the whole row.
@@ -326,36 +359,37 @@ class Prober:
         discrepancy = probe.analytic - probe.numeric
         region = [(i, 0, _rows(t), 0, _cols(t)) for i, t in enumerate(row.theta)]
         while discrepancy != 0 and math.isfinite(discrepancy):
-            halves = _halve(region)
-            if halves is None:
-                break
-            part, rest = halves
-            masks = _masks(row.theta, part)
-            d_part = [np.where(m, x, 0.0) for m, x in zip(masks, direction)]
-            width = math.sqrt(sum(float(np.sum(x * x)) for x in d_part))
-            a_part = row.dot(d_part)
-            a_rest = row.dot(direction) - a_part
-            rest_width = math.sqrt(max(0.0, 1.0 - width**2))
-            if width == 0 or rest_width == 0:
-                # The direction has no component on one side: nothing to measure there.
-                region = rest if width == 0 else part
-                continue
-            unit_part = [x / width for x in d_part]
-            # Step for the share the part would carry if it held all of D.
-            m = measure(self.evaluator, row, unit_part, probe.direction, self.f0, self.sigma, None,
-                        reference=abs(discrepancy) / width)
-            judged = check_verdict.judge(m, self.sigma, self.tolerance)
-            if judged.reason.startswith("the loss has a kink"):
-                break
-            side = check_verdict.split(discrepancy, (judged.analytic - judged.numeric) * width,
-                                       judged.error_bound * width, a_part, a_rest, self.tolerance)
-            if side == "part":
-                region, discrepancy = part, (judged.analytic - judged.numeric) * width
-            elif side == "rest":
-                region, discrepancy = rest, discrepancy - (judged.analytic - judged.numeric) * width
+            for part, rest in _halves(region):
+                side, share = self._split(row, direction, probe.direction, discrepancy, part)
+                if side in ("part", "rest"):
+                    region, discrepancy = (part, share) if side == "part" else (rest, discrepancy - share)
+                    break
+                if side is None:
+                    return _describe(row, region)
             else:
-                break
+                break  # every axis splits it: the fault is spread over this region
         return _describe(row, region)
+
+    def _split(self, row, direction, kind, discrepancy, part):
+        """``(side, share of D in part)`` for one candidate split (see check_verdict.split)."""
+        masks = _masks(row.theta, part)
+        d_part = [np.where(m, x, 0.0) for m, x in zip(masks, direction)]
+        width = math.sqrt(sum(float(np.sum(x * x)) for x in d_part))
+        if width == 0:
+            return "rest", 0.0  # the direction has no component there: nothing to measure
+        if width >= 1.0:
+            return "part", discrepancy
+        a_part = row.dot(d_part)
+        # Step for the share the part would carry if it held all of D.
+        m = measure(self.evaluator, row, [x / width for x in d_part], kind, self.f0, self.sigma, None,
+                    reference=abs(discrepancy) / width)
+        judged = check_verdict.judge(m, self.sigma, self.tolerance)
+        if judged.reason.startswith("the loss has a kink"):
+            return None, 0.0
+        share = (judged.analytic - judged.numeric) * width
+        side = check_verdict.split(discrepancy, share, judged.error_bound * width, a_part,
+                                   row.dot(direction) - a_part, self.tolerance)
+        return side, share
 
 
 def _rows(t):
@@ -366,19 +400,20 @@ def _cols(t):
     return int(t.shape[-1]) if t.ndim > 1 else 1
 
 
-def _halve(region):
-    """Splits a candidate region in two: across variables first, then rows, then columns; None at one element."""
+def _halves(region):
+    """Candidate splits of a region, in order: across variables, else rows then columns; none at one element."""
     if len(region) > 1:
         k = len(region) // 2
-        return region[:k], region[k:]
+        return [(region[:k], region[k:])]
     (i, r0, r1, c0, c1), = region
+    out = []
     if r1 - r0 > 1:
         mid = (r0 + r1) // 2
-        return [(i, r0, mid, c0, c1)], [(i, mid, r1, c0, c1)]
+        out.append(([(i, r0, mid, c0, c1)], [(i, mid, r1, c0, c1)]))
     if c1 - c0 > 1:
         mid = (c0 + c1) // 2
-        return [(i, r0, r1, c0, mid)], [(i, r0, r1, mid, c1)]
-    return None
+        out.append(([(i, r0, r1, c0, mid)], [(i, r0, r1, mid, c1)]))
+    return out
 
 
 def _masks(theta, region):

@@ -103,11 +103,14 @@ def judge(m, sigma, tolerance, reference=0.0):
     denom = max(scale, bound)
     rel = diff / denom if denom > 0 else 0.0
     kinked = _kinked(m, sigma)
-    # Interval logic: the true derivative lies within `bound` of n.
-    if diff + bound <= tolerance * max(scale, reference):
-        status, reason = OK, ""
-    elif diff > bound + tolerance * scale and not kinked:
+    # Interval logic: the true derivative lies within `bound` of n. The two
+    # tests exclude each other unless `reference` widens the first: a
+    # blind-spot probe whose numeric derivative is resolved (however small
+    # against the reference) contradicts its zero analytic one, and that wins.
+    if diff > bound + tolerance * scale and not kinked:
         status, reason = MISMATCH, ""
+    elif diff + bound <= tolerance * max(scale, reference):
+        status, reason = OK, ""
     else:
         status = INCONCLUSIVE
         if kinked or abs(m["odd"]) > _KINK_SIGMAS * _ODD_NOISE_GAIN * sigma / m["h"]:

@@ -49,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck import check_probes, check_state, check_verdict, metadata, stats
-from tb_gradcheck.check_report import (BLOCK, INCONCLUSIVE, MISMATCH, OK, STATUSES, ZERO_SET, CheckRow,
+from tb_gradcheck.check_report import (BLOCK, GRADIENT, INCONCLUSIVE, MISMATCH, OK, STATUSES, ZERO_SET, CheckRow,
                                        GradientCheckReport, Probe)
 
 __all__ = ["check_gradients", "GradientCheckReport", "CheckRow", "Probe", "STATUSES", "OK", "INCONCLUSIVE", "MISMATCH"]
@@ -255,6 +255,8 @@ def _check_row(prober, row, name, kind, probes, thorough):
     if row.has_zero_set():
         judged += prober.blind_spot(row, row.zero_masks, ZERO_SET)
     if thorough:
+        for direction in row.variable_directions():
+            judged.append((prober.probe(row, direction, GRADIENT), direction))
         for masks in row.blocks():
             judged += prober.blind_spot(row, masks, BLOCK)
     verdict = check_verdict.row_verdict(name, kind, row.size, [p for p, _ in judged], prober.tolerance)

@@ -46,21 +46,27 @@ class ScaledGradient(tf.keras.layers.Layer):
 class Case:
     """A model, its data in variables and one traced loss; ``reseed`` redraws all of it in place."""
 
-    def __init__(self, model, batch, loss="mse", bias_scale=0.1):
+    def __init__(self, model, batch, loss="mse", bias_scale=0.1, loss_scale=1.0, vocab=None, train_steps=0):
+        """``loss_scale`` multiplies the loss; ``vocab`` draws integer inputs below it; ``train_steps`` SGD steps
+        (learning rate 0.1) run after every reseed, so the check sees a trained model."""
         self.model = model
-        self.dtype = model.inputs[0].dtype
+        self.dtype = tf.as_dtype(model.outputs[0].dtype)
+        self.in_dtype = tf.as_dtype(model.inputs[0].dtype)
         self.bias_scale = bias_scale
+        self.vocab = vocab
+        self.train_steps = train_steps
         in_shape = (batch,) + tuple(model.inputs[0].shape[1:])
         out_shape = (batch,) + tuple(model.outputs[0].shape[1:])
-        self.x = tf.Variable(tf.zeros(in_shape, self.dtype), trainable=False, name="x")
+        self.x = tf.Variable(tf.zeros(in_shape, self.in_dtype), trainable=False, name="x")
+        scale = tf.constant(loss_scale, self.dtype)
         if loss == "mse":
             self.y = tf.Variable(tf.zeros(out_shape, self.dtype), trainable=False, name="y")
             self.classes = None
-            self.loss = tf.function(lambda: tf.reduce_mean(tf.square(self.model(self.x) - self.y)))
+            self.loss = tf.function(lambda: scale * tf.reduce_mean(tf.square(self.model(self.x) - self.y)))
         else:
             self.y = tf.Variable(tf.zeros((batch,), tf.int32), trainable=False, name="y")
             self.classes = out_shape[-1]
-            self.loss = tf.function(lambda: tf.reduce_mean(
+            self.loss = tf.function(lambda: scale * tf.reduce_mean(
                 tf.keras.losses.sparse_categorical_crossentropy(self.y, self.model(self.x), from_logits=True)))
 
     @property
@@ -78,12 +84,21 @@ class Case:
                 fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive
                 limit = np.sqrt(6.0 / (fan_in + fan_out))
                 value = rng.uniform(-limit, limit, shape)
-            v.assign(value.astype(self.dtype))
-        self.x.assign(rng.normal(size=self.x.shape).astype(self.dtype))
+            v.assign(value.astype(v.dtype))
+        if self.vocab:
+            self.x.assign(rng.integers(0, self.vocab, size=self.x.shape).astype(self.in_dtype.as_numpy_dtype))
+        else:
+            self.x.assign(rng.normal(size=self.x.shape).astype(self.in_dtype.as_numpy_dtype))
         if self.classes:
             self.y.assign(rng.integers(0, self.classes, size=self.y.shape).astype(np.int32))
         else:
-            self.y.assign(rng.normal(size=self.y.shape).astype(self.dtype))
+            self.y.assign(rng.normal(size=self.y.shape).astype(self.dtype.as_numpy_dtype))
+        for _ in range(self.train_steps):
+            with tf.GradientTape() as tape:
+                loss = self.loss()
+            for v, g in zip(self.variables, tape.gradient(loss, self.variables)):
+                if g is not None:
+                    v.assign_sub(tf.cast(0.1, v.dtype) * tf.convert_to_tensor(g))
         return self
 
 
@@ -274,9 +289,9 @@ def planted(kind, width=16, dtype="float32", batch=16, seed_element=None):
     Kinds: scale, sign, transpose, element, row, column, bias_mean,
     stop_gradient (in ``dense_1``); leaky_relu (a broken activation after
     ``dense_0``, so ``dense_0``'s gradient is wrong); layer_norm and
-    attention (the broken op's own parameters are right; the layers below
-    it, ``dense_0`` and ``embed`` respectively, get wrong gradients).
-    Returns ``(case, name of the row expected to mismatch)``.
+    attention (the layers below the broken op get wrong gradients:
+    ``dense_0``, and ``embed`` with the attention's own query and key).
+    Returns ``(case, names of the layers whose gradient is wrong)``: every other layer's is right.
     """
     inputs = tf.keras.Input((8,), dtype=dtype)
     if kind == "attention":
@@ -284,23 +299,76 @@ def planted(kind, width=16, dtype="float32", batch=16, seed_element=None):
         h = tf.keras.layers.Dense(8, name="embed", dtype=dtype)(seq)
         h = PlantedAttention(8, wrong=True, name="attention", dtype=dtype)(h)
         out = tf.keras.layers.Dense(1, name="head", dtype=dtype)(tf.keras.layers.Flatten(dtype=dtype)(h))
-        return Case(tf.keras.Model(seq, out, name="attn"), batch), "embed"
+        # The softmax sits above the query and key projections: they get the wrong gradient too.
+        return Case(tf.keras.Model(seq, out, name="attn"), batch), ("embed", "attention")
     if kind == "layer_norm":
         h = tf.keras.layers.Dense(width, name="dense_0", dtype=dtype)(inputs)
         h = PlantedLayerNorm(wrong=True, name="norm", dtype=dtype)(h)
         out = tf.keras.layers.Dense(1, name="head", dtype=dtype)(tf.keras.layers.Activation("tanh", dtype=dtype)(h))
-        return Case(tf.keras.Model(inputs, out, name="ln"), batch), "dense_0"
+        return Case(tf.keras.Model(inputs, out, name="ln"), batch), ("dense_0",)
     if kind == "leaky_relu":
         h = tf.keras.layers.Dense(width, name="dense_0", dtype=dtype)(inputs)
         h = tf.keras.layers.Lambda(broken_leaky_relu(), name="leaky", dtype=dtype)(h)
         out = tf.keras.layers.Dense(1, name="head", dtype=dtype)(h)
-        return Case(tf.keras.Model(inputs, out, name="leaky"), batch), "dense_0"
+        return Case(tf.keras.Model(inputs, out, name="leaky"), batch), ("dense_0",)
     element = seed_element or (1, 2)
     h = tf.keras.layers.Dense(width, activation="tanh", name="dense_0", dtype=dtype)(inputs)
     h = PlantedDense(width, kind=kind, activation="tanh", element=element, name="dense_1", dtype=dtype)(h)
     out = tf.keras.layers.Dense(1, name="head", dtype=dtype)(h)
-    return Case(tf.keras.Model(inputs, out, name="planted"), batch), "dense_1"
+    return Case(tf.keras.Model(inputs, out, name="planted"), batch), ("dense_1",)
 
 
 PLANTED_KINDS = ("scale", "sign", "transpose", "element", "row", "column", "bias_mean", "stop_gradient",
                  "leaky_relu", "layer_norm", "attention")
+
+
+# -- correct models that must never mismatch ------------------------------------------------
+
+
+def clean(kind, dtype="float32", batch=16):
+    """A correct model of one of CLEAN_KINDS, with the kinks, zeros and scales that make checks hard."""
+    if kind in ("relu", "relu_trained"):
+        case = mlp((10, 32, 32, 1), activation="relu", dtype=dtype, batch=batch, bias_scale=0.0)
+        case.train_steps = 20 if kind == "relu_trained" else 0
+        return case
+    if kind == "max_pool":
+        model = tf.keras.Sequential([
+            tf.keras.Input((8, 8, 2), dtype=dtype),
+            tf.keras.layers.Conv2D(4, 3, activation="relu", name="conv", dtype=dtype),
+            tf.keras.layers.MaxPooling2D(2, dtype=dtype),
+            tf.keras.layers.Flatten(dtype=dtype),
+            tf.keras.layers.Dense(3, name="logits", dtype=dtype),
+        ], name="pool")
+        return Case(model, batch, loss="xent")
+    if kind == "abs_maximum":
+        inputs = tf.keras.Input((8,), dtype=dtype)
+        h = tf.keras.layers.Dense(16, name="dense_0", dtype=dtype)(inputs)
+        h = tf.keras.layers.Lambda(lambda t: tf.abs(t) + tf.maximum(t, 0.1 * t), name="abs_max", dtype=dtype)(h)
+        out = tf.keras.layers.Dense(1, name="head", dtype=dtype)(h)
+        return Case(tf.keras.Model(inputs, out, name="absmax"), batch)
+    if kind == "batch_norm":
+        model = tf.keras.Sequential([
+            tf.keras.Input((8,), dtype=dtype),
+            tf.keras.layers.Dense(16, activation="tanh", name="dense_0", dtype=dtype),
+            tf.keras.layers.BatchNormalization(name="bn", dtype=dtype),  # inference mode: moving statistics
+            tf.keras.layers.Dense(1, name="head", dtype=dtype),
+        ], name="bn_net")
+        return Case(model, batch)
+    if kind == "float16":
+        return mlp((8, 16, 16, 1), dtype="float16", batch=batch)
+    if kind == "embedding":
+        model = tf.keras.Sequential([
+            tf.keras.Input((5,), dtype="int32"),
+            tf.keras.layers.Embedding(50, 8, name="embed", dtype=dtype),
+            tf.keras.layers.Flatten(dtype=dtype),
+            tf.keras.layers.Dense(1, name="head", dtype=dtype),
+        ], name="emb")
+        return Case(model, batch, vocab=50)
+    if kind in ("loss_1e-8", "loss_1e6"):
+        case = mlp((8, 16, 16, 1), dtype=dtype, batch=batch)
+        return Case(case.model, batch, loss_scale=1e-8 if kind == "loss_1e-8" else 1e6)
+    raise ValueError(f"Expected one of {CLEAN_KINDS}. Received: {kind!r}")
+
+
+CLEAN_KINDS = ("relu", "relu_trained", "max_pool", "abs_maximum", "batch_norm", "float16", "embedding", "loss_1e-8",
+               "loss_1e6")
