@@ -55,9 +55,10 @@ def float64_twin(model):
             f"cloned layer by layer). Received: {type(model).__name__} without `inputs`"
         )
     floatx = keras.config.floatx()
-    # Loss objects take their dtype from floatx when they are built, at
-    # compile: building them under float64 keeps the loss in float64 instead
-    # of casting the twin's output back to float32.
+    # Keras loss objects take their dtype from floatx when they are built, at
+    # the first compute_loss: building them under float64 (on a one-sample
+    # batch of zeros) keeps the loss in float64 instead of casting the twin's
+    # output back to float32, which would quantise it to float32 steps.
     keras.config.set_floatx("float64")
     try:
         inputs = [keras.Input(batch_shape=tuple(i.shape), dtype=_float64(i.dtype), name=_name(i)) for i in model.inputs]
@@ -72,10 +73,22 @@ def float64_twin(model):
         loss = getattr(model, "loss", None)
         if loss is not None:
             twin.compile(loss=loss)
+            _build_loss(twin)
     finally:
         keras.config.set_floatx(floatx)
     sync_twin(model, twin)
     return twin
+
+
+def _build_loss(twin):
+    inputs = [np.zeros((1,) + tuple(d or 1 for d in i.shape[1:]), _numpy_dtype(i.dtype)) for i in twin.inputs]
+    inputs = inputs if len(inputs) > 1 else inputs[0]
+    y_pred = twin(inputs, training=False)
+    twin.compute_loss(x=inputs, y=y_pred, y_pred=y_pred, training=False)
+
+
+def _numpy_dtype(dtype):
+    return np.dtype(getattr(dtype, "name", str(dtype)))
 
 
 def sync_twin(model, twin):

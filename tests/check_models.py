@@ -195,17 +195,25 @@ class PlantedDense(tf.keras.layers.Layer):
         return self.activation(affine(x, w, b))
 
 
-def broken_leaky_relu(alpha=0.2, wrong_alpha=0.1):
+class BrokenLeakyReLU(tf.keras.layers.Layer):
     """Leaky ReLU whose backward pass uses the wrong negative slope: wrong only where inputs are negative."""
 
-    @tf.custom_gradient
-    def act(x):
-        def grad(dy):
-            return dy * tf.where(x > 0, tf.ones_like(x), wrong_alpha * tf.ones_like(x))
+    def __init__(self, alpha=0.2, wrong_alpha=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.alpha = alpha
+        self.wrong_alpha = wrong_alpha
 
-        return tf.where(x > 0, x, alpha * x), grad
+    def call(self, x):
+        alpha, wrong_alpha = self.alpha, self.wrong_alpha
 
-    return act
+        @tf.custom_gradient
+        def act(x):
+            def grad(dy):
+                return dy * tf.where(x > 0, tf.ones_like(x), wrong_alpha * tf.ones_like(x))
+
+            return tf.where(x > 0, x, alpha * x), grad
+
+        return act(x)
 
 
 class PlantedLayerNorm(tf.keras.layers.Layer):
@@ -308,7 +316,7 @@ def planted(kind, width=16, dtype="float32", batch=16, seed_element=None):
         return Case(tf.keras.Model(inputs, out, name="ln"), batch), ("dense_0",)
     if kind == "leaky_relu":
         h = tf.keras.layers.Dense(width, name="dense_0", dtype=dtype)(inputs)
-        h = tf.keras.layers.Lambda(broken_leaky_relu(), name="leaky", dtype=dtype)(h)
+        h = BrokenLeakyReLU(name="leaky", dtype=dtype)(h)
         out = tf.keras.layers.Dense(1, name="head", dtype=dtype)(h)
         return Case(tf.keras.Model(inputs, out, name="leaky"), batch), ("dense_0",)
     element = seed_element or (1, 2)
