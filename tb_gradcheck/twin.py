@@ -108,6 +108,12 @@ def sync_twin(model, twin):
 
 
 def _float64_layer(layer):
+    import keras
+
+    if isinstance(layer, keras.layers.Lambda):
+        # The same Python function, not a deserialised copy (Keras refuses
+        # to deserialise lambdas, and nothing is loaded from disk here).
+        return keras.layers.Lambda(layer.function, arguments=layer.arguments, name=layer.name, dtype="float64")
     config = layer.get_config()
     if "dtype" in config:
         config["dtype"] = "float64"

@@ -50,6 +50,8 @@ class Case:
         """``loss_scale`` multiplies the loss; ``vocab`` draws integer inputs below it; ``train_steps`` SGD steps
         (learning rate 0.1) run after every reseed, so the check sees a trained model."""
         self.model = model
+        self.settings = dict(batch=batch, loss=loss, bias_scale=bias_scale, loss_scale=loss_scale, vocab=vocab,
+                             train_steps=train_steps)
         self.dtype = tf.as_dtype(model.outputs[0].dtype)
         self.in_dtype = tf.as_dtype(model.inputs[0].dtype)
         self.bias_scale = bias_scale
@@ -72,6 +74,13 @@ class Case:
     @property
     def variables(self):
         return self.model.trainable_variables
+
+    def float64(self):
+        """The same case on ``float64_twin(model)``: ``reseed(s)`` draws the same values, unrounded."""
+        from tb_gradcheck.twin import float64_twin
+
+        settings = dict(self.settings)
+        return Case(float64_twin(self.model), settings.pop("batch"), **settings)
 
     def reseed(self, seed):
         rng = np.random.default_rng(seed)
@@ -336,9 +345,8 @@ PLANTED_KINDS = ("scale", "sign", "transpose", "element", "row", "column", "bias
 def clean(kind, dtype="float32", batch=16):
     """A correct model of one of CLEAN_KINDS, with the kinks, zeros and scales that make checks hard."""
     if kind in ("relu", "relu_trained"):
-        case = mlp((10, 32, 32, 1), activation="relu", dtype=dtype, batch=batch, bias_scale=0.0)
-        case.train_steps = 20 if kind == "relu_trained" else 0
-        return case
+        model = mlp((10, 32, 32, 1), activation="relu", dtype=dtype, batch=batch).model
+        return Case(model, batch, bias_scale=0.0, train_steps=20 if kind == "relu_trained" else 0)
     if kind == "max_pool":
         model = tf.keras.Sequential([
             tf.keras.Input((8, 8, 2), dtype=dtype),
