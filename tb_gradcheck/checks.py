@@ -48,11 +48,28 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from tb_gradcheck import check_probes, check_state, check_verdict, metadata, stats
-from tb_gradcheck.check_report import (BLOCK, GRADIENT, INCONCLUSIVE, MISMATCH, OK, STATUSES, ZERO_SET, CheckRow,
-                                       GradientCheckReport, Probe)
+from tb_gradcheck import (
+    check_locate,
+    check_probes,
+    check_state,
+    check_verdict,
+    metadata,
+    stats,
+)
+from tb_gradcheck.check_report import (
+    BLOCK,
+    GRADIENT,
+    INCONCLUSIVE,
+    MISMATCH,
+    OK,
+    STATUSES,
+    ZERO_SET,
+    CheckRow,
+    GradientCheckReport,
+    Probe,
+)
 
-__all__ = ["check_gradients", "GradientCheckReport", "CheckRow", "Probe", "STATUSES", "OK", "INCONCLUSIVE", "MISMATCH"]
+__all__ = ["INCONCLUSIVE", "MISMATCH", "OK", "STATUSES", "CheckRow", "GradientCheckReport", "Probe", "check_gradients"]
 
 DEFAULT_PROBES = 3
 # A directional derivative more than 1% off is reported as a mismatch. Below
@@ -268,7 +285,7 @@ def _check_row(prober, row, name, kind, probes, thorough):
     if not convicted:
         return verdict
     probe, direction = max(convicted, key=lambda pd: abs(pd[0].analytic - pd[0].numeric) / max(pd[0].error_bound, 1e-300))
-    return dataclasses.replace(verdict, location=prober.locate(row, direction, probe))
+    return dataclasses.replace(verdict, location=check_locate.locate(prober, row, direction, probe))
 
 
 def default_tolerance(unit):

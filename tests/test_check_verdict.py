@@ -152,7 +152,8 @@ def test_report_types_and_decisions_import_no_tensorflow():
     # tab's side and these table tests need no TensorFlow.
     assert "tensorflow" not in check_report.__dict__ and "tensorflow" not in check_verdict.__dict__
     for module in (check_report, check_verdict):
-        source = open(module.__file__).read()
+        with open(module.__file__) as f:
+            source = f.read()
         assert "import tensorflow" not in source, module.__name__
 
 
