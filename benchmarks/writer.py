@@ -1,15 +1,24 @@
 """Writer overhead and storage against what users would write instead.
 
-Three reference models, each trained with a compiled custom step in five
-ways: bare; tb_gradcheck's GradientWriter; per-variable
-``tf.summary.histogram`` of the gradients (what Keras' TensorBoard callback
-used to do); hand-written per-layer ``tf.summary.scalar`` of the gradient norm.
-Each way writes every step and every 10 steps. Figures are medians of
-interleaved rounds, as ratios to the bare step timed in the same rounds.
+Four reference models (a 20-layer MLP, a CNN with BatchNorm, MobileNetV2 and a
+6-block Transformer encoder of width 256), each trained with a compiled
+custom step in several ways: bare; tb_gradcheck's GradientWriter;
+per-variable ``tf.summary.histogram`` of the gradients (what Keras'
+TensorBoard callback used to do); hand-written per-layer
+``tf.summary.scalar`` of the gradient norm. Each way writes every step and
+every 10 steps. Figures are medians of interleaved rounds, as ratios to the
+bare step timed in the same rounds.
+
+The ``fit`` rows time ``model.fit`` on the MLP per batch, with XLA
+(``jit_compile``) off and on, without and with ``GradientCallback``; each
+is a ratio to the bare fit of the same XLA setting, fits alternating.
 """
 
 import os
+import statistics
 import tempfile
+import time
+import warnings
 
 import numpy as np
 
@@ -18,6 +27,8 @@ from benchmarks.common import interleaved, row
 TARGET_EVERY_STEP = 1.03
 TARGET_EVERY_10 = 1.01
 TARGET_STORAGE = 1 / 20
+# Issue #12: fit with XLA and the callback within 5% of fit with XLA alone.
+TARGET_FIT = 1.05
 
 
 def _models(quick):
@@ -48,7 +59,23 @@ def _models(quick):
     if not quick:
         app = keras.applications.MobileNetV2(input_shape=(96, 96, 3), weights=None, classes=10)
         out.append(("mobilenetv2_96_b16", app, (16, 96, 96, 3), (16, 10)))
+        out.append(("transformer6_w256_b16", _transformer(6, 256, 64), (16, 64, 256), (16, 10)))
     return out
+
+
+def _transformer(blocks, width, length):
+    """A Transformer encoder: ``blocks`` x (self-attention, LayerNorm, feed-forward, LayerNorm), post-norm."""
+    import tensorflow as tf
+
+    keras = tf.keras
+    x = inputs = keras.Input((length, width))
+    for _ in range(blocks):
+        attention = keras.layers.MultiHeadAttention(num_heads=4, key_dim=width // 4)(x, x)
+        x = keras.layers.LayerNormalization()(x + attention)
+        hidden = keras.layers.Dense(2 * width, activation="gelu")(x)
+        x = keras.layers.LayerNormalization()(x + keras.layers.Dense(width)(hidden))
+    outputs = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(x))
+    return keras.Model(inputs, outputs, name="transformer")
 
 
 def _steps(model, x_shape, y_shape, logdir):
@@ -112,6 +139,67 @@ def _event_bytes(directory):
     return sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory) if "tfevents" in f)
 
 
+class _BatchTimer:
+    """Keras callback that keeps the wall time of every training batch."""
+
+    def __init__(self):
+        import tensorflow as tf
+
+        class Timer(tf.keras.callbacks.Callback):
+            def on_train_batch_begin(inner, batch, logs=None):
+                inner.start = time.perf_counter()
+
+            def on_train_batch_end(inner, batch, logs=None):
+                self.times.append(time.perf_counter() - inner.start)
+
+        self.times = []
+        self.callback = Timer()
+
+
+def _fit_rows(quick, logdir):
+    """Per-batch time of model.fit with XLA off/on, without/with GradientCallback."""
+    import tensorflow as tf
+
+    from tb_gradcheck.keras import GradientCallback
+
+    keras = tf.keras
+    steps, rounds = (30, 3) if quick else (100, 7)
+    x = np.random.default_rng(0).normal(size=(64 * steps, 256)).astype(np.float32)
+    y = np.random.default_rng(1).normal(size=(64 * steps, 256)).astype(np.float32)
+    models = {}
+    for jit in (False, True):
+        tf.keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((256,))] + [keras.layers.Dense(256, activation="relu") for _ in range(20)])
+        model.compile(keras.optimizers.SGD(1e-4), "mse", jit_compile=jit)
+        models[jit] = model
+    samples = {(jit, cb): [] for jit in (False, True) for cb in (False, True)}
+    order = list(samples)
+    import random
+
+    shuffle = random.Random(0).shuffle
+    for r in range(rounds + 1):  # round 0 warms up (tracing, compiling) and is dropped
+        shuffle(order)
+        for jit, cb in order:
+            timer = _BatchTimer()
+            callbacks = [timer.callback]
+            if cb:
+                callbacks.append(GradientCallback(os.path.join(logdir, f"fit_{jit}_{r}")))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                models[jit].fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=callbacks)
+            if r:
+                samples[jit, cb].append(statistics.median(timer.times[5:]))
+    times = {k: statistics.median(v) for k, v in samples.items()}
+    out = []
+    for jit in (False, True):
+        label = "XLA on" if jit else "XLA off"
+        out.append(row(f"fit step, mlp20_w256_b64, {label}, with GradientCallback vs without", times[jit, False] * 1e3,
+                       times[jit, True] * 1e3, "ms", TARGET_FIT if jit else None))
+    out.append(row("fit step, mlp20_w256_b64, bare, XLA off vs XLA on", times[True, False] * 1e3,
+                   times[False, False] * 1e3, "ms"))
+    return out
+
+
 def run(quick=False):
     """Measures overhead and storage; returns result rows (see benchmarks.common.row)."""
     import tensorflow as tf
@@ -139,6 +227,8 @@ def run(quick=False):
             rows.append(row(f"bytes per written step, {name}, tb_gradcheck vs histograms", hist,
                             per_step["tb_gradcheck"], "B", TARGET_STORAGE))
             rows.append(row(f"bytes per written step, {name}, scalars vs histograms", hist, per_step["scalar"], "B"))
+    with tempfile.TemporaryDirectory() as logdir:
+        rows += _fit_rows(quick, logdir)
     return rows
 
 

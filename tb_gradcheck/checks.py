@@ -42,7 +42,6 @@ raises. This module does no I/O; ``GradientWriter.write_check`` writes reports.
 
 import dataclasses
 import math
-import numbers
 import warnings
 
 import numpy as np
@@ -55,6 +54,7 @@ from tb_gradcheck import (
     check_verdict,
     metadata,
     stats,
+    validate,
 )
 from tb_gradcheck.check_report import (
     BLOCK,
@@ -161,22 +161,17 @@ def check_gradients(loss_fn, variables, *, probes=DEFAULT_PROBES, epsilon=None, 
         raise TypeError(f"Expected `variables` to be a list of variables. Received: {type(variables).__name__}")
     variables = list(variables)
     rows = stats.Rows(variables)  # validates: non-empty, unique, floating-point variables
-    probes = _positive_int(probes, "probes")
+    probes = validate.positive_int(probes, "probes")
     if epsilon is not None:
-        epsilon = _fraction(epsilon, "epsilon")
+        epsilon = validate.fraction(epsilon, "epsilon")
     if tolerance is not None:
-        tolerance = _fraction(tolerance, "tolerance")
+        tolerance = validate.fraction(tolerance, "tolerance")
     if not isinstance(thorough, bool):
         raise TypeError(f"Expected `thorough` to be True or False. Received: {type(thorough).__name__}")
-    if granularity not in metadata.GRANULARITIES:
-        raise ValueError(
-            f"Expected `granularity` to be one of {list(metadata.GRANULARITIES)}. Received: {granularity!r}"
-        )
+    granularity = validate.one_of(granularity, "granularity", metadata.GRANULARITIES)
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**63))
-    elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"Expected `seed` to be a non-negative integer or None. Received: {seed!r}")
-    seed = int(seed)
+    seed = validate.non_negative_int(seed, "seed")
 
     checked = [check_state.tf_variable(v) for v in variables]
     # On Ampere and newer GPUs TensorFlow runs float32 matmuls and
@@ -299,17 +294,3 @@ def default_tolerance(unit):
     resolve little anyway, and a looser tolerance would call percent errors ok.
     """
     return DEFAULT_TOLERANCE * min(1.0, math.sqrt(unit / 2.0**-24))
-
-
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"Expected `{name}` to be a positive integer. Received: {value!r}")
-    return int(value)
-
-
-def _fraction(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"Expected `{name}` to be a number. Received: {type(value).__name__}")
-    if not 0 < value < 1:
-        raise ValueError(f"Expected `{name}` to be between 0 and 1 (exclusive). Received: {value!r}")
-    return float(value)

@@ -35,7 +35,6 @@ still matches TensorBoard's batch axis. The count lives as long as the
 optimizer object; a run restored from a checkpoint starts it again at zero.
 """
 
-import numbers
 import os
 import warnings
 import weakref
@@ -46,7 +45,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tb_gradcheck import summary
+from tb_gradcheck import checks, replica, summary, units, validate
 from tb_gradcheck.twin import float64_twin, sync_twin  # noqa: F401  (public here: tb_gradcheck.keras.float64_twin)
 
 # The optimizer that GradientCallback was last attached to, and by which
@@ -121,13 +120,10 @@ class GradientCallback(keras.callbacks.Callback):
 
     def __init__(self, log_dir, *, every_n_steps=1, check_every_n_steps=None, check_data=None, check_dtype=None):
         super().__init__()
-        if isinstance(log_dir, bytes):
-            log_dir = log_dir.decode()
-        if not isinstance(log_dir, str) and not hasattr(log_dir, "__fspath__"):
-            raise TypeError(f"Expected `log_dir` to be a path. Received: {type(log_dir).__name__}")
-        _check_count("every_n_steps", every_n_steps)
+        log_dir = validate.path(log_dir, "log_dir")
+        every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
         if check_every_n_steps is not None:
-            _check_count("check_every_n_steps", check_every_n_steps)
+            check_every_n_steps = validate.positive_int(check_every_n_steps, "check_every_n_steps")
             if check_data is None:
                 raise ValueError(
                     "Expected `check_data` (a batch `(x, y)` to check the gradients on) with "
@@ -139,12 +135,10 @@ class GradientCallback(keras.callbacks.Callback):
                 f"Received: {type(check_data).__name__}"
                 + (f" of length {len(check_data)}" if isinstance(check_data, (tuple, list)) else "")
             )
-        if check_dtype not in (None, "float64"):
-            raise ValueError(f"Expected `check_dtype` to be None or 'float64'. Received: {check_dtype!r}")
-        self.check_dtype = check_dtype
-        self.log_dir = os.fspath(log_dir)
-        self.every_n_steps = int(every_n_steps)
-        self.check_every_n_steps = None if check_every_n_steps is None else int(check_every_n_steps)
+        self.check_dtype = validate.one_of(check_dtype, "check_dtype", (None, "float64"))
+        self.log_dir = log_dir
+        self.every_n_steps = every_n_steps
+        self.check_every_n_steps = check_every_n_steps
         self.check_data = None if check_data is None else tuple(check_data)
         self._session = None
         self._in_batch = False
@@ -282,16 +276,18 @@ class _Session:
         self.loss_scale = optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else None
         self.strategy = self.model.distribute_strategy
         self.writer = summary.GradientWriter(
-            os.path.join(callback.log_dir, "train"), every_n_steps=callback.every_n_steps
+            os.path.join(callback.log_dir, "train"),
+            every_n_steps=callback.every_n_steps,
+            unit_axes=units.unit_axes(self.model),
         )
         # Read inside the traced step, so a train function left behind by a
         # fit that raised past this callback writes nothing once detached.
-        self.enabled = summary._host_variable(True, tf.bool, "tb_gradcheck_enabled")
+        self.enabled = replica.host_variable(True, tf.bool, "tb_gradcheck_enabled")
         self.skipped = None
         if self.loss_scale is not None:
             self.skipped = _SKIPPED.get(optimizer)
             if self.skipped is None:
-                self.skipped = summary._host_variable(0, tf.int64, "tb_gradcheck_skipped")
+                self.skipped = replica.host_variable(0, tf.int64, "tb_gradcheck_skipped")
                 _SKIPPED[optimizer] = self.skipped
         self.last_check = None
         self.twin = None  # the float64 twin, built at the first check with check_dtype="float64"
@@ -362,7 +358,7 @@ class _Session:
         return list(self.model.trainable_variables)
 
     def _record_applied(self, grads_and_vars):
-        if summary._writing_replica() is False:
+        if replica.writing_replica() is False:
             return
         variables = self._variables()
         index = {self._key(v): i for i, v in enumerate(variables)}
@@ -384,7 +380,7 @@ class _Session:
         self._write(grads, variables, step)
 
     def _record_if_skipped(self, grads, finite):
-        if summary._writing_replica() is False:
+        if replica.writing_replica() is False:
             return
         variables = self._variables()
         if len(grads) != len(variables):
@@ -406,7 +402,7 @@ class _Session:
             # record_if whose condition is fixed when the step is traced;
             # these records follow their own every_n_steps instead.
             with tf.summary.record_if(True):
-                self.writer._write_aggregated(grads, variables, step)
+                self.writer.record(grads, variables, step)
             return tf.constant(True)
 
         if check_enabled:
@@ -440,8 +436,6 @@ class _Session:
         self.check(step)
 
     def check(self, step):
-        from tb_gradcheck import checks  # TensorFlow-heavy, and needed only when checks are on
-
         model = self.model
         x, y, *rest = self.callback.check_data
         sample_weight = rest[0] if rest else None
@@ -490,8 +484,3 @@ def _unscale(gradient, scale):
 
 def _as_int64(value):
     return tf.cast(tf.convert_to_tensor(value), tf.int64)
-
-
-def _check_count(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"Expected `{name}` to be a positive integer. Received: {value!r}")

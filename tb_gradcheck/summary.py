@@ -12,10 +12,25 @@ layout from ``metadata.stats_layout``. One event per written step:
     then the ``V`` variables (``content["variable"]["rows"]``), then one
     header row whose column 0 is the number of writes this writer has made
     (the plugin reads it to say "N of M steps" when TensorBoard sampled).
-  - ``C`` columns, ``metadata.STORED_STAT_COLUMNS``: grad_norm, grad_max_abs,
-    grad_zero_fraction, grad_nonfinite, weight_norm. A row without a
-    gradient holds -1 in every gradient column (all are non-negative when
-    present). grad_to_weight is derived on read.
+  - ``C`` columns, named in the content's ``columns`` (readers go by name
+    and skip names they do not know), ``metadata.STORED_STAT_COLUMNS``:
+    grad_norm, grad_max_abs, grad_zero_fraction, grad_nonfinite,
+    dead_unit_fraction (units: ``tb_gradcheck.units``), grad_norm_finite,
+    first_nonfinite_offset, weight_norm. A row without a gradient holds -1
+    in every gradient column (all are non-negative when present); a cell
+    with no value (an aggregate a column is not reduced over) holds -1 too.
+    grad_to_weight is derived on read.
+  - The onset columns. ``grad_norm_finite`` is grad_norm over the steps
+    whose gradient was finite, reduced like grad_norm: its ``max`` slab is
+    the largest finite norm of the window, which a later NaN (grad_norm's
+    ``max`` is then NaN) does not hide; -1 if no step was finite.
+    ``first_nonfinite_offset`` is the first step of the window with a NaN or
+    Inf gradient element, stored as ``write step - that step`` (0: the
+    write step itself), the same value in every slab; -1 if none. An offset
+    is an integer below the window length, exact in float32 up to 2**24,
+    where the step itself (up to 2**63) would not be: a reader gets the
+    step back as ``step - offset``. With every step written, the offset is
+    0 on a non-finite step.
 - tag ``gradients/check/<granularity>/<fp>`` (from ``write_check``):
   float32 ``[R, C]``, rows as in the content's ``rows`` (the same grouping
   and names as the stats rows), columns ``metadata.CHECK_COLUMNS``: analytic
@@ -26,31 +41,29 @@ layout from ``metadata.stats_layout``. One event per written step:
   with a plain max). A row that was not checked has status NaN.
 
 The full metadata (with row names) rides on the first event of each tag a
-writer writes; later events carry only the plugin name and data class, since
-TensorBoard keeps the first metadata of a tag and ignores the rest.
+writer writes (``tb_gradcheck.events``). Under ``tf.distribute`` one event is
+written per step, by replica 0 of the chief (``tb_gradcheck.replica``).
 
-Under ``tf.distribute`` one event is written per step, by one replica: replica
-0 of the chief (``strategy.extended.should_save_summary``). Every other worker
-keeps its event file closed (none is created) and writes nothing. The writer's
-state (window accumulators, fresh flags, the write counter) lives in plain
-variables of the process that writes, updated by that replica only; see
-``_host_variable`` for why they are not the strategy's mirrored variables.
+Modules of the writer: ``summary`` (this one: the public ``GradientWriter``
+and its internal interface ``record`` for ``tb_gradcheck.keras``),
+``validate`` (argument checks at the entry points), ``stats`` and ``units``
+(the statistics, inside the step), ``window`` (``every_n_steps > 1``),
+``events`` (tags and metadata), ``replica`` (which replica records).
 """
 
 import atexit
-import collections.abc
-import numbers
 import sys
 import weakref
 
-import numpy as np
 import tensorflow as tf
-from tensorboard.compat.proto import summary_pb2
-from tensorflow.python.ops import resource_variable_ops
 
 from tb_gradcheck import checks
+from tb_gradcheck import events
 from tb_gradcheck import metadata
+from tb_gradcheck import replica
 from tb_gradcheck import stats
+from tb_gradcheck import validate
+from tb_gradcheck import window
 
 # Flush policy. Every write() ends by flushing its events to the operating
 # system: tf.summary's writer.as_default() flushes when its block exits,
@@ -65,8 +78,6 @@ from tb_gradcheck import stats
 DEFAULT_FLUSH_MILLIS = 10_000
 # Events queued in memory before the tf.summary writer flushes regardless of time.
 DEFAULT_MAX_QUEUE = 100
-
-_INT64_MAX = 2**63 - 1
 
 
 class GradientWriter:
@@ -102,9 +113,16 @@ class GradientWriter:
       flush_millis: Int, default 10000. Longest time events wait in memory
         in the tf.summary writer this creates. Each ``write()`` flushes its
         own events anyway (see the flush policy at the top of summary.py).
+      unit_axes: Dict or None (default). ``{variable path: 2}`` for
+        depthwise kernels, whose units (for ``dead_unit_fraction``) are
+        their last two axes: pass ``tb_gradcheck.units.unit_axes(model)``.
+        Every other variable's units follow from its shape (see
+        ``tb_gradcheck.units``).
     """
 
-    def __init__(self, logdir=None, *, writer=None, every_n_steps=1, flush_millis=DEFAULT_FLUSH_MILLIS):
+    def __init__(
+        self, logdir=None, *, writer=None, every_n_steps=1, flush_millis=DEFAULT_FLUSH_MILLIS, unit_axes=None
+    ):
         if (logdir is None) == (writer is None):
             raise ValueError(
                 "Expected exactly one of `logdir` and `writer`. "
@@ -115,25 +133,22 @@ class GradientWriter:
                 "Expected `writer` to be a tf.summary.SummaryWriter (from tf.summary.create_file_writer). "
                 f"Received: {type(writer).__name__}"
             )
-        if logdir is not None and not isinstance(logdir, (str, bytes)) and not hasattr(logdir, "__fspath__"):
-            raise TypeError(f"Expected `logdir` to be a path. Received: {type(logdir).__name__}")
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral) or every_n_steps < 1:
-            raise ValueError(f"Expected `every_n_steps` to be a positive integer. Received: {every_n_steps!r}")
-        if isinstance(flush_millis, bool) or not isinstance(flush_millis, numbers.Integral) or flush_millis < 1:
-            raise ValueError(f"Expected `flush_millis` to be a positive integer. Received: {flush_millis!r}")
+        if logdir is not None:
+            logdir = validate.path(logdir, "logdir")
+        every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        flush_millis = validate.positive_int(flush_millis, "flush_millis")
+        self._unit_axes = dict(unit_axes or {})
         self.every_n_steps = int(every_n_steps)
         self._owns_writer = writer is None
         # The event file is opened at the first write this process records, so
         # a worker that never writes (a non-chief under tf.distribute) leaves
         # no file in the run directory.
-        self._logdir = None if logdir is None else (logdir.decode() if isinstance(logdir, bytes) else str(logdir))
+        self._logdir = logdir
         self._flush_millis = int(flush_millis)
         self._summary_writer = writer
         self._closed = False
         self._layouts = {}  # tuple of variable ids -> _Layout
-        self._fresh = {}  # tag -> tf.Variable(bool): full metadata not yet written
-        self._writes = None  # variable(float32): distinct steps written so far, for the header row
-        self._last_write_step = None  # variable(int64): the step of the latest stats write
+        self._events = events.Events()  # tags, fresh flags, the header row's write counter
         self._open = None  # variable(bool): False after close(), read by traced graphs
         self._warned = None  # variable(bool): the after-close warning was printed
         _open_writers.add(self)
@@ -173,29 +188,33 @@ class GradientWriter:
             ``close()`` and run after it skips the write with one warning.)
         """
         self._check_open("write")
-        variables = _as_list(variables, "variables")
-        gradients = _as_list(gradients, "gradients")
-        _reject_per_replica(gradients)
-        if len(gradients) != len(variables):
-            raise ValueError(
-                "Expected one gradient per variable. "
-                f"Received: len(gradients)={len(gradients)}, len(variables)={len(variables)}"
-            )
-        gradients = [_as_gradient(g, i, v) for i, (g, v) in enumerate(zip(gradients, variables))]
-        step = _as_step(step)
-        self._write_aggregated(_sum_over_replicas(gradients), variables, step)
+        variables = validate.variables(variables)
+        gradients = validate.gradients(gradients, variables)
+        step = validate.step(step)
+        self.record(replica.sum_over_replicas(gradients), variables, step)
 
-    def _write_aggregated(self, gradients, variables, step):
-        """Records gradients that are already the same on every replica, once per step.
+    # -- internal interface ---------------------------------------------------
+    # For callers inside tb_gradcheck that hold gradients already checked and
+    # summed over replicas (tb_gradcheck.keras: the gradients a Keras
+    # optimizer applies). Nothing is validated again below this line.
 
-        ``tb_gradcheck.keras`` calls this with the gradients a Keras optimizer
-        has all-reduced. On a replica or worker that does not write, nothing
-        is computed (the statistics would only be thrown away).
+    def record(self, gradients, variables, step):
+        """Records one step's gradients, which are the same on every replica, once per step.
+
+        Args:
+          gradients: One per variable: None, a ``tf.IndexedSlices`` or a
+            floating-point tensor of the variable's shape (what
+            ``validate.gradients`` returns), already summed over replicas.
+          variables: The variables (what ``validate.variables`` returns).
+          step: A scalar int64 tensor (what ``validate.step`` returns).
+
+        Returns:
+          None. On a replica or worker that does not write, nothing is
+          computed (the statistics would only be thrown away).
         """
         self._check_open("write")
-        step = _as_step(step)
         layout = self._layout_for(variables, gradients)
-        writing = _writing_replica()
+        writing = replica.writing_replica()
         if writing is False:
             return
         if writing is True:
@@ -228,8 +247,8 @@ class GradientWriter:
         if tf.executing_eagerly():
             return record()
         if self._open is None:
-            self._open = _host_variable(True, tf.bool, "tb_gradcheck_open")
-            self._warned = _host_variable(False, tf.bool, "tb_gradcheck_warned")
+            self._open = replica.host_variable(True, tf.bool, "tb_gradcheck_open")
+            self._warned = replica.host_variable(False, tf.bool, "tb_gradcheck_warned")
         return tf.cond(self._open, record, lambda: self._skip_closed(step))
 
     def _skip_closed(self, step):
@@ -246,16 +265,20 @@ class GradientWriter:
         return tf.cond(self._warned, lambda: tf.constant(False), warn)
 
     def _measure(self, layout, gradients):
-        """This step's statistics: all of them when every step is written, else what a window reduces."""
+        """This step's statistics: all of them when every step is written, else what a window reduces.
+
+        Returns ``(layer, variable)`` stats, and for a window also
+        ``(layer, variable)`` weight norms.
+        """
         if self.every_n_steps == 1:
-            return stats.compute(gradients, layout.variables, layout.rows)
+            return stats.compute(gradients, layout.rows)
         # Between writes only what a window needs: one fused pass per
         # gradient for the norm (and, on a bad step only, the NaN count).
         # The weight norms are taken here too, outside the write's cond: read
         # inside it, the model's variables would make the cond an op that the
         # optimizer's updates must wait for, serialising the whole step.
-        layer, variable = stats.compute(gradients, layout.variables, layout.rows, weights=False, full=False)
-        return layer, variable, stats.weight_norms(layout.variables, layout.rows)
+        layer, variable = stats.compute(gradients, layout.rows, weights=False, full=False)
+        return layer, variable, stats.weight_norms(layout.rows)
 
     def _record(self, layout, measured, gradients, step):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics."""
@@ -264,11 +287,11 @@ class GradientWriter:
         # written step survive a SIGKILL (see the flush policy above).
         with self._writer.as_default():
             if self.every_n_steps == 1:
-                self._write_stats(layout, layer[None], variable[None], step)
+                self._events.stats(layout.content, layer[None], variable[None], step)
                 return tf.constant(True)
             layout.window.add(layer, variable, step)
             due = tf.equal(step % self.every_n_steps, 0)
-            tf.cond(due, lambda: self._flush_window(layout, step, gradients, measured[2]), lambda: tf.constant(False))
+            tf.cond(due, lambda: self._flush_window(layout, step, measured[2], gradients), lambda: tf.constant(False))
         return tf.constant(True)
 
     def write_check(self, report, step):
@@ -306,13 +329,13 @@ class GradientWriter:
                 "Expected write_check to be called eagerly, outside tf.function. "
                 "Received: a call while tracing a tf.function"
             )
-        step = _as_step(step)
+        step = validate.step(step)
         with self._writer.as_default():
             for granularity, rows in (("layer", report.layers), ("variable", report.variables)):
                 if not rows:
                     continue
                 content = metadata.check_layout(granularity, [r.name for r in rows])
-                self._emit(content, tf.constant(check_matrix(rows)), step)
+                self._events.tensor(content, tf.constant(events.check_matrix(rows)), step)
 
     def flush(self):
         """Hands buffered events to the operating system (``write()`` already does for its own)."""
@@ -335,7 +358,8 @@ class GradientWriter:
             for layout in self._layouts.values():
                 if layout.window is not None and bool(layout.window.pending()):
                     with self._summary_writer.as_default():
-                        self._flush_window(layout, layout.window.last_step.read_value())
+                        weights = stats.weight_norms(layout.rows)
+                        self._flush_window(layout, layout.window.last_step.read_value(), weights)
             self._summary_writer.flush()
             if self._owns_writer:
                 self._summary_writer.close()
@@ -370,53 +394,23 @@ class GradientWriter:
         key = (tuple(id(v) for v in variables), sparse)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = _Layout(variables, sparse, self.every_n_steps)
+            layout = _Layout(variables, sparse, self.every_n_steps, self._unit_axes)
             self._layouts[key] = layout
         return layout
 
-    def _flush_window(self, layout, step, gradients=None, weight_norms=None):
+    def _flush_window(self, layout, step, weight_norms, gradients=None):
         """Writes the window; with this step's ``gradients``, its ``last`` slab has every statistic."""
-        layer_w, variable_w = weight_norms or stats.weight_norms(layout.variables, layout.rows)
-        last = None
-        if gradients is not None:
-            last = stats.compute(gradients, layout.variables, layout.rows, weights=False)
-        layer, variable = layout.window.aggregates(last)
-        self._write_stats(layout, stats.with_weights(layer, layer_w), stats.with_weights(variable, variable_w), step)
+        last = None if gradients is None else stats.compute(gradients, layout.rows, weights=False)
+        layer, variable = layout.window.aggregates(step, weight_norms, last)
+        self._events.stats(layout.content, layer, variable, step)
         layout.window.reset()
         return tf.constant(True)
-
-    def _write_stats(self, layout, layer, variable, step):
-        if self._writes is None:
-            self._writes = _host_variable(0.0, tf.float32, "tb_gradcheck_writes")
-            self._last_write_step = _host_variable(-1, tf.int64, "tb_gradcheck_step")
-        # Count steps, not calls: two models written through one writer (a
-        # GAN's generator and discriminator) write twice per step, and a
-        # count of calls would make the tab say "N of 2N steps" (sampled).
-        step = tf.cast(step, tf.int64)
-        writes = self._writes.assign_add(tf.cast(tf.not_equal(step, self._last_write_step), tf.float32))
-        self._last_write_step.assign(step)
-        # float32 counts exactly up to 2**24 (16.7 million) writes.
-        header = tf.pad(tf.fill([tf.shape(layer)[0], 1, 1], writes), [[0, 0], [0, 0], [0, layer.shape[-1] - 1]])
-        self._emit(layout.content, tf.concat([layer, variable, header], axis=1), step)
-
-    def _emit(self, content, tensor, step):
-        """Writes one tensor under its layout's tag; full metadata on the first write only."""
-        tag = metadata.tag_for(content)
-        if tag not in self._fresh:
-            self._fresh[tag] = _host_variable(True, tf.bool, "tb_gradcheck_fresh")
-        fresh = self._fresh[tag]
-        md = tf.where(fresh, _serialized_metadata(content), _SLIM_METADATA)
-        written = tf.summary.write(tag, tensor, step=step, metadata=md)
-        # Under tf.summary.record_if(False) nothing was written: stay fresh.
-        fresh.assign(tf.logical_and(fresh, tf.logical_not(written)))
-
 
 class _Layout:
     """Everything fixed for one list of variables: rows, tag content, window state."""
 
-    def __init__(self, variables, sparse, every_n_steps):
-        self.variables = list(variables)
-        self.rows = stats.Rows(self.variables)
+    def __init__(self, variables, sparse, every_n_steps, unit_axes):
+        self.rows = stats.Rows(variables, unit_axes)
         sparse_variables = [n for n, s in zip(self.rows.variable_names, sparse) if s]
         sparse_layers = [n for i, n in enumerate(self.rows.layer_names)
                          if any(s and self.rows.layer_of[v] == i for v, s in enumerate(sparse))]
@@ -429,246 +423,7 @@ class _Layout:
         )
         self.window = None
         if every_n_steps > 1:
-            self.window = _Window(len(self.rows.layer_names), len(self.rows.variable_names))
-
-
-class _Window:
-    """Running last/sum/max/min/count of grad_norm and grad_nonfinite since the last write.
-
-    Those two are what a window is for (a spike or a NaN between writes) and
-    cost one fused pass per gradient; max |g| and the zero fraction need
-    passes of their own, so they are taken at the write step only (the
-    ``last`` slab) and their other slabs are MISSING. Weight columns are
-    filled in at the write step. NaN propagates through sum, max and min on
-    purpose: a window that saw a NaN must not look healthy in any aggregate.
-    """
-
-    def __init__(self, n_layers, n_variables):
-        c = stats.GRADIENT_COLUMNS
-        self._parts = [self._state(n, c) for n in (n_layers, n_variables)]
-        self.last_step = _host_variable(0, tf.int64, "tb_gradcheck_last_step")
-
-    @staticmethod
-    def _state(n, c):
-        def var(value, shape=(n, c)):
-            return _host_variable(np.full(shape, value, np.float32), tf.float32, "tb_gradcheck_window")
-
-        return {
-            "last": var(stats.MISSING),
-            "sum": var(0.0),
-            "max": var(-np.inf),
-            "min": var(np.inf),
-            "count": var(0.0, (n,)),
-        }
-
-    def add(self, layer, variable, step):
-        for part, current in zip(self._parts, (layer, variable)):
-            grad = current[:, : stats.GRADIENT_COLUMNS]
-            here = stats.present(current)[:, None]
-            part["last"].assign(grad)
-            part["count"].assign_add(tf.cast(here[:, 0], tf.float32))
-            part["sum"].assign_add(tf.where(here, grad, 0.0))
-            part["max"].assign(tf.where(here, tf.maximum(part["max"], grad), part["max"]))
-            part["min"].assign(tf.where(here, tf.minimum(part["min"], grad), part["min"]))
-        self.last_step.assign(tf.cast(step, tf.int64))
-
-    def pending(self):
-        return tf.reduce_any(self._parts[0]["count"] > 0)
-
-    def aggregates(self, last=None):
-        """Returns ``(layer, variable)`` float32 ``[A, R, C]`` in ``metadata.AGGREGATES`` order.
-
-        Args:
-          last: ``(layer, variable)`` full statistics of the write step for the
-            ``last`` slab, or None to use the last step's windowed columns.
-        """
-        out = []
-        windowed = np.zeros(stats.GRADIENT_COLUMNS, bool)
-        windowed[[metadata.STORED_STAT_COLUMNS.index(c) for c in _WINDOWED]] = True
-        for k, part in enumerate(self._parts):
-            count = part["count"][:, None]
-            seen = count > 0
-            mean = part["sum"] / tf.maximum(count, 1.0)
-            slabs = {
-                "last": part["last"] if last is None else last[k][:, : stats.GRADIENT_COLUMNS],
-                "mean": mean,
-                "max": part["max"],
-                "min": part["min"],
-                "sum": part["sum"],
-            }
-            keep = seen & windowed  # rows seen in the window, columns reduced over it
-            grad = tf.stack(
-                [slabs[a] if a == "last" else tf.where(keep, slabs[a], stats.MISSING) for a in metadata.AGGREGATES]
-            )
-            weight_col = tf.fill(tf.concat([tf.shape(grad)[:2], [1]], 0), stats.MISSING)
-            out.append(tf.concat([grad, weight_col], axis=-1))
-        return tuple(out)
-
-    def reset(self):
-        for part in self._parts:
-            part["sum"].assign(tf.zeros_like(part["sum"]))
-            part["max"].assign(tf.fill(tf.shape(part["max"]), -np.inf))
-            part["min"].assign(tf.fill(tf.shape(part["min"]), np.inf))
-            part["count"].assign(tf.zeros_like(part["count"]))
-
-
-def check_matrix(rows):
-    """float32 ``[R, len(CHECK_COLUMNS)]`` of check rows; the status as its index in CHECK_STATUSES."""
-    out = np.full((len(rows), len(metadata.CHECK_COLUMNS)), np.nan, np.float32)
-    for i, row in enumerate(rows):
-        for j, column in enumerate(metadata.CHECK_COLUMNS):
-            if column == "status":
-                out[i, j] = metadata.CHECK_STATUSES.index(row.status)
-            else:
-                out[i, j] = getattr(row, column)
-    return out
-
-
-def _serialized_metadata(content):
-    md = summary_pb2.SummaryMetadata()
-    md.plugin_data.plugin_name = metadata.PLUGIN_NAME
-    md.plugin_data.content = metadata.encode(content)
-    md.data_class = summary_pb2.DATA_CLASS_TENSOR
-    return md.SerializeToString()
-
-
-def _slim_metadata():
-    md = summary_pb2.SummaryMetadata()
-    md.plugin_data.plugin_name = metadata.PLUGIN_NAME
-    md.data_class = summary_pb2.DATA_CLASS_TENSOR
-    return md.SerializeToString()
-
-
-_SLIM_METADATA = _slim_metadata()
-
-# The statistics a window reduces at every step (see _Window).
-_WINDOWED = ("grad_norm", "grad_nonfinite")
-
-
-def _host_variable(initial_value, dtype, name):
-    """A plain variable of this process, whatever distribution strategy is in scope.
-
-    Variables made under a strategy (also in ``tf.init_scope()`` inside
-    ``strategy.run``, which is where the writer first runs) become the
-    strategy's distributed variables, and neither kind fits this state:
-
-    - ``MirroredVariable`` (the default, aggregation NONE): in replica context
-      each replica updates its own copy, so the copies drift apart, since
-      only replica 0 records summaries;
-    - ``MultiWorkerMirroredStrategy`` broadcasts every new variable's initial
-      value from the chief, a collective that each worker must join in the
-      same order. State created only where the writer writes would hang the
-      other workers.
-
-    The writer's state is used by one replica of one process and needs
-    neither copies nor collectives, so it is made directly as a
-    ResourceVariable, which does not go through the strategy's variable
-    creator. It is not tracked by any model or checkpoint.
-    """
-    with tf.init_scope():
-        return resource_variable_ops.ResourceVariable(
-            tf.constant(initial_value, dtype), trainable=False, name=name
-        )
-
-
-def _writing_replica():
-    """Whether this replica records: True, False, or a bool tensor when only known at run time.
-
-    One replica per step records: replica 0 of the worker that saves
-    summaries (the chief; every worker of a single-worker strategy). In
-    cross-replica context the code runs once per worker, so the worker decides.
-    tf.summary makes the same choice for summaries (it records in replica
-    context only where ``replica_id_in_sync_group == 0``); the writer makes it
-    for its state updates too, which would otherwise run on every replica.
-    """
-    strategy = tf.distribute.get_strategy()
-    if not strategy.extended.should_save_summary:
-        return False
-    context = tf.distribute.get_replica_context()
-    if context is None:
-        return True
-    replica = context.replica_id_in_sync_group
-    static = tf.get_static_value(replica)
-    if static is not None:
-        return int(static) == 0
-    return tf.equal(replica, 0)
-
-
-def _sum_over_replicas(gradients):
-    """Sums per-replica gradients over the replicas in sync, as Keras optimizers do before applying them."""
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return gradients
-    present = [g for g in gradients if g is not None]
-    if not present:
-        return gradients
-    summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, present))
-    return [None if g is None else next(summed) for g in gradients]
-
-
-def _reject_per_replica(gradients):
-    for i, g in enumerate(gradients):
-        if isinstance(g, tf.distribute.DistributedValues):
-            raise TypeError(
-                "Expected tensors in `gradients`; call write() inside `strategy.run`, with the "
-                "gradients of that replica. "
-                f"Received: gradients[{i}] of type {type(g).__name__}"
-            )
-
-
-def _as_list(values, name):
-    if (
-        isinstance(values, (tf.Tensor, tf.Variable, np.ndarray, str, bytes, collections.abc.Mapping, collections.abc.Set))
-        or not hasattr(values, "__iter__")
-    ):
-        raise TypeError(f"Expected `{name}` to be a list. Received: {type(values).__name__}")
-    values = list(values)
-    if not values:
-        raise ValueError(f"Expected a non-empty list of {name}. Received: an empty list")
-    return values
-
-
-def _as_gradient(gradient, i, variable):
-    """A gradient as ``write`` takes it: None, ``tf.IndexedSlices`` or a floating-point tensor."""
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        dtype = gradient.values.dtype
-    else:
-        try:
-            gradient = tf.convert_to_tensor(gradient)
-        except (TypeError, ValueError):
-            raise TypeError(
-                "Expected each gradient to be a tensor, a tf.IndexedSlices or None. "
-                f"Received: gradients[{i}] of type {type(gradient).__name__}"
-            ) from None
-        dtype = gradient.dtype
-    if not dtype.is_floating:
-        raise TypeError(
-            "Expected floating-point gradients. "
-            f"Received: gradients[{i}] with dtype {dtype.name} for variable {stats._name(variable)!r}"
-        )
-    return gradient
-
-
-def _as_step(step):
-    if isinstance(step, bool) or step is None:
-        raise TypeError(f"Expected `step` to be an integer. Received: {step!r}")
-    if isinstance(step, numbers.Integral):
-        if not 0 <= step <= _INT64_MAX:
-            raise ValueError(f"Expected `step` to be a non-negative int64 (0 to 2**63 - 1). Received: {step}")
-        return tf.constant(int(step), tf.int64)
-    if isinstance(step, (tf.Tensor, tf.Variable)) or hasattr(step, "dtype"):
-        dtype = tf.as_dtype(step.dtype)
-        if not dtype.is_integer:
-            raise TypeError(f"Expected `step` to be an integer. Received: a {dtype.name} tensor")
-        if step.shape.rank not in (0, None):
-            raise ValueError(f"Expected `step` to be a scalar. Received: shape {step.shape}")
-        step = tf.cast(tf.convert_to_tensor(step), tf.int64)
-        if tf.executing_eagerly() and int(step) < 0:
-            raise ValueError(f"Expected `step` to be non-negative. Received: {int(step)}")
-        return step
-    raise TypeError(f"Expected `step` to be an integer. Received: {step!r} of type {type(step).__name__}")
+            self.window = window.Window(len(self.rows.layer_names), len(self.rows.variable_names))
 
 
 # Writers still open at interpreter exit get flushed and closed, so a normal

@@ -115,7 +115,7 @@ def custom_loop(strategy, run_dir, mode, every_n_steps=1, in_scope=False):
         state = []
     else:
         writer.close()
-        state = sorted({type(v).__name__ for v in [writer._writes, *writer._fresh.values()]})
+        state = sorted({type(v).__name__ for v in [writer._events.writes, *writer._events.fresh.values()]})
     return [w.tolist() for w in model.get_weights()], state
 
 

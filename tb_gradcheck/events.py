@@ -1,0 +1,86 @@
+"""Summary events of the stored layout: full metadata once per tag, and the header row's write counter.
+
+TensorBoard keeps the first metadata it sees for a (run, tag), so the full
+layout (with row names) rides on the first event of each tag a writer
+writes; later events carry only the plugin name and data class. Which tag is
+fresh, and how many steps were written, live in host variables
+(``replica.host_variable``), so a traced step keeps them without retracing.
+"""
+
+import numpy as np
+import tensorflow as tf
+from tensorboard.compat.proto import summary_pb2
+
+from tb_gradcheck import metadata
+from tb_gradcheck import replica
+
+
+class Events:
+    """The tags one writer writes, each with its fresh flag, and its count of written steps.
+
+    Attributes:
+      fresh: ``{tag: bool variable}``: full metadata not yet written.
+      writes: float32 variable: distinct steps written so far (None before
+        the first stats write).
+    """
+
+    def __init__(self):
+        self.fresh = {}
+        self.writes = None
+        self._last_step = None  # int64 variable: the step of the latest stats write
+
+    def stats(self, content, layer, variable, step):
+        """Writes one stats tensor: ``layer`` and ``variable`` ``[A, R, C]`` and the header row of writes so far."""
+        if self.writes is None:
+            self.writes = replica.host_variable(0.0, tf.float32, "tb_gradcheck_writes")
+            self._last_step = replica.host_variable(-1, tf.int64, "tb_gradcheck_step")
+        # Count steps, not calls: two models written through one writer (a
+        # GAN's generator and discriminator) write twice per step, and a
+        # count of calls would make the tab say "N of 2N steps" (sampled).
+        step = tf.cast(step, tf.int64)
+        writes = self.writes.assign_add(tf.cast(tf.not_equal(step, self._last_step), tf.float32))
+        self._last_step.assign(step)
+        # float32 counts exactly up to 2**24 (16.7 million) writes.
+        header = tf.pad(tf.fill([tf.shape(layer)[0], 1, 1], writes), [[0, 0], [0, 0], [0, layer.shape[-1] - 1]])
+        self.tensor(content, tf.concat([layer, variable, header], axis=1), step)
+
+    def tensor(self, content, tensor, step):
+        """Writes one tensor under its layout's tag; full metadata on the first write only."""
+        tag = metadata.tag_for(content)
+        if tag not in self.fresh:
+            self.fresh[tag] = replica.host_variable(True, tf.bool, "tb_gradcheck_fresh")
+        fresh = self.fresh[tag]
+        md = tf.where(fresh, _full_metadata(content), _SLIM_METADATA)
+        written = tf.summary.write(tag, tensor, step=step, metadata=md)
+        # Under tf.summary.record_if(False) nothing was written: stay fresh.
+        fresh.assign(tf.logical_and(fresh, tf.logical_not(written)))
+
+
+def check_matrix(rows):
+    """float32 ``[R, len(CHECK_COLUMNS)]`` of check rows; the status as its index in CHECK_STATUSES."""
+    out = np.full((len(rows), len(metadata.CHECK_COLUMNS)), np.nan, np.float32)
+    for i, row in enumerate(rows):
+        for j, column in enumerate(metadata.CHECK_COLUMNS):
+            if column == "status":
+                out[i, j] = metadata.CHECK_STATUSES.index(row.status)
+            else:
+                out[i, j] = getattr(row, column)
+    return out
+
+
+def _full_metadata(content):
+    md = summary_pb2.SummaryMetadata()
+    md.plugin_data.plugin_name = metadata.PLUGIN_NAME
+    md.plugin_data.content = metadata.encode(content)
+    md.data_class = summary_pb2.DATA_CLASS_TENSOR
+    return md.SerializeToString()
+
+
+def _slim_metadata():
+    md = summary_pb2.SummaryMetadata()
+    md.plugin_data.plugin_name = metadata.PLUGIN_NAME
+    md.data_class = summary_pb2.DATA_CLASS_TENSOR
+    return md.SerializeToString()
+
+
+_SLIM_METADATA = _slim_metadata()
