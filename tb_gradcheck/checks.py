@@ -26,14 +26,29 @@ The numerics in short (docs/gradient_check.md has the long form):
   shared). The odd residual D(2h) - D(h) (Richardson's comparison) measures
   truncation and kinks off the point, the even fourth difference kinks at the
   point; with the measured noise they make a bound E on the error of the
-  numeric derivative (``_error_bound``).
+  numeric derivative (``check_verdict.error_bound``).
 - Verdict, with tolerance tau and scale = max(|a|, |n|): "ok" if
   |a - n| + E <= tau * scale (the analytic value is within tau of the truth);
   "mismatch" if |a - n| > E + tau * scale (it is off by more than tau even
   granting the numeric value its whole error bar) and the loss is smooth
-  within the step; "inconclusive" otherwise: below the noise floor, or a kink.
-  Random directions convict only when confirmed at h/8 and by two probes
-  (``_confirm``, ``_row``): in wide ReLU layers they are unreliable.
+  within the step; "inconclusive" otherwise: below the noise floor, an error
+  bar wider than the tolerance, or a kink. Random directions convict only
+  when confirmed at h/8 and by two probes (``check_probes.Prober.confirm``,
+  ``check_verdict.row_verdict``): in wide ReLU layers they are unreliable.
+- Blind spots. Directions with a zero analytic derivative (over the
+  elements whose gradient is exactly zero, by default; over 64-element
+  blocks, orthogonal to their gradient, with ``thorough=True``) see errors
+  confined to part of a row; a resolved numeric derivative there convicts
+  once confirmed at h/8 and along a second direction.
+- Power and location. Each row states the smallest relative error along its
+  gradient it would have convicted (``CheckRow.min_detectable_error``); a
+  mismatch is bisected to the variable, rows, columns or element at fault
+  (``check_locate``).
+
+The parts: ``check_report`` (report types, no TensorFlow), ``check_verdict``
+(the decisions, no TensorFlow), ``check_probes`` (directions, steps,
+evaluations), ``check_locate`` (bisection), ``check_state`` (tracing,
+snapshot and restoration); this module validates and runs them.
 
 Nothing is lost: every variable the loss reads is snapshot before the first
 evaluation and restored bit for bit in a ``finally``, also when ``loss_fn``
