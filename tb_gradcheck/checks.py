@@ -172,10 +172,8 @@ def check_gradients(loss_fn, variables, *, probes=DEFAULT_PROBES, epsilon=None, 
         )
     if not callable(loss_fn):
         raise TypeError(f"Expected `loss_fn` to be a zero-argument callable. Received: {type(loss_fn).__name__}")
-    if isinstance(variables, (tf.Tensor, tf.Variable, np.ndarray)) or not hasattr(variables, "__iter__"):
-        raise TypeError(f"Expected `variables` to be a list of variables. Received: {type(variables).__name__}")
-    variables = list(variables)
-    rows = stats.Rows(variables)  # validates: non-empty, unique, floating-point variables
+    variables = validate.variables(variables)  # non-empty, distinct, floating-point variables
+    rows = stats.Rows(variables)
     probes = validate.positive_int(probes, "probes")
     if epsilon is not None:
         epsilon = validate.fraction(epsilon, "epsilon")

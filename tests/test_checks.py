@@ -400,8 +400,8 @@ def test_bad_arguments_raise_clear_errors():
     good = tf.function(lambda: tf.reduce_sum(v**2))
     cases = [
         (dict(loss_fn=3, variables=[v]), TypeError, r"zero-argument callable. Received: int"),
-        (dict(loss_fn=good, variables=v), TypeError, r"list of variables. Received: ResourceVariable"),
-        (dict(loss_fn=good, variables=[]), ValueError, r"at least one variable"),
+        (dict(loss_fn=good, variables=v), TypeError, r"`variables` to be a list. Received: ResourceVariable"),
+        (dict(loss_fn=good, variables=[]), ValueError, r"non-empty list of variables"),
         (dict(loss_fn=good, variables=[v, v]), ValueError, r"each variable once"),
         (dict(loss_fn=good, variables=[tf.constant(1.0)]), TypeError, r"variables\[0\] of type EagerTensor"),
         (dict(loss_fn=good, variables=[v], probes=0), ValueError, r"`probes` to be a positive integer. Received: 0"),
