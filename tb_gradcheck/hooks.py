@@ -12,6 +12,7 @@ import tensorflow as tf
 from tb_gradcheck import checks
 from tb_gradcheck import replica
 from tb_gradcheck import summary
+from tb_gradcheck import twin
 from tb_gradcheck import units
 
 # Steps a LossScaleOptimizer skipped, per optimizer (a host int64 variable),
@@ -39,10 +40,12 @@ class Session:
     """
 
     def __init__(self, model, optimizer, target, *, log_dir, every_n_steps, check_every_n_steps, check_data,
-                 warn_once):
+                 warn_once, check_dtype=None):
         self.model = model
         self.check_every_n_steps = check_every_n_steps
         self.check_data = check_data
+        self.check_dtype = check_dtype
+        self.twin = None  # the float64 twin, built at the first check with check_dtype="float64"
         self.warn_once = warn_once
         self.attached = False
         self.optimizer = optimizer
@@ -232,6 +235,14 @@ class Session:
         model = self.model
         x, y, *rest = self.check_data
         sample_weight = rest[0] if rest else None
+        if self.check_dtype == "float64":
+            # The twin is built once and its weights synced from the live
+            # model at each check; the live model is only read.
+            if self.twin is None:
+                self.twin = twin.float64_twin(model)
+            twin.sync_twin(model, self.twin)
+            model = self.twin
+            x, y, sample_weight = (tf.nest.map_structure(_to_float64, v) for v in (x, y, sample_weight))
 
         def loss_fn():
             y_pred = model(x, training=False)
@@ -249,6 +260,13 @@ class Session:
 
 
 _ABSENT = object()
+
+
+def _to_float64(value):
+    if value is None:
+        return None
+    value = tf.convert_to_tensor(value)
+    return tf.cast(value, tf.float64) if value.dtype.is_floating else value
 
 
 def why_not_compiled(model, strategy, loss_scale):

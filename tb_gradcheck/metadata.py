@@ -91,8 +91,12 @@ METRICS = tuple(METRIC_AGGREGATES)
 # Columns of a check tensor (written by GradientWriter.write_check): the
 # deciding probe's analytic and numeric directional derivatives, their
 # relative error, the error bound of the numeric one (same units as the
-# derivatives: the smallest discrepancy the check could resolve) and the status.
-CHECK_COLUMNS = ("analytic", "numeric", "relative_error", "noise_floor", "status")
+# derivatives: the smallest discrepancy the check could resolve), the row's
+# power (min_detectable_error: the smallest relative error along the row's
+# gradient the check would have convicted; +inf when it had no gradient
+# probe) and the status. Readers take columns by name, so layouts written
+# before min_detectable_error existed read with that column missing.
+CHECK_COLUMNS = ("analytic", "numeric", "relative_error", "noise_floor", "min_detectable_error", "status")
 # Stored as the index into this tuple, which is also the order of severity:
 # binning several steps keeps the worst status with a plain max.
 CHECK_STATUSES = ("ok", "inconclusive", "mismatch")

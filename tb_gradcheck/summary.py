@@ -34,7 +34,8 @@ layout from ``metadata.stats_layout``. One event per written step:
 - tag ``gradients/check/<granularity>/<fp>`` (from ``write_check``):
   float32 ``[R, C]``, rows as in the content's ``rows`` (the same grouping
   and names as the stats rows), columns ``metadata.CHECK_COLUMNS``: analytic
-  and numeric directional derivative, relative error, noise floor, and the
+  and numeric directional derivative, relative error, noise floor, the
+  smallest relative error the check would have caught (+inf: none), and the
   status as its index in ``metadata.CHECK_STATUSES`` (0 ok, 1 inconclusive,
   2 mismatch; ordered by severity, so binning several steps keeps the worst
   with a plain max). A row that was not checked has status NaN.

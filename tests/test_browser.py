@@ -71,7 +71,8 @@ def write_checks(path):
     col = {c: i for i, c in enumerate(metadata.CHECK_COLUMNS)}
 
     def record(error, status):
-        cells = {"analytic": 1.0, "numeric": 1.0, "relative_error": error, "noise_floor": 1e-6, "status": status}
+        cells = {"analytic": 1.0, "numeric": 1.0, "relative_error": error, "noise_floor": 1e-6, "min_detectable_error": 0.02,
+                 "status": status}
         return [cells[c] for c in metadata.CHECK_COLUMNS]
 
     with tf.summary.create_file_writer(str(path)).as_default():

@@ -63,6 +63,24 @@ def test_vanishing_or_wrong_writes_norms_and_per_variable_checks_the_tab_shows(v
     assert checks["failures"][0]["relative_error"] == pytest.approx(0.05, rel=0.1)  # the injected 5%
 
 
+def test_vanishing_or_wrong_reasons_name_the_real_cause(vanishing_or_wrong):
+    # "below the noise floor" only where the derivative is below it; a
+    # derivative far above its floor whose error bar still exceeds the
+    # tolerance says so (the small_init/output/bias: 2.37e-1 against
+    # a floor of 3.24e-3 was called "below the noise floor").
+    _, stdout = vanishing_or_wrong
+    rows = [line.split() for line in stdout.splitlines() if line.split()[:1] and "/" in line.split()[0]
+            and len(line.split()) >= 8 and line.split()[7] in ("ok", "inconclusive", "mismatch")]
+    assert len(rows) >= 18  # 3 runs x (2 layers + 4 variables)
+    for row in rows:
+        analytic, numeric, floor = float(row[1]), float(row[2]), float(row[5])
+        reason = " ".join(row[8:])
+        if "noise floor" in reason:
+            assert max(abs(analytic), abs(numeric)) <= floor, row
+        if row[7] == "inconclusive":
+            assert reason, row
+
+
 def test_symbolic_vs_numeric_prints_both_comparisons_per_variable(tmp_path):
     stdout = run_example("symbolic_vs_numeric.py", "--logdir", tmp_path / "run", "--steps", 20, "--check-every", 10)
     variables = [f"relu_net/{layer}/{v}" for layer in ("dense_0", "dense_1", "output") for v in ("kernel", "bias")]
@@ -74,9 +92,10 @@ def test_symbolic_vs_numeric_prints_both_comparisons_per_variable(tmp_path):
         # difference): recomputing it from the printed derivatives is good to
         # 1e-5 of their size.
         assert difference == pytest.approx(abs(analytic - numeric), rel=0.01, abs=1e-5 * abs(analytic))
-        assert line.split()[6] in ("ok", "inconclusive")  # a correct ReLU network: never a mismatch
+        # Columns: name, analytic, numeric, difference, rel. error, noise floor, catches >=, status.
+        assert line.split()[7] in ("ok", "inconclusive")  # a correct ReLU network: never a mismatch
         row = next(line for line in compute_part.splitlines() if line.startswith(name + " "))
-        assert float(row.split()[2]) >= 0 and row.split()[-1] == line.split()[6]
+        assert float(row.split()[2]) >= 0 and row.split()[-1] == line.split()[7]
     assert "462 in all" in compute_part  # 2 evaluations x 231 parameters
     client, _ = make_app(tmp_path, "python")
     wait_for_steps(client, "run", 20)
