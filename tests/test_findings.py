@@ -139,6 +139,9 @@ def test_report_cli_usage_and_data_errors_exit_2(logdir, tmp_path):
 
 def test_threshold_override_changes_the_verdict(logdir):
     code, out, _ = report(logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12")
+    assert code == 1 and "too small against its weights" in out  # the ratio floor still holds
+    code, out, _ = report(logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12",
+                          "--threshold", "vanishing_ratio=0")
     assert code == 0, out
 
 
