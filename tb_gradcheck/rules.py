@@ -202,7 +202,7 @@ def exploding(v, t):
             reasons.append("rise over its trailing median")
         if grew.any():
             reasons.append("steady growth")
-        peak_here = np.where(flags[:, j], v.peak[:, j], np.nan)
+        peak_here = np.where(flags[:, j] & np.isfinite(v.peak[:, j]), v.peak[:, j], np.nan)
         evidence[name] = {
             "max_norm": _float(np.nanmax(peak_here)) if np.isfinite(peak_here).any() else None,
             "baseline_norm": _float(10.0 ** base[worst[0], j]) if worst else None,
@@ -299,9 +299,10 @@ def vanishing(v, t, exclude=()):
     """Layers far below the layers after them, or too small to move their weights, persistently.
 
     A layer is vanishing at a write when its norm is ``vanishing_orders``
-    below the largest norm among the layers after it (toward the output), or
-    its ``grad_to_weight`` is below ``vanishing_ratio``; and that held in at
-    least ``persistence`` of the trailing window's writes.
+    below the largest norm among the layers after it (toward the output) and
+    so is every layer before it, or its ``grad_to_weight`` is below
+    ``vanishing_ratio``; and that held in at least ``persistence`` of the
+    trailing window's writes.
     """
     s, l = v.norm.shape
     finite = v.present & np.isfinite(v.norm)
@@ -314,6 +315,16 @@ def vanishing(v, t, exclude=()):
             after[:, j] = np.maximum(after[:, j + 1], filled[:, j + 1])
         decay = after - log_norm
         decayed = finite & np.isfinite(after) & (decay > t.vanishing_orders)
+    # Vanishing is the backward signal decaying toward the input, so a layer
+    # counts only when every layer before it is decayed too (a layer without
+    # a gradient at that write is passed over). A small gradient in the middle
+    # of a net whose input side learns is local to that layer: attention's
+    # query and key while the softmax is still near uniform, for instance.
+    chain = np.ones(s, bool)
+    for j in range(l):
+        decayed[:, j] &= chain
+        chain = np.where(finite[:, j], decayed[:, j], chain)
+    with np.errstate(invalid="ignore"):
         tiny = finite & (v.ratio < t.vanishing_ratio) if v.ratio is not None else np.zeros((s, l), bool)
     excluded = np.array([name in exclude for name in v.rows])
     flags = _persistent((decayed | tiny) & ~excluded[None, :], finite, t)
