@@ -35,7 +35,6 @@ still matches TensorBoard's batch axis. The count lives as long as the
 optimizer object; a run restored from a checkpoint starts it again at zero.
 """
 
-import numbers
 import os
 import warnings
 import weakref
@@ -46,7 +45,9 @@ import weakref
 import keras
 import tensorflow as tf
 
+from tb_gradcheck import stats
 from tb_gradcheck import summary
+from tb_gradcheck import validate
 
 # The optimizer that GradientCallback was last attached to, and by which
 # callback: a fit that raised outside the training step (in another callback,
@@ -115,13 +116,10 @@ class GradientCallback(keras.callbacks.Callback):
 
     def __init__(self, log_dir, *, every_n_steps=1, check_every_n_steps=None, check_data=None):
         super().__init__()
-        if isinstance(log_dir, bytes):
-            log_dir = log_dir.decode()
-        if not isinstance(log_dir, str) and not hasattr(log_dir, "__fspath__"):
-            raise TypeError(f"Expected `log_dir` to be a path. Received: {type(log_dir).__name__}")
-        _check_count("every_n_steps", every_n_steps)
+        log_dir = validate.path(log_dir, "log_dir")
+        every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
         if check_every_n_steps is not None:
-            _check_count("check_every_n_steps", check_every_n_steps)
+            check_every_n_steps = validate.positive_int(check_every_n_steps, "check_every_n_steps")
             if check_data is None:
                 raise ValueError(
                     "Expected `check_data` (a batch `(x, y)` to check the gradients on) with "
@@ -133,9 +131,9 @@ class GradientCallback(keras.callbacks.Callback):
                 f"Received: {type(check_data).__name__}"
                 + (f" of length {len(check_data)}" if isinstance(check_data, (tuple, list)) else "")
             )
-        self.log_dir = os.fspath(log_dir)
-        self.every_n_steps = int(every_n_steps)
-        self.check_every_n_steps = None if check_every_n_steps is None else int(check_every_n_steps)
+        self.log_dir = log_dir
+        self.every_n_steps = every_n_steps
+        self.check_every_n_steps = check_every_n_steps
         self.check_data = None if check_data is None else tuple(check_data)
         self._session = None
         self._in_batch = False
@@ -273,7 +271,9 @@ class _Session:
         self.loss_scale = optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else None
         self.strategy = self.model.distribute_strategy
         self.writer = summary.GradientWriter(
-            os.path.join(callback.log_dir, "train"), every_n_steps=callback.every_n_steps
+            os.path.join(callback.log_dir, "train"),
+            every_n_steps=callback.every_n_steps,
+            unit_axes=stats.unit_axes(self.model),
         )
         # Read inside the traced step, so a train function left behind by a
         # fit that raised past this callback writes nothing once detached.
@@ -465,8 +465,3 @@ def _unscale(gradient, scale):
 
 def _as_int64(value):
     return tf.cast(tf.convert_to_tensor(value), tf.int64)
-
-
-def _check_count(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"Expected `{name}` to be a positive integer. Received: {value!r}")

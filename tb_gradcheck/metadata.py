@@ -28,18 +28,38 @@ KINDS = (KIND_STATS, KIND_CHECK)
 
 GRANULARITIES = ("layer", "variable")
 
-# Statistic columns of a stats tensor, in stored order.
-STORED_STAT_COLUMNS = (
+# Statistic columns of a stats tensor, in stored order: the gradient columns
+# (reduced over a window at every step), then the weight column (taken at the
+# write step). Readers read columns by name and skip names they do not know, so
+# a column added here leaves older logs readable and older readers working.
+GRADIENT_STAT_COLUMNS = (
     "grad_norm",
     "grad_max_abs",
     "grad_zero_fraction",
     "grad_nonfinite",
-    "weight_norm",
+    # Fraction of the row's output units whose gradient is exactly zero in
+    # every parameter of the unit (what a unit is: tb_gradcheck.stats).
+    "dead_unit_fraction",
+    # grad_norm over the steps whose gradient was finite: its "max" slab is
+    # the largest finite norm of a window, which a NaN later in the window
+    # does not hide (the grad_norm "max" slab is then NaN). -1 when no step
+    # of the window had a finite gradient.
+    "grad_norm_finite",
+    # The first step of the window with a non-finite gradient element, stored
+    # as its offset before the write step: write step - first step (0: the
+    # write step itself). An offset is a small integer, exact in float32 up to
+    # 2**24 steps, where the step itself (up to 2**63) would not be. The same
+    # value in every slab (it is a fact about the window, not an aggregate);
+    # -1 when the window had none.
+    "first_nonfinite_offset",
 )
-# The statistics a reader serves: the stored ones, and grad_to_weight, which
-# is grad_norm / weight_norm in every aggregate (weights are taken at the
-# write step), so it is derived on read instead of stored.
-STAT_COLUMNS = STORED_STAT_COLUMNS + ("grad_to_weight",)
+STORED_STAT_COLUMNS = GRADIENT_STAT_COLUMNS + ("weight_norm",)
+# Derived on read: grad_to_weight is grad_norm / weight_norm in every
+# aggregate (weights are taken at the write step).
+DERIVED_STAT_COLUMNS = ("grad_to_weight",)
+# The columns of a stats matrix as a reader holds it: stored, then derived.
+# Not every column is a metric (see METRICS).
+STAT_COLUMNS = STORED_STAT_COLUMNS + DERIVED_STAT_COLUMNS
 
 # Slabs of a stats tensor. A writer that writes every step stores only "last";
 # a windowed writer (every_n_steps > 1) stores all of them, each reduced over
@@ -47,20 +67,26 @@ STAT_COLUMNS = STORED_STAT_COLUMNS + ("grad_to_weight",)
 AGGREGATES = ("last", "mean", "max", "min", "sum")
 SINGLE_STEP_AGGREGATES = ("last",)
 
-# Which aggregates a user may ask for, per metric. A sum of norms over a
-# window is a number, but not one anybody should read; a sum of non-finite
-# counts is exactly what "how many NaNs in this window" means.
+# The served metrics (the tab's metric list, export, the heatmap route) and
+# which aggregates a user may ask for of each, in display order. A sum of
+# norms over a window is a number, but not one anybody should read; a sum of
+# non-finite counts is exactly what "how many NaNs in this window" means.
 # Only grad_norm and grad_nonfinite are reduced at every step of a window
 # (one fused pass per gradient); grad_to_weight follows grad_norm. max |g|,
-# the zero fraction and the weights are taken at the write step.
+# the zero fraction, dead units and the weights are taken at the write step.
+# grad_norm_finite and first_nonfinite_offset are stored for the findings (the
+# onset of a divergence inside a window), not offered as metrics: as a
+# heatmap they would only repeat grad_norm.
 METRIC_AGGREGATES = {
     "grad_norm": ("last", "mean", "max", "min"),
     "grad_max_abs": ("last",),
     "grad_zero_fraction": ("last",),
     "grad_nonfinite": ("last", "mean", "max", "sum"),
+    "dead_unit_fraction": ("last",),
     "weight_norm": ("last",),
     "grad_to_weight": ("last", "mean", "max", "min"),
 }
+METRICS = tuple(METRIC_AGGREGATES)
 
 # Columns of a check tensor (written by GradientWriter.write_check): the
 # deciding probe's analytic and numeric directional derivatives, their

@@ -157,7 +157,7 @@ def metric_aggregates(index):
     out = {}
     if metadata.KIND_STATS in index.kinds():
         stored = index.aggregates()
-        for m in metadata.STAT_COLUMNS:
+        for m in metadata.METRICS:  # served metrics only; onset columns are stored, not offered
             out[m] = [a for a in metadata.METRIC_AGGREGATES[m] if a in stored]
     if metadata.KIND_CHECK in index.kinds():
         out[metadata.CHECK_METRIC] = ["last"]

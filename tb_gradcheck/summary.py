@@ -37,8 +37,6 @@ variables of the process that writes, updated by that replica only; see
 """
 
 import atexit
-import collections.abc
-import numbers
 import sys
 import weakref
 
@@ -50,6 +48,7 @@ from tensorflow.python.ops import resource_variable_ops
 from tb_gradcheck import checks
 from tb_gradcheck import metadata
 from tb_gradcheck import stats
+from tb_gradcheck import validate
 
 # Flush policy. Every write() ends by flushing its events to the operating
 # system: tf.summary's writer.as_default() flushes when its block exits,
@@ -64,8 +63,6 @@ from tb_gradcheck import stats
 DEFAULT_FLUSH_MILLIS = 10_000
 # Events queued in memory before the tf.summary writer flushes regardless of time.
 DEFAULT_MAX_QUEUE = 100
-
-_INT64_MAX = 2**63 - 1
 
 
 class GradientWriter:
@@ -101,9 +98,16 @@ class GradientWriter:
       flush_millis: Int, default 10000. Longest time events wait in memory
         in the tf.summary writer this creates. Each ``write()`` flushes its
         own events anyway (see the flush policy at the top of summary.py).
+      unit_axes: Dict or None (default). ``{variable path: 2}`` for
+        depthwise kernels, whose units (for ``dead_unit_fraction``) are
+        their last two axes: pass ``tb_gradcheck.stats.unit_axes(model)``.
+        Every other variable's units follow from its shape (see
+        ``tb_gradcheck.stats``).
     """
 
-    def __init__(self, logdir=None, *, writer=None, every_n_steps=1, flush_millis=DEFAULT_FLUSH_MILLIS):
+    def __init__(
+        self, logdir=None, *, writer=None, every_n_steps=1, flush_millis=DEFAULT_FLUSH_MILLIS, unit_axes=None
+    ):
         if (logdir is None) == (writer is None):
             raise ValueError(
                 "Expected exactly one of `logdir` and `writer`. "
@@ -114,18 +118,17 @@ class GradientWriter:
                 "Expected `writer` to be a tf.summary.SummaryWriter (from tf.summary.create_file_writer). "
                 f"Received: {type(writer).__name__}"
             )
-        if logdir is not None and not isinstance(logdir, (str, bytes)) and not hasattr(logdir, "__fspath__"):
-            raise TypeError(f"Expected `logdir` to be a path. Received: {type(logdir).__name__}")
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral) or every_n_steps < 1:
-            raise ValueError(f"Expected `every_n_steps` to be a positive integer. Received: {every_n_steps!r}")
-        if isinstance(flush_millis, bool) or not isinstance(flush_millis, numbers.Integral) or flush_millis < 1:
-            raise ValueError(f"Expected `flush_millis` to be a positive integer. Received: {flush_millis!r}")
+        if logdir is not None:
+            logdir = validate.path(logdir, "logdir")
+        every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        flush_millis = validate.positive_int(flush_millis, "flush_millis")
+        self._unit_axes = dict(unit_axes or {})
         self.every_n_steps = int(every_n_steps)
         self._owns_writer = writer is None
         # The event file is opened at the first write this process records, so
         # a worker that never writes (a non-chief under tf.distribute) leaves
         # no file in the run directory.
-        self._logdir = None if logdir is None else (logdir.decode() if isinstance(logdir, bytes) else str(logdir))
+        self._logdir = logdir
         self._flush_millis = int(flush_millis)
         self._summary_writer = writer
         self._closed = False
@@ -172,16 +175,9 @@ class GradientWriter:
             ``close()`` and run after it skips the write with one warning.)
         """
         self._check_open("write")
-        variables = _as_list(variables, "variables")
-        gradients = _as_list(gradients, "gradients")
-        _reject_per_replica(gradients)
-        if len(gradients) != len(variables):
-            raise ValueError(
-                "Expected one gradient per variable. "
-                f"Received: len(gradients)={len(gradients)}, len(variables)={len(variables)}"
-            )
-        gradients = [_as_gradient(g, i, v) for i, (g, v) in enumerate(zip(gradients, variables))]
-        step = _as_step(step)
+        variables = validate.variables(variables)
+        gradients = validate.gradients(gradients, variables)
+        step = validate.step(step)
         self._write_aggregated(_sum_over_replicas(gradients), variables, step)
 
     def _write_aggregated(self, gradients, variables, step):
@@ -192,7 +188,7 @@ class GradientWriter:
         is computed (the statistics would only be thrown away).
         """
         self._check_open("write")
-        step = _as_step(step)
+        step = validate.step(step)
         layout = self._layout_for(variables, gradients)
         writing = _writing_replica()
         if writing is False:
@@ -305,7 +301,7 @@ class GradientWriter:
                 "Expected write_check to be called eagerly, outside tf.function. "
                 "Received: a call while tracing a tf.function"
             )
-        step = _as_step(step)
+        step = validate.step(step)
         with self._writer.as_default():
             for granularity, rows in (("layer", report.layers), ("variable", report.variables)):
                 if not rows:
@@ -369,7 +365,7 @@ class GradientWriter:
         key = (tuple(id(v) for v in variables), sparse)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = _Layout(variables, sparse, self.every_n_steps)
+            layout = _Layout(variables, sparse, self.every_n_steps, self._unit_axes)
             self._layouts[key] = layout
         return layout
 
@@ -379,7 +375,7 @@ class GradientWriter:
         last = None
         if gradients is not None:
             last = stats.compute(gradients, layout.variables, layout.rows, weights=False)
-        layer, variable = layout.window.aggregates(last)
+        layer, variable = layout.window.aggregates(step, last)
         self._write_stats(layout, stats.with_weights(layer, layer_w), stats.with_weights(variable, variable_w), step)
         layout.window.reset()
         return tf.constant(True)
@@ -413,9 +409,9 @@ class GradientWriter:
 class _Layout:
     """Everything fixed for one list of variables: rows, tag content, window state."""
 
-    def __init__(self, variables, sparse, every_n_steps):
+    def __init__(self, variables, sparse, every_n_steps, unit_axes):
         self.variables = list(variables)
-        self.rows = stats.Rows(self.variables)
+        self.rows = stats.Rows(self.variables, unit_axes)
         sparse_variables = [n for n, s in zip(self.rows.variable_names, sparse) if s]
         sparse_layers = [n for i, n in enumerate(self.rows.layer_names)
                          if any(s and self.rows.layer_of[v] == i for v, s in enumerate(sparse))]
@@ -432,14 +428,19 @@ class _Layout:
 
 
 class _Window:
-    """Running last/sum/max/min/count of grad_norm and grad_nonfinite since the last write.
+    """Running last/sum/max/min/count of the gradient columns since the last write, and the onset.
 
-    Those two are what a window is for (a spike or a NaN between writes) and
-    cost one fused pass per gradient; max |g| and the zero fraction need
-    passes of their own, so they are taken at the write step only (the
-    ``last`` slab) and their other slabs are MISSING. Weight columns are
-    filled in at the write step. NaN propagates through sum, max and min on
-    purpose: a window that saw a NaN must not look healthy in any aggregate.
+    Every cell that holds a value at a step (not MISSING) is reduced, so what
+    a window reduces is what the per-step statistics hold: grad_norm,
+    grad_nonfinite and grad_norm_finite, one fused pass per gradient; max
+    |g|, the zero fraction and dead units need passes of their own, so they
+    are taken at the write step only (the ``last`` slab) and their other
+    slabs are MISSING. Weight columns are filled in at the write step. NaN
+    propagates through sum, max and min on purpose: a window that saw a NaN
+    must not look healthy in any aggregate; grad_norm_finite's max is what
+    the window saw before it. The first step with a non-finite gradient is
+    kept per row as an int64 step and written as its offset before the write
+    step (``first_nonfinite_offset``, the same in every slab).
     """
 
     def __init__(self, n_layers, n_variables):
@@ -457,35 +458,40 @@ class _Window:
             "sum": var(0.0),
             "max": var(-np.inf),
             "min": var(np.inf),
-            "count": var(0.0, (n,)),
+            "count": var(0.0),
+            "first_nonfinite": _host_variable(np.full(n, -1, np.int64), tf.int64, "tb_gradcheck_window"),
         }
 
     def add(self, layer, variable, step):
+        step = tf.cast(step, tf.int64)
         for part, current in zip(self._parts, (layer, variable)):
             grad = current[:, : stats.GRADIENT_COLUMNS]
-            here = stats.present(current)[:, None]
+            here = tf.not_equal(grad, stats.MISSING)  # NaN != MISSING: NaN is data
             part["last"].assign(grad)
-            part["count"].assign_add(tf.cast(here[:, 0], tf.float32))
+            part["count"].assign_add(tf.cast(here, tf.float32))
             part["sum"].assign_add(tf.where(here, grad, 0.0))
             part["max"].assign(tf.where(here, tf.maximum(part["max"], grad), part["max"]))
             part["min"].assign(tf.where(here, tf.minimum(part["min"], grad), part["min"]))
-        self.last_step.assign(tf.cast(step, tf.int64))
+            first = part["first_nonfinite"]
+            bad = grad[:, stats.FIRST_NONFINITE] == 0.0  # this step's offset: 0 where it had NaN/Inf
+            first.assign(tf.where(bad & (first < 0), step, first))
+        self.last_step.assign(step)
 
     def pending(self):
-        return tf.reduce_any(self._parts[0]["count"] > 0)
+        return tf.reduce_any(self._parts[0]["count"][:, 0] > 0)
 
-    def aggregates(self, last=None):
+    def aggregates(self, step, last=None):
         """Returns ``(layer, variable)`` float32 ``[A, R, C]`` in ``metadata.AGGREGATES`` order.
 
         Args:
+          step: The write step (int64), which onset offsets count back from.
           last: ``(layer, variable)`` full statistics of the write step for the
             ``last`` slab, or None to use the last step's windowed columns.
         """
         out = []
-        windowed = np.zeros(stats.GRADIENT_COLUMNS, bool)
-        windowed[[metadata.STORED_STAT_COLUMNS.index(c) for c in _WINDOWED]] = True
+        step = tf.cast(step, tf.int64)
         for k, part in enumerate(self._parts):
-            count = part["count"][:, None]
+            count = part["count"]
             seen = count > 0
             mean = part["sum"] / tf.maximum(count, 1.0)
             slabs = {
@@ -495,10 +501,13 @@ class _Window:
                 "min": part["min"],
                 "sum": part["sum"],
             }
-            keep = seen & windowed  # rows seen in the window, columns reduced over it
             grad = tf.stack(
-                [slabs[a] if a == "last" else tf.where(keep, slabs[a], stats.MISSING) for a in metadata.AGGREGATES]
+                [slabs[a] if a == "last" else tf.where(seen, slabs[a], stats.MISSING) for a in metadata.AGGREGATES]
             )
+            first = part["first_nonfinite"]
+            offset = tf.where(first >= 0, tf.cast(step - first, tf.float32), stats.MISSING)
+            column = np.arange(stats.GRADIENT_COLUMNS) == stats.FIRST_NONFINITE
+            grad = tf.where(column, offset[None, :, None], grad)
             weight_col = tf.fill(tf.concat([tf.shape(grad)[:2], [1]], 0), stats.MISSING)
             out.append(tf.concat([grad, weight_col], axis=-1))
         return tuple(out)
@@ -509,6 +518,7 @@ class _Window:
             part["max"].assign(tf.fill(tf.shape(part["max"]), -np.inf))
             part["min"].assign(tf.fill(tf.shape(part["min"]), np.inf))
             part["count"].assign(tf.zeros_like(part["count"]))
+            part["first_nonfinite"].assign(tf.fill(tf.shape(part["first_nonfinite"]), tf.constant(-1, tf.int64)))
 
 
 def check_matrix(rows):
@@ -539,9 +549,6 @@ def _slim_metadata():
 
 
 _SLIM_METADATA = _slim_metadata()
-
-# The statistics a window reduces at every step (see _Window).
-_WINDOWED = ("grad_norm", "grad_nonfinite")
 
 
 def _host_variable(initial_value, dtype, name):
@@ -603,71 +610,6 @@ def _sum_over_replicas(gradients):
         return gradients
     summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, present))
     return [None if g is None else next(summed) for g in gradients]
-
-
-def _reject_per_replica(gradients):
-    for i, g in enumerate(gradients):
-        if isinstance(g, tf.distribute.DistributedValues):
-            raise TypeError(
-                "Expected tensors in `gradients`; call write() inside `strategy.run`, with the "
-                "gradients of that replica. "
-                f"Received: gradients[{i}] of type {type(g).__name__}"
-            )
-
-
-def _as_list(values, name):
-    if (
-        isinstance(values, (tf.Tensor, tf.Variable, np.ndarray, str, bytes, collections.abc.Mapping, collections.abc.Set))
-        or not hasattr(values, "__iter__")
-    ):
-        raise TypeError(f"Expected `{name}` to be a list. Received: {type(values).__name__}")
-    values = list(values)
-    if not values:
-        raise ValueError(f"Expected a non-empty list of {name}. Received: an empty list")
-    return values
-
-
-def _as_gradient(gradient, i, variable):
-    """A gradient as ``write`` takes it: None, ``tf.IndexedSlices`` or a floating-point tensor."""
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        dtype = gradient.values.dtype
-    else:
-        try:
-            gradient = tf.convert_to_tensor(gradient)
-        except (TypeError, ValueError):
-            raise TypeError(
-                "Expected each gradient to be a tensor, a tf.IndexedSlices or None. "
-                f"Received: gradients[{i}] of type {type(gradient).__name__}"
-            ) from None
-        dtype = gradient.dtype
-    if not dtype.is_floating:
-        raise TypeError(
-            "Expected floating-point gradients. "
-            f"Received: gradients[{i}] with dtype {dtype.name} for variable {stats._name(variable)!r}"
-        )
-    return gradient
-
-
-def _as_step(step):
-    if isinstance(step, bool) or step is None:
-        raise TypeError(f"Expected `step` to be an integer. Received: {step!r}")
-    if isinstance(step, numbers.Integral):
-        if not 0 <= step <= _INT64_MAX:
-            raise ValueError(f"Expected `step` to be a non-negative int64 (0 to 2**63 - 1). Received: {step}")
-        return tf.constant(int(step), tf.int64)
-    if isinstance(step, (tf.Tensor, tf.Variable)) or hasattr(step, "dtype"):
-        dtype = tf.as_dtype(step.dtype)
-        if not dtype.is_integer:
-            raise TypeError(f"Expected `step` to be an integer. Received: a {dtype.name} tensor")
-        if step.shape.rank not in (0, None):
-            raise ValueError(f"Expected `step` to be a scalar. Received: shape {step.shape}")
-        step = tf.cast(tf.convert_to_tensor(step), tf.int64)
-        if tf.executing_eagerly() and int(step) < 0:
-            raise ValueError(f"Expected `step` to be non-negative. Received: {int(step)}")
-        return step
-    raise TypeError(f"Expected `step` to be an integer. Received: {step!r} of type {type(step).__name__}")
 
 
 # Writers still open at interpreter exit get flushed and closed, so a normal

@@ -61,7 +61,7 @@ def cases():
         (([g], [np.ones(2)], 0), TypeError, "tf.Variable or keras.Variable objects .* Received: variables\\[0\\] of type ndarray"),
         (({"v": g}, [v], 0), TypeError, "`gradients` to be a list. Received: dict"),
         ((g, [v], 0), TypeError, "`gradients` to be a list. Received: EagerTensor"),
-        (([tf.ones(3)], [v], 0), ValueError, "its variable's shape. Received: gradient of shape \\(3,\\) for variable 'v'"),
+        (([tf.ones(3)], [v], 0), ValueError, "its variable's shape. Received: gradients\\[0\\] of shape \\(3,\\) for variable 'v'"),
         (([g], [v], 1.5), TypeError, "`step` to be an integer. Received: 1.5 of type float"),
         (([g], [v], "3"), TypeError, "`step` to be an integer. Received: '3' of type str"),
         (([g], [v], None), TypeError, "`step` to be an integer. Received: None"),

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tb_gradcheck import metadata, stats
+from tb_gradcheck.validate import variable_name as validate_name
 
 # float32 reductions over a few thousand elements agree with float64 numpy to
 # about 1e-6 relative; 1e-5 leaves room for summation order, nothing more.
@@ -13,26 +14,51 @@ RTOL = 1e-5
 COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 
 
-def reference(gradients, variables, groups):
-    """numpy statistics per group of variable indices: the definition, written plainly."""
+def reference(gradients, variables, groups, unit_axes=None):
+    """numpy statistics per group of variable indices: the definition, written plainly.
+
+    Columns in ``metadata.STORED_STAT_COLUMNS`` order. ``unit_axes`` gives,
+    per variable index, the trailing axes that index its units (default: the
+    last axis; none for a scalar).
+    """
+    unit_axes = unit_axes or {}
     out = []
     for group in groups:
         present = [i for i in group if gradients[i] is not None]
         w = np.concatenate([np.asarray(variables[i].numpy(), np.float64).ravel() for i in group])
-        w_norm = np.sqrt(np.sum(w**2))
-        if not present:
-            out.append([-1, -1, -1, -1, w_norm])
-            continue
-        g = np.concatenate([_dense(gradients[i], variables[i]).ravel() for i in present])
-        norm = np.sqrt(np.sum(g**2))
-        out.append([
-            norm,
-            np.max(np.abs(g)),
-            np.mean(g == 0),
-            np.sum(~np.isfinite(g)),
-            w_norm,
-        ])
+        row = dict.fromkeys(metadata.STORED_STAT_COLUMNS, -1.0)
+        row["weight_norm"] = np.sqrt(np.sum(w**2))
+        if present:
+            g = np.concatenate([_dense(gradients[i], variables[i]).ravel() for i in present])
+            nonfinite = np.sum(~np.isfinite(g))
+            row.update(
+                grad_norm=np.sqrt(np.sum(g**2)),
+                grad_max_abs=np.max(np.abs(g)),
+                grad_zero_fraction=np.mean(g == 0),
+                grad_nonfinite=nonfinite,
+                grad_norm_finite=np.sqrt(np.sum(g**2)) if nonfinite == 0 else -1.0,
+                first_nonfinite_offset=0.0 if nonfinite else -1.0,
+            )
+            # A unit is dead when all its elements are zero; a group's units
+            # are those of its last variable, dead in every variable of that
+            # unit count.
+            masks = {i: _dead_units(_dense(gradients[i], variables[i]), unit_axes.get(i, 1)) for i in present}
+            count = _units(variables[group[-1]].shape, unit_axes.get(group[-1], 1))
+            members = [masks[i] for i in present if masks[i].size == count]
+            if members:
+                row["dead_unit_fraction"] = np.mean(np.logical_and.reduce(members)) if count else 0.0
+        out.append([row[c] for c in metadata.STORED_STAT_COLUMNS])
     return np.array(out)
+
+
+def _units(shape, k):
+    k = min(k, len(shape))
+    return int(np.prod(shape[len(shape) - k :]))
+
+
+def _dead_units(g, k):
+    """bool per unit: every element of the unit is exactly 0 (units index the last k axes)."""
+    return np.all(g.reshape(-1, _units(g.shape, k)) == 0, axis=0)
 
 
 def _dense(g, v):
@@ -104,6 +130,7 @@ def test_none_gradient_is_missing_not_zero(graph):
     b = tf.Variable([[3.0]], name="b")
     _, layer, variable = compute([tf.constant([0.5, -0.5]), None], [a, b], graph)
     assert variable[1, : stats.GRADIENT_COLUMNS].tolist() == [stats.MISSING] * stats.GRADIENT_COLUMNS
+    assert layer[1, : stats.GRADIENT_COLUMNS].tolist() == [stats.MISSING] * stats.GRADIENT_COLUMNS
     assert variable[1, COL["weight_norm"]] == pytest.approx(3.0)  # weights are still there
     assert variable[0, COL["grad_norm"]] == pytest.approx(np.sqrt(0.5))
 
@@ -191,29 +218,6 @@ def test_rows_group_keras_layers_and_plain_variables_in_first_appearance_order()
     assert rows.layer_sizes == [1, 2 + 1, 6 + 2, 1, 2 + 2]
 
 
-def test_rows_reject_bad_variables():
-    v = tf.Variable(1.0, name="v")
-    with pytest.raises(ValueError, match="at least one variable"):
-        stats.Rows([])
-    with pytest.raises(ValueError, match="same variable 'v'"):
-        stats.Rows([v, v])
-    with pytest.raises(TypeError, match="floating-point variables.*int32"):
-        stats.Rows([tf.Variable(1, name="count")])
-    with pytest.raises(TypeError, match="variables\\[0\\] of type ndarray"):
-        stats.Rows([np.ones(3)])
-
-
-def test_compute_rejects_mismatched_gradients():
-    v = tf.Variable([1.0, 2.0], name="v")
-    rows = stats.Rows([v])
-    with pytest.raises(ValueError, match="one gradient per variable.*len\\(gradients\\)=2, len\\(variables\\)=1"):
-        stats.compute([tf.ones(2), tf.ones(2)], [v], rows)
-    with pytest.raises(ValueError, match="shape \\(3,\\) for variable 'v' of shape \\(2,\\)"):
-        stats.compute([tf.ones(3)], [v], rows)
-    with pytest.raises(TypeError, match="floating-point gradients.*int32"):
-        stats.compute([tf.constant([1, 2])], [v], rows)
-
-
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
 def test_cheap_mode_computes_norms_and_nonfinite_only(model, graph):
     grads = model_gradients(model, seed=1)
@@ -227,6 +231,134 @@ def test_cheap_mode_computes_norms_and_nonfinite_only(model, graph):
     for cheap, full in ((cheap_l, full_l), (cheap_v, full_v)):
         for c in ("grad_norm", "grad_nonfinite"):
             np.testing.assert_allclose(cheap[:, COL[c]], full[:, COL[c]], rtol=RTOL)
-        for c in ("grad_max_abs", "grad_zero_fraction", "weight_norm"):
+        for c in ("grad_norm_finite", "first_nonfinite_offset"):
+            np.testing.assert_allclose(cheap[:, COL[c]], full[:, COL[c]], rtol=RTOL)
+        for c in ("grad_max_abs", "grad_zero_fraction", "dead_unit_fraction", "weight_norm"):
             assert (cheap[:, COL[c]] == stats.MISSING).all(), c
     assert cheap_v[2, COL["grad_nonfinite"]] == 7  # hidden/bias: every one of its 7 elements is NaN
+
+
+def _layer_model(layer, input_shape, dtype="float32"):
+    return tf.keras.Sequential([tf.keras.Input(input_shape, dtype=dtype), layer], name="sequential")
+
+
+def _masked_gradients(model, x, seed):
+    """Real gradients of a loss that reads only some outputs, so whole units get exactly zero gradient."""
+    out_shape = model(x).shape
+    # Output channels 0 and 2 feed the loss; the others are cut off (dead).
+    mask = np.zeros(out_shape[-1], np.float32)
+    mask[[0, 2]] = 1.0
+    w = np.random.default_rng(seed).normal(size=out_shape[1:]).astype(np.float32)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x) * w * mask)
+    return tape.gradient(loss, model.trainable_variables)
+
+
+@pytest.mark.parametrize(
+    "layer, input_shape, unit_axes",
+    [
+        (tf.keras.layers.Dense(5, name="d"), (4,), {}),
+        (tf.keras.layers.Conv2D(5, 3, name="c"), (6, 6, 2), {}),
+        (tf.keras.layers.DepthwiseConv2D(3, depth_multiplier=2, name="dw"), (6, 6, 3), {0: 2}),
+        (tf.keras.layers.LayerNormalization(name="ln"), (5,), {}),
+    ],
+    ids=["dense", "conv2d", "depthwise", "layernorm"],
+)
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
+def test_dead_unit_fraction_matches_numpy_on_real_layers(layer, input_shape, unit_axes, graph):
+    model = _layer_model(layer, input_shape)
+    x = tf.constant(np.random.default_rng(0).normal(size=(3, *input_shape)), tf.float32)
+    grads = _masked_gradients(model, x, seed=1)
+    variables = model.trainable_variables
+    # Found from the model, not told: only the depthwise kernel differs from the shape rule.
+    assert stats.unit_axes(model) == {validate_name(variables[i]): k for i, k in unit_axes.items()}
+    rows = stats.Rows(variables, stats.unit_axes(model))
+    fn = (lambda gs: stats.compute(gs, variables, rows))
+    layer_s, variable_s = (tf.function(fn) if graph else fn)(grads)
+    expected_v = reference(grads, variables, [[i] for i in range(len(variables))], unit_axes)
+    expected_l = reference(grads, variables, [list(range(len(variables)))], unit_axes)
+    np.testing.assert_allclose(variable_s.numpy(), expected_v, rtol=RTOL)
+    np.testing.assert_allclose(layer_s.numpy(), expected_l, rtol=RTOL)
+    # The premise: some output channels are dead and some are not.
+    assert 0 < layer_s.numpy()[0, COL["dead_unit_fraction"]] < 1
+
+
+def test_depthwise_units_are_input_channel_times_multiplier():
+    # 3 input channels x multiplier 2 = 6 output channels; the mask keeps
+    # output channels 0 and 2 (= in * 2 + mult: (0, 0) and (1, 0)), so 4 of 6
+    # (in, mult) units are dead. Taken by its last axis alone (the
+    # multiplier, 2 units) the answer would be 1 of 2.
+    model = _layer_model(tf.keras.layers.DepthwiseConv2D(3, depth_multiplier=2, name="dw"), (6, 6, 3))
+    x = tf.constant(np.random.default_rng(0).normal(size=(2, 6, 6, 3)), tf.float32)
+    grads = _masked_gradients(model, x, seed=2)
+    variables = model.trainable_variables
+    layer_s, variable_s = stats.compute(grads, variables, stats.Rows(variables, stats.unit_axes(model)))
+    assert variable_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(4 / 6)
+    assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(4 / 6)
+    _, by_shape = stats.compute(grads, variables, stats.Rows(variables))
+    assert by_shape.numpy()[0, COL["dead_unit_fraction"]] == 0.5
+
+
+def test_embedding_dead_units_are_columns_of_the_summed_slices():
+    model = _layer_model(tf.keras.layers.Embedding(20, 4, name="e"), (3,), dtype="int32")
+    x = tf.constant([[1, 5, 1], [7, 5, 2]], tf.int32)
+    grads = _masked_gradients(model, x, seed=3)
+    assert isinstance(grads[0], tf.IndexedSlices)
+    variables = model.trainable_variables
+    _, variable_s = stats.compute(grads, variables, stats.Rows(variables))
+    np.testing.assert_allclose(variable_s.numpy(), reference(grads, variables, [[0]]), rtol=RTOL)
+    assert variable_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(2 / 4)  # columns 1 and 3
+
+
+def test_planted_dead_relu_units_are_dead_and_their_successor_is_not():
+    """ReLU units whose bias is far below any pre-activation never fire: their
+    kernel columns and biases get zero gradient (dead), and the next layer's
+    kernel rows from them are zero, which must not make the next layer's
+    units dead."""
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([
+        tf.keras.Input((8,)),
+        tf.keras.layers.Dense(10, activation="relu", name="hidden"),
+        tf.keras.layers.Dense(3, name="out"),
+    ], name="sequential")
+    kernel, bias = model.get_layer("hidden").trainable_variables
+    planted = [1, 4, 5, 8]
+    b = np.zeros(10, np.float32)
+    b[planted] = -100.0
+    bias.assign(b)
+    x = tf.constant(np.random.default_rng(0).normal(size=(16, 8)), tf.float32)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(model(x) ** 2)
+    variables = model.trainable_variables
+    grads = tape.gradient(loss, variables)
+    # The premise, computed: exactly the planted units never fire.
+    pre = x.numpy() @ kernel.numpy() + b
+    assert sorted(np.flatnonzero((pre <= 0).all(axis=0))) == planted
+    assert (grads[2].numpy()[planted] == 0).all()  # out's kernel rows from them are zero
+    rows = stats.Rows(variables)
+    layer_s, variable_s = stats.compute(grads, variables, rows)
+    dead = layer_s.numpy()[:, COL["dead_unit_fraction"]]
+    assert dead[0] == pytest.approx(len(planted) / 10) and dead[1] == 0.0
+    np.testing.assert_allclose(layer_s.numpy(), reference(grads, variables, [[0, 1], [2, 3]]), rtol=RTOL)
+    # Zero elements alone would call the successor 4/10 "dead" in its kernel.
+    assert variable_s.numpy()[2, COL["grad_zero_fraction"]] == pytest.approx(len(planted) / 10)
+
+
+def test_layer_units_are_and_over_variables_with_the_layer_unit_count():
+    # Dense: kernel column j and bias j. A column zero in the kernel but not
+    # in the bias is alive.
+    model = _layer_model(tf.keras.layers.Dense(3, name="d"), (2,))
+    kernel, bias = model.trainable_variables
+    gk = tf.constant([[0.0, 1.0, 0.0], [0.0, 2.0, 0.0]])
+    gb = tf.constant([0.0, 0.0, 5.0])
+    layer_s, variable_s = stats.compute([gk, gb], [kernel, bias], stats.Rows([kernel, bias]))
+    assert variable_s.numpy()[:, COL["dead_unit_fraction"]].tolist() == pytest.approx([2 / 3, 2 / 3])
+    assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(1 / 3)  # only unit 0
+    # Without the bias's gradient the layer's units come from the kernel alone.
+    layer_s, _ = stats.compute([gk, None], [kernel, bias], stats.Rows([kernel, bias]))
+    assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(2 / 3)
+    # Without any variable of the layer's unit count there is no fraction.
+    v = tf.Variable(np.ones((2, 2), np.float32), name="w")
+    s = tf.Variable(1.0, name="s")
+    layer_s, _ = stats.compute([None, tf.ones(())], [v, s], stats.Rows([v, s]))
+    assert layer_s.numpy()[1, COL["dead_unit_fraction"]] == 0.0  # the scalar's one unit is alive

@@ -295,3 +295,84 @@ def test_write_check_rejects_what_is_not_a_report_and_graph_mode(tmp_path):
     with pytest.raises(ValueError, match="closed"):
         writer.write_check(report, 1)
     assert not [e for e in events(tmp_path) if e[1].startswith("gradients/check/")]
+
+
+def test_window_keeps_first_nonfinite_step_and_largest_finite_norm(tmp_path):
+    # A divergence inside a 10-step window: the norm grows 1e9-fold at steps
+    # 12-13 and turns NaN at step 14. The window's grad_norm max is NaN, which
+    # hides both; the onset columns keep them.
+    v = tf.Variable(np.ones(4, np.float32), name="v")
+    norms = {12: 1e4, 13: 1e9}
+    with GradientWriter(tmp_path, every_n_steps=10) as writer:
+        for step in range(10, 21):
+            scale = np.nan if 14 <= step <= 17 else norms.get(step, 1.0)
+            writer.write([tf.constant(np.full(4, scale / 2), tf.float32)], [v], step)  # ||.|| = scale
+    written = stats_events(tmp_path)
+    assert [e[0] for e in written] == [10, 20]
+    _, content, arr = written[1]
+    assert {"grad_norm_finite", "first_nonfinite_offset"} <= set(content["columns"])
+    block = rows(content, arr, "variable")[:, 0]
+    agg = {a: block[i] for i, a in enumerate(metadata.AGGREGATES)}
+    assert np.isnan(agg["max"][COL["grad_norm"]])
+    assert agg["max"][COL["grad_norm_finite"]] == pytest.approx(1e9, rel=1e-6)
+    assert agg["min"][COL["grad_norm_finite"]] == pytest.approx(1.0)
+    # Stored as an offset before the write step (20 - 14), in every slab.
+    assert block[:, COL["first_nonfinite_offset"]].tolist() == [6.0] * len(metadata.AGGREGATES)
+    _, _, first = written[0]  # the write at step 10 saw no NaN
+    assert (rows(content, first, "variable")[:, 0, COL["first_nonfinite_offset"]] == stats.MISSING).all()
+
+
+def test_every_step_writes_hold_the_onset_of_a_one_step_window(tmp_path):
+    v = tf.Variable(np.ones(2, np.float32), name="v")
+    with GradientWriter(tmp_path) as writer:
+        writer.write([tf.constant([3.0, 4.0])], [v], 0)
+        writer.write([tf.constant([np.inf, 4.0])], [v], 1)
+    (_, content, ok), (_, _, bad) = stats_events(tmp_path)
+    ok, bad = rows(content, ok, "variable")[0, 0], rows(content, bad, "variable")[0, 0]
+    assert ok[COL["grad_norm_finite"]] == 5.0 and ok[COL["first_nonfinite_offset"]] == stats.MISSING
+    assert bad[COL["grad_norm_finite"]] == stats.MISSING and bad[COL["first_nonfinite_offset"]] == 0.0
+
+
+@pytest.mark.parametrize("data_path", ["python", "rust"])
+def test_new_columns_reach_readers_through_tensorboard(tmp_path, data_path):
+    """dead_unit_fraction is a metric of the tab; the onset columns are stored, read by name, not offered."""
+    import time
+
+    from conftest import get_json, make_app, wait_for_steps
+    from tensorboard import context
+
+    from tb_gradcheck import store as store_module
+
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4, name="d")], name="net")
+    kernel, bias = model.trainable_variables
+    with GradientWriter(tmp_path / "run", every_n_steps=5) as writer:
+        for step in range(1, 11):
+            # Units 1 and 3 get no gradient (dead); step 7 goes NaN after a spike at 6.
+            g = np.tile(np.array([1.0, 0.0, 2.0, 0.0], np.float32), (3, 1)) * {6: 1e6, 7: np.nan}.get(step, 1.0)
+            g[:, [1, 3]] = 0.0
+            writer.write([tf.constant(g), tf.constant(g[0])], [kernel, bias], step)
+    client, tb = make_app(tmp_path, data_path)
+    entry = wait_for_steps(client, "run", 2)
+    assert "dead_unit_fraction" in entry["metrics"]
+    assert not {"grad_norm_finite", "first_nonfinite_offset"} & set(entry["metrics"])
+    body = get_json(client, "/data/plugin/gradients/heatmap?run=run&metric=dead_unit_fraction")
+    assert body["values"] == [[0.5], [0.5]]
+    get_json(client, "/data/plugin/gradients/heatmap?run=run&metric=first_nonfinite_offset", status=404)
+
+    # What diagnose.find reads: the store's matrix, columns by name.
+    provider, _ = tb._make_data_provider()
+    reader, ctx = store_module.Store(provider), context.RequestContext()
+    deadline = time.time() + 60
+    while True:
+        index = reader.runs(ctx, "").get("run")
+        matrix = index and reader.matrix(ctx, "", index, metadata.KIND_STATS, "layer")
+        if matrix is not None and len(matrix.steps) == 2 or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert matrix.steps.tolist() == [5, 10]
+    offset, missing = matrix.slab("first_nonfinite_offset", "last")
+    assert missing.tolist() == [[True], [False]] and offset[1, 0] == 3.0  # 10 - 3 = step 7
+    finite, _ = matrix.slab("grad_norm_finite", "max")
+    assert finite[1, 0] == pytest.approx(1e6 * np.sqrt(4 * 5), rel=1e-6)  # step 6: 4 elements of 1e6, 4 of 2e6
+    dead, _ = matrix.slab("dead_unit_fraction", "last")
+    assert dead[:, 0].tolist() == [0.5, 0.5]
