@@ -18,9 +18,12 @@ import numpy as np
 
 from tb_gradcheck import metadata
 
-# Stored columns this module reads when a log has them. Older logs lack them
-# and the rules that need them stay silent rather than guess.
+# Stored columns this module reads when a log has them (metadata.py says what
+# each holds). Older logs lack them and the rules that need them stay silent
+# or fall back, rather than guess.
 DEAD_UNITS = "dead_unit_fraction"
+FINITE_NORM = "grad_norm_finite"
+ONSET_OFFSET = "first_nonfinite_offset"
 
 
 @dataclasses.dataclass
@@ -54,9 +57,16 @@ class StatsView:
         # would hide the explosion before it; the writer's largest finite
         # norm of the window keeps it, when the log has that column.
         self.peak, _, self.peak_aggregate = self._pick("grad_norm", ("max", "last"))
+        finite_peak, _, _ = self._pick(FINITE_NORM, ("max", "last"))
+        if finite_peak is not None:
+            self.peak = np.where(np.isnan(finite_peak), self.peak, finite_peak)
         self.nonfinite, _, self.total = self._pick("grad_nonfinite", ("sum", "last"))
         self.ratio, _, _ = self._pick("grad_to_weight", ("mean", "last"))
         self.dead, _, _ = self._pick(DEAD_UNITS, ("last",))
+        self.onset_offset, _, _ = self._pick(ONSET_OFFSET, ("last",))
+        # The first training step each write summarises: the step after the
+        # previous write (the write step itself when every step is written).
+        self.starts = np.concatenate([self.steps[:1], self.steps[:-1] + 1]) if len(self.steps) else self.steps
 
     def _pick(self, column, preferred):
         m = self._matrix
@@ -126,6 +136,10 @@ def non_finite(v):
         steps = v.steps[bad[:, j]]
         first = int(np.argmax(bad[:, j]))
         before = peak[: first + 1, j]
+        # The window's own record of its first non-finite step, when the log
+        # has it: a write every N steps otherwise only says "by step s".
+        offset = v.onset_offset[first, j] if v.onset_offset is not None else np.nan
+        onset = int(steps[0] - offset) if np.isfinite(offset) else int(steps[0])
         count = v.nonfinite[bad[:, j], j] if v.nonfinite is not None else np.zeros(0)
         evidence[name] = {
             "steps_with_nonfinite": int(len(steps)),
@@ -133,7 +147,7 @@ def non_finite(v):
             # The explosion before the first NaN, if any: the largest finite
             # norm up to that write, against the first norm the layer had.
             "max_finite_norm_before": _float(np.nanmax(before)) if np.isfinite(before).any() else None,
-            "first_step": int(steps[0]),
+            "first_step": onset,
             "last_step": int(steps[-1]),
         }
     return Verdict(bad, {name: "error" for name in evidence}, evidence, v.total)
@@ -195,7 +209,9 @@ def exploding(v, t):
         max_growth = float(np.nanmax(growth[grew, j])) if grew.any() else None
         error = longest >= t.sustained_writes or ends_bad or (max_growth is not None and max_growth >= t.rise_orders)
         severity[name] = "error" if error else "warning"
-        steps = v.steps[flags[:, j]]
+        # A write summarises the steps since the previous one; the rise is
+        # somewhere in there, so the range starts where that window starts.
+        starts, steps = v.starts[flags[:, j]], v.steps[flags[:, j]]
         worst = max(events, key=lambda e: rise[e[0], j]) if events else None
         reasons = []
         if events:
@@ -211,7 +227,7 @@ def exploding(v, t):
             "rises": len(events),
             "longest_rise_writes": int(longest),
             "ends_non_finite": bool(ends_bad),
-            "first_step": int(steps[0]),
+            "first_step": int(starts[0]),
             "last_step": int(steps[-1]),
             "reason": " and ".join(reasons),
         }
