@@ -188,7 +188,7 @@ def test_dead_layer_is_found_and_embeddings_are_exempt(tmp_path):
     client, _ = make_app(tmp_path, "python")
     findings = by_kind(get_json(client, "/data/plugin/gradients/findings?run=r")["findings"])
     assert findings["dead"]["layers"] == ["dead"]  # table's 99.7% zeros are sparsity, not death
-    assert findings["dead"]["evidence"]["dead"]["median_zero_fraction"] == 1.0
+    assert findings["dead"]["evidence"]["dead"]["median_dead_unit_fraction"] == 1.0
     assert "vanishing" not in findings  # a dead layer is reported once, as dead
 
 
@@ -196,3 +196,42 @@ def test_thresholds_are_documented_dataclass_fields():
     doc = diagnose.Thresholds.__doc__
     for field in diagnose.Thresholds.__dataclass_fields__:
         assert f"{field}:" in doc, field
+
+
+def _verdicts(logdir, run):
+    """``{kind: (steps, rows, flags)}`` of one run, read back through TensorBoard's Python data path."""
+    from tb_gradcheck import store
+
+    s, ctx, eid = store.local_store(logdir)
+    index = s.run(ctx, eid, run)
+    stats = s.matrix(ctx, eid, index, "stats", "layer")
+    return {kind: (stats.steps, stats.rows, v.flags) for kind, v in diagnose.verdicts(stats).items()}
+
+
+def test_findings_about_the_first_steps_do_not_depend_on_run_length(tmp_path):
+    # One seeded run (the demo's two nets) trained to 500, 1,000 and 2,000
+    # steps. Every verdict about a step reads only the steps up to it and at
+    # most sustained_writes after it, so the verdicts about the first 500
+    # steps (less that margin) must be identical; with a whole-run median the
+    # healthy relu_he run used to get an error at step 1 once it ran 1,000.
+    lengths = (500, 1000, 2000)
+    for n in lengths:
+        demo.write_runs(str(tmp_path / str(n)), steps=n)
+    margin = diagnose.Thresholds().sustained_writes
+    for run in ("relu_he", "sigmoid"):
+        seen = [_verdicts(tmp_path / str(n), run) for n in lengths]
+        for kind in seen[0]:
+            steps, rows, flags = seen[0][kind]
+            keep = steps < lengths[0] - margin
+            for other in seen[1:]:
+                o_steps, o_rows, o_flags = other[kind]
+                assert o_rows == rows
+                np.testing.assert_array_equal(o_steps[: keep.sum()], steps[keep])
+                np.testing.assert_array_equal(o_flags[: keep.sum()], flags[keep], err_msg=f"{run} {kind}")
+        client, _ = make_app(tmp_path / str(lengths[-1]), "python")
+        found = {f["kind"]: f for f in get_json(client, f"/data/plugin/gradients/findings?run={run}")["findings"]}
+        if run == "relu_he":
+            assert found == {}, found  # healthy at every length
+        else:
+            assert set(found) == {"vanishing"} and found["vanishing"]["layers"][0] == "mlp/dense_0"
+            assert seen[0]["vanishing"][2].any()  # the 500-step run already says so
