@@ -15,7 +15,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-MODULES = ("writer", "check_cost", "backend", "frontend", "load")
+MODULES = ("writer", "check_cost", "backend", "frontend", "load", "findings")
 
 
 def print_table(rows, out=sys.stdout):
