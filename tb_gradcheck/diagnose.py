@@ -1,9 +1,12 @@
 """Findings from stored gradient matrices: vanishing, exploding, dead, non-finite, check failures; numpy only.
 
-Every rule reads the layer-granularity matrices the plugin serves and returns
-``Finding`` objects that name the run, the layers, the step range and the
-numbers behind the verdict. The thresholds are in ``Thresholds``, each with
-the reasoning for its default.
+``find`` runs the rules (``tb_gradcheck.rules``) over the layer-granularity
+matrices the plugin serves and returns ``Finding`` objects that name the run,
+the layers (plain names, as written), the step range and the numbers behind
+the verdict. The thresholds are in ``Thresholds``, each with the reasoning for
+its default. Every sentence is worded by ``describe``, which takes the quoting
+of names from its consumer: bidi isolates in the tab (``isolate``, the
+default ``message``), visible escapes in a terminal (``escape``).
 """
 
 import dataclasses
@@ -117,8 +120,12 @@ class Finding:
     message: str
     evidence: dict
 
-    def to_dict(self):
-        return dataclasses.asdict(self)
+    def to_dict(self, quote=None):
+        """The finding as JSON-able data; ``quote`` (e.g. ``escape``) rewords the message for another consumer."""
+        out = dataclasses.asdict(self)
+        if quote is not None:
+            out["message"] = describe(self, quote)
+        return out
 
 
 def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
@@ -198,7 +205,8 @@ def describe(finding, quote=None):
     if f.kind == "non_finite":
         before = [x["max_finite_norm_before"] for x in e.values() if x.get("max_finite_norm_before") is not None]
         firsts = [n for n in f.layers if e[n]["first_step"] == first]
-        text = (f"NaN/Inf gradients in {names}, first at step {first} in {_list(firsts, quote)} "
+        where = "" if len(firsts) == len(f.layers) else f" in {_list(firsts, quote)}"
+        text = (f"NaN/Inf gradients in {names}, first at step {first}{where} "
                 f"({sum(x['steps_with_nonfinite'] for x in e.values())} layer-steps affected)")
         if before:
             text += f"; the largest finite norm before it was {max(before):.3g}"
@@ -208,12 +216,10 @@ def describe(finding, quote=None):
         detail = []
         if worst["rise_orders"] is not None:
             detail.append(f"{worst['rise_orders']:.1f} orders above its trailing median {worst['baseline_norm']:.3g}")
-        if worst["growth_orders"] is not None:
-            detail.append(f"grew {worst['growth_orders']:.1f} orders in {Thresholds.baseline_writes // 2} writes")
-        if any(x["ends_non_finite"] for x in e.values()):
-            detail.append("ending in NaN/Inf")
-        elif f.severity == "error":
-            detail.append("sustained")
+        if worst["growth_orders_half_window"] is not None:
+            detail.append(f"grew {worst['growth_orders_half_window']:.1f} orders in half a baseline window")
+        outcomes = {x["outcome"] for x in e.values()}
+        detail.append(next(o for o in ("ends in NaN/Inf", "sustained", "recovered") if o in outcomes))
         return (f"Exploding gradients in {names}: norm up to {worst['max_norm']:.3g} "
                 f"({', '.join(detail)}), steps {first}-{last}.")
     if f.kind == "vanishing":
@@ -224,7 +230,8 @@ def describe(finding, quote=None):
         return f"Vanishing gradients in {names}: gradient norm {detail}, steps {first}-{last}."
     if f.kind == "dead":
         share = [x["median_dead_unit_fraction"] for x in e.values()]
-        return (f"Dead units in {names}: {min(share):.0%}-{max(share):.0%} of the units get an exactly zero "
+        lo, hi = f"{min(share):.0%}", f"{max(share):.0%}"
+        return (f"Dead units in {names}: {lo if lo == hi else lo + '-' + hi} of the units get an exactly zero "
                 f"gradient on whole batches, steps {first}-{last}.")
     worst = max(x["max_relative_error"] for x in e.values())
     return f"Gradient check failed for {names}: analytic and numeric gradients differ by up to {worst:.2%}."

@@ -223,10 +223,11 @@ def exploding(v, t):
             "max_norm": _float(np.nanmax(peak_here)) if np.isfinite(peak_here).any() else None,
             "baseline_norm": _float(10.0 ** base[worst[0], j]) if worst else None,
             "rise_orders": _float(rise[worst[0], j]) if worst else None,
-            "growth_orders": max_growth,
+            "growth_orders_half_window": max_growth,
             "rises": len(events),
             "longest_rise_writes": int(longest),
-            "ends_non_finite": bool(ends_bad),
+            # A string, not a boolean: evidence values are numbers or words.
+            "outcome": "ends in NaN/Inf" if ends_bad else ("sustained" if error else "recovered"),
             "first_step": int(starts[0]),
             "last_step": int(steps[-1]),
             "reason": " and ".join(reasons),
