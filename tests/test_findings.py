@@ -235,3 +235,23 @@ def test_findings_about_the_first_steps_do_not_depend_on_run_length(tmp_path):
         else:
             assert set(found) == {"vanishing"} and found["vanishing"]["layers"][0] == "mlp/dense_0"
             assert seen[0]["vanishing"][2].any()  # the 500-step run already says so
+
+
+def test_describe_quotes_names_for_each_consumer(tmp_path):
+    # A name with a right-to-left override and a newline: the tab gets it
+    # bidi-isolated, a terminal gets it plain with both made visible.
+    hostile = "evil\u202e\nlayer"
+    var = tf.Variable(np.ones(4, np.float32), name=hostile)  # a plain variable is its own layer
+    with GradientWriter(tmp_path / "r") as writer:
+        for step in range(3):
+            writer.write([tf.fill([4], np.float32(np.nan) if step == 1 else 1.0)], [var], step)
+    from tb_gradcheck import store
+
+    s, ctx, eid = store.local_store(tmp_path)
+    index = s.run(ctx, eid, "r")
+    (f,) = diagnose.find("r", s.matrix(ctx, eid, index, "stats", "layer"))
+    assert f.kind == "non_finite" and f.layers == [hostile] and f.steps == [1, 1]
+    assert f.message == diagnose.describe(f) and "\u2068" + hostile + "\u2069" in f.message
+    plain = f.to_dict(diagnose.escape)["message"]
+    assert "evil\\u202e\\u000alayer" in plain and "\u202e" not in plain and "\u2068" not in plain
+    assert diagnose.escape("a\\u202e") == "a\\\\u202e"  # a literal backslash cannot forge an escape
