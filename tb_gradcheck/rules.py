@@ -99,9 +99,15 @@ def _trailing(values, length, reduce):
     """``reduce`` over the ``length`` writes before each write (not including it), per column; NaN when none."""
     s, l = values.shape
     padded = np.concatenate([np.full((length, l), np.nan), values], axis=0)
-    windows = np.lib.stride_tricks.sliding_window_view(padded, length, axis=0)[:s]  # [S, L, length]
+    windows = np.lib.stride_tricks.sliding_window_view(padded, length, axis=0)[:s]  # [S, L, length], a view
+    out = np.empty((s, l))
+    # A few columns at a time: the reduction copies its input, and S x L x
+    # length at once is hundreds of megabytes for a long run of a big model.
+    chunk = max(1, (1 << 20) // max(1, s * length))
     with np.errstate(all="ignore"), _quiet():
-        return reduce(windows, axis=-1)
+        for j in range(0, l, chunk):
+            out[:, j:j + chunk] = reduce(windows[:, j:j + chunk], axis=-1)
+    return out
 
 
 class _quiet:
@@ -116,6 +122,20 @@ class _quiet:
 
     def __exit__(self, *exc):
         return self._catch.__exit__(*exc)
+
+
+def _nanmedian(windows, axis=-1):
+    """``np.nanmedian`` over the last axis by one sort: NaN sorts last, the median sits among the finite values.
+
+    numpy's own nanmedian falls back to a Python-level loop per window, which
+    is seconds for a long run of a big model.
+    """
+    ordered = np.sort(windows, axis=axis)
+    n = np.sum(~np.isnan(windows), axis=axis)
+    lo = np.clip((n - 1) // 2, 0, None)[..., None]
+    hi = np.clip(n // 2, 0, windows.shape[axis] - 1)[..., None]
+    middle = (np.take_along_axis(ordered, lo, axis) + np.take_along_axis(ordered, hi, axis))[..., 0] / 2
+    return np.where(n > 0, middle, np.nan)
 
 
 def _running_max_before(values):
@@ -175,7 +195,7 @@ def exploding(v, t):
     lt = _log(v.norm, v.present)
     lp = _log(v.peak, v.present)
     bad = v.bad()
-    base = _trailing(lt, t.baseline_writes, np.nanmedian)
+    base = _trailing(lt, t.baseline_writes, _nanmedian)
     high = _running_max_before(lt)
     network = np.nanmax(np.where(np.isnan(base), -np.inf, base), axis=1, keepdims=True)  # [S, 1]
     rise = lp - base
@@ -187,19 +207,17 @@ def exploding(v, t):
     severity, evidence = {}, {}
     for j, name in enumerate(v.rows):
         events = []
-        i = 0
-        while i < s:
-            if not onset[i, j]:
-                i += 1
-                continue
+        end = 0
+        for i in np.flatnonzero(onset[:, j]):
+            if i < end:
+                continue  # inside the previous rise
             level = base[i, j] + t.rise_orders
-            end = i + 1
-            while end < s and (bad[end, j] or (lt[end, j] >= level) or (lp[end, j] >= level and np.isnan(lt[end, j]))):
-                end += 1
+            with np.errstate(invalid="ignore"):
+                held = bad[i + 1:, j] | (lt[i + 1:, j] >= level) | ((lp[i + 1:, j] >= level) & np.isnan(lt[i + 1:, j]))
+            end = i + 1 + (int(np.argmin(held)) if not held.all() else len(held))
             ends_bad = bool(bad[i:end, j].any() or (end < s and bad[end, j]))
             events.append((i, end, ends_bad))
             flags[i:end, j] = True
-            i = end
         grew = growing[:, j]
         flags[:, j] |= grew
         if not flags[:, j].any():
@@ -249,7 +267,7 @@ def _growth(lt, t):
     half = max(1, t.baseline_writes // 2)
     pad = np.full((half, l), np.nan)
     shifted = np.concatenate([lt[1:], np.full((1, l), np.nan)])
-    recent = _trailing(shifted, half, np.nanmedian)  # writes (t - half, t]
+    recent = _trailing(shifted, half, _nanmedian)  # writes (t - half, t]
     counts = _trailing(np.isfinite(shifted).astype(float), half, np.sum)
     earlier = np.concatenate([pad, recent])[:s]  # writes (t - 2 half, t - half]
     earlier_counts = np.concatenate([np.zeros((half, l)), counts])[:s]
