@@ -12,8 +12,7 @@ default ``message``), visible escapes in a terminal (``escape``).
 import dataclasses
 import unicodedata
 
-from tb_gradcheck import metadata
-from tb_gradcheck import rules
+from tb_gradcheck import metadata, rules
 
 
 @dataclasses.dataclass(frozen=True)

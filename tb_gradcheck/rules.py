@@ -162,7 +162,7 @@ def non_finite(v):
         onset = int(steps[0] - offset) if np.isfinite(offset) else int(steps[0])
         count = v.nonfinite[bad[:, j], j] if v.nonfinite is not None else np.zeros(0)
         evidence[name] = {
-            "steps_with_nonfinite": int(len(steps)),
+            "steps_with_nonfinite": len(steps),
             "nonfinite_elements": float(np.nansum(count)),
             # The explosion before the first NaN, if any: the largest finite
             # norm up to that write, against the first norm the layer had.

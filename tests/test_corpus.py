@@ -6,9 +6,8 @@ path. ``python -m benchmarks --only findings`` trains the same scenarios and
 prints precision and recall.
 """
 
-import pytest
-
 import corpus
+import pytest
 
 NAMES = sorted(corpus.SCENARIOS)
 

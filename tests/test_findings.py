@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import get_json, make_app, wait_for_steps
+
 from tb_gradcheck import GradientWriter, demo, diagnose
 
 SPIKE_STEP = 237

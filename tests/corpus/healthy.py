@@ -173,7 +173,7 @@ def frozen_layer_unused_head(run_dir):
     def loss_fn(yb, outputs):
         return tf.keras.losses.binary_crossentropy(yb, outputs[0], from_logits=True)
 
-    losses, norms, _ = custom_loop(run_dir, model, lambda yb, o: tf.reduce_mean(loss_fn(yb, o)),
+    losses, _, _ = custom_loop(run_dir, model, lambda yb, o: tf.reduce_mean(loss_fn(yb, o)),
                                    _batches(tokens, y, 32, 200, 6), tf.keras.optimizers.Adam(3e-3))
     unchanged = all(np.array_equal(a, w.numpy()) for a, w in zip(before, frozen.weights))
     first, last = head_tail(losses)

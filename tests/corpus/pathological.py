@@ -17,7 +17,7 @@ def deep_sigmoid(run_dir):
     x, y = _regression(20)
     init = tf.keras.initializers.VarianceScaling(1.0 / 3.0, "fan_in", "uniform")  # U[-1/sqrt(n), 1/sqrt(n)]
     model = _mlp("mlp", [64] * 10, "sigmoid", init, 16)
-    losses, norms, _ = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 200, 20),
+    _, norms, _ = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 200, 20),
                                    tf.keras.optimizers.SGD(0.1))
     kernels = norms[:, 0::2]
     orders = float(np.log10(np.median(kernels[:, -1]) / np.median(kernels[:, 0])))
@@ -37,7 +37,7 @@ def _rnn(run_dir, activation, gain, lr, seed):
                     name="rnn"),
         L.Dense(1, name="out"),
     ], name="rnn")
-    losses, norms, first_bad = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(),
+    _, norms, first_bad = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(),
                                            _batches(x, y, 32, 60, seed), tf.keras.optimizers.SGD(lr))
     total = np.sqrt((norms ** 2).sum(axis=1))
     end = first_bad if first_bad is not None else len(total)
@@ -66,7 +66,7 @@ def _diverge(run_dir, every_n_steps):
     tf.keras.utils.set_random_seed(23)
     x, y = _regression(23)
     model = _mlp("mlp", [32, 32], "relu", "he_normal", 16)
-    losses, norms, first_bad = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(),
+    _, norms, first_bad = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(),
                                            _batches(x, y * 10, 64, 40, 23), tf.keras.optimizers.SGD(0.5),
                                            every_n_steps=every_n_steps)
     total = np.sqrt((norms ** 2).sum(axis=1))
@@ -140,7 +140,7 @@ def spike_every_25(run_dir):
     x, y = _regression(26)
     model = _mlp("mlp", [32, 32], "relu", "he_normal", 16)
     optimizer = tf.keras.optimizers.SGD(0.01, clipnorm=1.0)
-    losses, norms, _ = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 300, 26),
+    _, norms, _ = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 300, 26),
                                    optimizer, every_n_steps=25, scale={SPIKE_STEP: 1e6})
     total = np.sqrt((norms ** 2).sum(axis=1))
     others = np.delete(total, SPIKE_STEP)
