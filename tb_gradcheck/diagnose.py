@@ -45,11 +45,11 @@ class Thresholds:
         for this many writes or more is an error; a shorter one a warning.
         3: a one-write spike is survivable (clipping, Adam's normalisation);
         three in a row means the weights are being thrown around.
-      persistence: Fraction of the trailing window's writes a slow condition
-        (vanishing, dead) must hold in. 0.5: a layer that is fine half the
+      persistence: Fraction of the trailing window's writes the vanishing
+        condition must hold in. 0.5: a layer that is fine half the
         time is a layer that trains; one that is sick most of the time is not.
       min_writes: Writes the trailing window must hold before the slow rules
-        speak. 5: a majority of fewer than five writes is one or two steps.
+        (vanishing, dead) speak. 5: a majority of fewer than five writes is one or two steps.
       vanishing_orders: Orders of magnitude a layer's norm may sit below the
         largest norm among the layers after it (toward the output) before it
         is vanishing. 3: healthy deep nets keep layer norms within one or two
@@ -59,15 +59,15 @@ class Thresholds:
         SGD step lr * g with lr <= 1 then changes the weights by less than
         float32 can represent, so they do not move at all. Relative to the
         weights, so it holds at any weight scale.
-      dead_units: A layer whose ``dead_unit_fraction`` (units whose every
-        parameter gets exactly zero gradient over the whole batch) is at
-        least this, persistently, is dead. 0.25: a live ReLU unit is active
-        on about half its inputs, so it is silent on a whole batch of B
-        examples with probability about 2**-B; units silent batch after
-        batch are dead, and a quarter of a layer's width dead is capacity
-        lost for good (a dead unit gets no gradient to revive it). The rule
-        needs batches of about 8 examples or more, where chance silence is
-        below 1%.
+      dead_units: A layer is dead where its ``dead_unit_fraction`` (units
+        whose every parameter gets exactly zero gradient over the whole
+        batch) was at least this in every write of the trailing window. The
+        window's minimum, because a live but selective ReLU unit (active on
+        2% of inputs) is silent on a batch of 64 about one time in four,
+        while a dead unit is silent on every batch: the share truly dead is
+        at most the minimum. 0.25: a quarter of the layer's width lost for
+        good (a dead unit gets no gradient to revive it); CS231n's notes cite
+        40% dead as the mark of a too-high learning rate.
     """
 
     baseline_writes: int = 20

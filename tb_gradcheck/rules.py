@@ -268,7 +268,7 @@ def _growth(lt, t):
     pad = np.full((half, l), np.nan)
     shifted = np.concatenate([lt[1:], np.full((1, l), np.nan)])
     recent = _trailing(shifted, half, _nanmedian)  # writes (t - half, t]
-    counts = _trailing(np.isfinite(shifted).astype(float), half, np.sum)
+    counts = _trailing(np.isfinite(shifted).astype(float), half, np.nansum)
     earlier = np.concatenate([pad, recent])[:s]  # writes (t - 2 half, t - half]
     earlier_counts = np.concatenate([np.zeros((half, l)), counts])[:s]
     filled = np.where(np.isnan(lt), -np.inf, lt)
@@ -298,7 +298,7 @@ def _persistent(condition, here, t):
 
 
 def dead(v, t, sparse):
-    """Layers whose units get exactly zero gradient: ``dead_unit_fraction`` at or above ``dead_units``, persistently.
+    """Layers whose units get exactly zero gradient: ``dead_unit_fraction`` at or above ``dead_units`` in every write of the trailing window.
 
     Reads the writer's dead-unit statistic (units whose every parameter has
     an exactly-zero gradient), not the share of zero elements: sparse inputs
@@ -312,9 +312,17 @@ def dead(v, t, sparse):
         return Verdict(flags, {}, {}, "last")
     here = np.isfinite(v.dead) & (v.dead >= 0)
     exempt = np.array([name in sparse for name in v.rows])
+    # The lowest share over the trailing window, not the share at one write:
+    # a trained ReLU unit can be selective (active on 2% of the inputs is
+    # silent on a batch of 64 one time in four), but a dead unit is silent on
+    # every batch, so the share dead is at most the window's minimum, and the
+    # minimum over enough batches leaves the selective units out.
+    dead_share = np.where(here, v.dead, np.nan)
+    shifted = np.concatenate([dead_share[1:], np.full((1, l), np.nan)])
+    lowest = _trailing(shifted, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
+    count = _trailing(np.concatenate([here[1:], np.zeros((1, l), bool)]).astype(float), t.baseline_writes, np.nansum)
     with np.errstate(invalid="ignore"):
-        condition = (v.dead >= t.dead_units) & ~exempt[None, :]
-    flags = _persistent(condition, here, t)
+        flags = here & (count >= t.min_writes) & (lowest >= t.dead_units) & ~exempt[None, :]
     evidence = {}
     for j, name in enumerate(v.rows):
         if not flags[:, j].any():
@@ -322,6 +330,7 @@ def dead(v, t, sparse):
         steps = v.steps[flags[:, j]]
         evidence[name] = {
             "median_dead_unit_fraction": float(np.median(v.dead[flags[:, j], j])),
+            "lowest_dead_unit_fraction": float(np.min(lowest[flags[:, j], j])),
             "max_dead_unit_fraction": float(np.max(v.dead[flags[:, j], j])),
             "fraction_of_steps": float(flags[:, j].sum() / here[:, j].sum()),
             "first_step": int(steps[0]),
