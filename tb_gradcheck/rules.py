@@ -310,7 +310,7 @@ def dead(v, t, sparse):
     flags = np.zeros((s, l), bool)
     if v.dead is None:
         return Verdict(flags, {}, {}, "last")
-    here = np.isfinite(v.dead) & (v.dead >= 0)
+    here = np.isfinite(v.dead) & (v.dead >= 0) & (v.dead <= 1)  # a share; anything else is a damaged log
     exempt = np.array([name in sparse for name in v.rows])
     # The lowest share over the trailing window, not the share at one write:
     # a trained ReLU unit can be selective (active on 2% of the inputs is
