@@ -143,20 +143,12 @@ def _report(args):
 def _plain_finding(finding):
     """A finding as a dict whose message names layers plainly, without the tab's bidi isolates.
 
-    ``diagnose`` wraps every name in a message in FSI ... PDI (U+2068,
-    U+2069) so that the tab's sentence survives a right-to-left override in
-    a name. In a terminal and in JSON those invisible marks break ``grep``;
-    the report escapes such characters visibly instead (``_visible``).
+    The tab's messages wrap every name in FSI ... PDI (U+2068, U+2069) so a
+    sentence survives a right-to-left override in a name; in a terminal and
+    in JSON those invisible marks break ``grep``. The report asks diagnose
+    for plain names and escapes such characters visibly instead (``_visible``).
     """
-    out = finding.to_dict()
-    message = out["message"]
-    for name in sorted(set(out["layers"]) | set(out["evidence"]), key=len, reverse=True):
-        message = message.replace(f"\u2068{name}\u2069", name)
-    out["message"] = _ISOLATE.sub(r"\1", message)
-    return out
-
-
-_ISOLATE = re.compile("\u2068([^\u2068\u2069]*)\u2069")
+    return finding.to_dict(quote=str)
 # Characters that change how the text around them is shown, or are not
 # shown at all: controls (Cc), format characters including every bidi
 # override, embedding, isolate and mark (Cf), line and paragraph separators.

@@ -3,10 +3,18 @@
 ``sigmoid``: a deep sigmoid MLP with small random initial weights. Each sigmoid
 layer scales the backward signal by about sigmoid'(x) * |W| ~ 0.25 * 0.8, so
 after ten layers the input-side gradients are some seven orders of magnitude
-below the output side's: the textbook vanishing-gradient picture.
+below the output side's: the textbook vanishing-gradient picture. Its finding
+is a *vanishing* warning on the input-side layers (dense_0 first): each is
+three or more orders below the layers after it, as is every layer before it,
+and the first ones are too small against their weights to move them in
+float32. A warning, not an error: the net still trains, slowly, from the
+output side.
 
 ``relu_he``: the same network with ReLU and He initialisation, whose variance
-scaling keeps the backward signal at one scale through depth.
+scaling keeps the backward signal at one scale through depth. It gets no
+finding, at any number of steps: its gradients are largest at the start and
+fall as it converges, and a fall is never "exploding" (each step is compared
+with the layer's own recent past, not with the converged end of the run).
 """
 
 import os

@@ -1,64 +1,92 @@
 """Findings from stored gradient matrices: vanishing, exploding, dead, non-finite, check failures; numpy only.
 
-Every rule reads the layer-granularity matrices the plugin serves and returns
-``Finding`` objects that name the run, the layers, the step range and the
-numbers behind the verdict. The thresholds are in ``Thresholds``, each with
-the reasoning for its default.
+``find`` runs the rules (``tb_gradcheck.rules``) over the layer-granularity
+matrices the plugin serves and returns ``Finding`` objects that name the run,
+the layers (plain names, as written), the step range and the numbers behind
+the verdict. The thresholds are in ``Thresholds``, each with the reasoning for
+its default. Every sentence is worded by ``describe``, which takes the quoting
+of names from its consumer: bidi isolates in the tab (``isolate``, the
+default ``message``), visible escapes in a terminal (``escape``).
 """
 
 import dataclasses
+import unicodedata
 
-import numpy as np
-
-from tb_gradcheck import metadata
+from tb_gradcheck import metadata, rules
 
 
 @dataclasses.dataclass(frozen=True)
 class Thresholds:
     """When a pattern becomes a finding. Every field can be overridden.
 
+    No threshold is an absolute gradient norm: a layer in front of a
+    normalisation layer has a gradient that scales as 1 / ||W||, so "large"
+    only means something against the layer's own past or its weights.
+
     Attributes:
-      persistence: Fraction of a layer's steps a condition must hold for the
-        slow patterns (vanishing, dead). 0.5: a layer that is fine half the
+      baseline_writes: The trailing window, in writes, that a layer's recent
+        level is measured over (the median of its typical norm), and that the
+        slow rules (vanishing, dead) look back over for persistence. 20: a
+        median of 20 points ignores a few outliers, and a window of writes,
+        not of the whole run, keeps every verdict causal: a long run's normal
+        large early gradients are not compared with its converged tail.
+      rise_orders: Orders of magnitude a write's peak norm must sit above its
+        trailing median to be a rise ("exploding"). 2: a hundredfold jump in
+        one write is not optimiser noise (mini-batch noise changes a norm by
+        factors of a few, a learning-rate schedule by less per step).
+      growth_orders: Orders of magnitude the median norm of the latest half
+        of the trailing window must sit above the half before it to be steady
+        growth. 1: a polynomial climb from zero (a layer behind a
+        zero-initialised head) gains at most about a factor 3 per half-window;
+        a tenfold gain in ten writes is exponential growth, which is what a
+        divergence looks like before it overflows. Growth of ``rise_orders``
+        or more is an error.
+      sustained_writes: A rise that stays ``rise_orders`` above its baseline
+        for this many writes or more is an error; a shorter one a warning.
+        3: a one-write spike is survivable (clipping, Adam's normalisation);
+        three in a row means the weights are being thrown around.
+      persistence: Fraction of the trailing window's writes the vanishing
+        condition must hold in. 0.5: a layer that is fine half the
         time is a layer that trains; one that is sick most of the time is not.
-      vanishing_floor: A gradient norm below this is vanishing whatever the
-        other layers do. 1e-9: an update lr * g that small cannot change a
-        float32 weight of order 1e-2 at any usual learning rate (float32
-        resolves about 6e-8 relative, so such a weight moves only by steps of
-        ~6e-10).
+      min_writes: Writes the trailing window must hold before the slow rules
+        (vanishing, dead) speak. 5: a majority of fewer than five writes is one or two steps.
       vanishing_orders: Orders of magnitude a layer's norm may sit below the
         largest norm among the layers after it (toward the output) before it
         is vanishing. 3: healthy deep nets keep layer norms within one or two
         orders; a thousandfold drop means the input side barely learns.
-      exploding_ceiling: A gradient norm above this at any step is exploding.
-        1e3: three orders above the clipping norms people use (1 to 10).
-      exploding_spike_orders: A step whose norm is this many orders of
-        magnitude above the layer's median norm is a spike. 2: a hundredfold
-        jump in one step is not noise in any optimiser we know.
-      exploding_growth_orders: Growth of the median norm from the first tenth
-        of the steps to the last tenth that counts as exploding over time. 2.
-      dead_zero_fraction: A layer whose gradient has at least this fraction
-        of exact zeros in most steps is dead. 0.9: sparse inputs and a few
-        dead ReLU units give zero fractions well below that; at 0.9 most of
-        the layer learns nothing. Layers with sparse (IndexedSlices)
-        gradients are exempt: an embedding touches only its batch's rows.
-      min_steps_for_trends: Fewer written steps than this and the spike and
-        growth rules stay silent: a median of three points says nothing.
+      vanishing_ratio: A layer whose ||g|| / ||W|| is below this is vanishing
+        whatever the other layers do. 6e-8, float32's half-ulp (2**-24): an
+        SGD step lr * g with lr <= 1 then changes the weights by less than
+        float32 can represent, so they do not move at all. Relative to the
+        weights, so it holds at any weight scale.
+      dead_units: A layer is dead where its ``dead_unit_fraction`` (units
+        whose every parameter gets exactly zero gradient over the whole
+        batch) was at least this in every write of the trailing window. The
+        window's minimum, because a live but selective ReLU unit (active on
+        2% of inputs) is silent on a batch of 64 about one time in four,
+        while a dead unit is silent on every batch: the share truly dead is
+        at most the minimum. 0.25: a quarter of the layer's width lost for
+        good (a dead unit gets no gradient to revive it); CS231n's notes cite
+        40% dead as the mark of a too-high learning rate.
     """
 
+    baseline_writes: int = 20
+    rise_orders: float = 2.0
+    growth_orders: float = 1.0
+    sustained_writes: int = 3
     persistence: float = 0.5
-    vanishing_floor: float = 1e-9
+    min_writes: int = 5
     vanishing_orders: float = 3.0
-    exploding_ceiling: float = 1e3
-    exploding_spike_orders: float = 2.0
-    exploding_growth_orders: float = 2.0
-    dead_zero_fraction: float = 0.9
-    min_steps_for_trends: int = 10
+    vanishing_ratio: float = 6e-8
+    dead_units: float = 0.25
 
 
 KINDS = ("non_finite", "check_failure", "exploding", "vanishing", "dead")
-_SEVERITY = {"non_finite": "error", "check_failure": "error", "exploding": "error", "vanishing": "warning",
-             "dead": "warning"}
+
+# How sure each kind is, for the README and the tab's help: see README
+# "Findings and the command line".
+_METRICS = {"non_finite": "grad_nonfinite", "check_failure": metadata.CHECK_METRIC, "exploding": "grad_norm",
+            "vanishing": "grad_norm", "dead": rules.DEAD_UNITS}
 
 
 @dataclasses.dataclass
@@ -67,13 +95,16 @@ class Finding:
 
     Attributes:
       kind: One of ``KINDS``.
-      severity: ``"error"`` or ``"warning"``.
+      severity: ``"error"`` or ``"warning"``: error for non-finite gradients,
+        failed checks, and rises that are large and sustained or end in
+        non-finite values; warning for everything weaker.
       run: The run.
-      layers: Affected layer names, in depth order.
+      layers: Affected layer names (plain, as written), in depth order.
       steps: ``[first, last]`` step over all affected layers.
       metric: The heatmap metric that shows it (``grad_norm``, ...).
       aggregate: The aggregate that shows it best.
-      message: One readable sentence.
+      message: One readable sentence, names bidi-isolated (``describe(f)``);
+        a consumer that wants other quoting calls ``describe(f, quote)``.
       evidence: ``{layer: {number name: value}}``, each with its own
         ``first_step`` and ``last_step``.
     """
@@ -88,8 +119,12 @@ class Finding:
     message: str
     evidence: dict
 
-    def to_dict(self):
-        return dataclasses.asdict(self)
+    def to_dict(self, quote=None):
+        """The finding as JSON-able data; ``quote`` (e.g. ``escape``) rewords the message for another consumer."""
+        out = dataclasses.asdict(self)
+        if quote is not None:
+            out["message"] = describe(self, quote)
+        return out
 
 
 def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
@@ -105,240 +140,110 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
     Returns:
       A list of ``Finding``, most severe kinds first.
     """
-    t = thresholds or Thresholds()
     out = []
+    for kind, verdict in verdicts(stats, checks, thresholds, sparse_rows).items():
+        if verdict.evidence:
+            out.append(_finding(kind, run, verdict))
+    return sorted(out, key=lambda f: (f.severity != "error", KINDS.index(f.kind)))
+
+
+def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
+    """Every rule's ``rules.Verdict``, by kind: the per-write flags behind ``find``.
+
+    Args: as ``find``.
+
+    Returns:
+      ``{kind: rules.Verdict}`` for the kinds the data can answer. The flags
+      are ``[steps, rows]`` of ``stats`` (or of ``checks`` for
+      ``check_failure``).
+    """
+    t = thresholds or Thresholds()
+    out = {}
     if stats is not None and len(stats.steps):
-        view = _StatsView(stats)
-        out += _non_finite(run, view)
-        out += _exploding(run, view, t)
-        dead = _dead(run, view, t, set(sparse_rows))
-        out += _vanishing(run, view, t, exclude=set(dead[0].layers) if dead else set())
-        out += dead
+        view = rules.StatsView(stats)
+        out["non_finite"] = rules.non_finite(view)
+        out["exploding"] = rules.exploding(view, t)
+        out["dead"] = rules.dead(view, t, set(sparse_rows))
+        # A dead layer is reported once, as dead: its zero gradient is also
+        # far below the layers after it.
+        out["vanishing"] = rules.vanishing(view, t, exclude=set(out["dead"].evidence))
     if checks is not None and len(checks.steps):
-        out += _check_failures(run, checks)
-    return sorted(out, key=lambda f: KINDS.index(f.kind))
+        out["check_failure"] = rules.check_failures(checks)
+    return out
 
 
-class _StatsView:
-    """The slabs the rules read, each from the aggregate that answers it best."""
-
-    def __init__(self, matrix):
-        self.rows = matrix.rows
-        self.steps = matrix.steps
-        have = set(matrix.aggregates)
-
-        def pick(column, preferred):
-            # The preferred aggregate where the metric has it, else the last
-            # value, else whatever the run stored (a layout need not hold "last").
-            usable = preferred in have and preferred in metadata.METRIC_AGGREGATES[column]
-            aggregate = preferred if usable else next(a for a in ("last", *matrix.aggregates) if a in have)
-            values, missing = matrix.slab(column, aggregate)
-            return np.where(missing, np.nan, values), ~missing, aggregate
-
-        # Typical level: the window mean; extremes: the window max and min;
-        # non-finite: the window total.
-        self.norm, self.present, self.typical = pick("grad_norm", "mean")
-        self.norm_max, _, self.peak = pick("grad_norm", "max")
-        self.zero, _, _ = pick("grad_zero_fraction", "mean")
-        self.nonfinite, _, self.total = pick("grad_nonfinite", "sum")
-
-    def finite(self, values):
-        return self.present & np.isfinite(values)
-
-
-def _non_finite(run, v):
-    # The writer counts NaN/Inf elements, so a positive count is the signal;
-    # a count or norm that is itself NaN/Inf (a damaged or foreign log) is
-    # no sign of health either.
-    bad = v.present & ((v.nonfinite > 0) | ~np.isfinite(v.nonfinite) | ~np.isfinite(v.norm))
-    layers = [j for j in range(len(v.rows)) if bad[:, j].any()]
-    if not layers:
-        return []
-    evidence = {}
-    for j in layers:
-        steps = v.steps[bad[:, j]]
-        evidence[v.rows[j]] = {
-            "steps_with_nonfinite": int(len(steps)),
-            "nonfinite_elements": float(np.nansum(v.nonfinite[bad[:, j], j])),
-            "first_step": int(steps[0]),
-            "last_step": int(steps[-1]),
-        }
-    names = [v.rows[j] for j in layers]
-    first = min(e["first_step"] for e in evidence.values())
-    message = (
-        f"NaN/Inf gradients in {_list(names)}, first at step {first} "
-        f"({sum(e['steps_with_nonfinite'] for e in evidence.values())} layer-steps affected)."
-    )
-    return [_finding("non_finite", run, names, evidence, "grad_nonfinite", v.total, message)]
-
-
-def _exploding(run, v, t):
-    finite = v.finite(v.norm_max)
-    evidence = {}
-    for j, name in enumerate(v.rows):
-        steps = v.steps[finite[:, j]]
-        if not len(steps):
-            continue
-        peak = v.norm_max[finite[:, j], j]
-        typical = v.norm[v.finite(v.norm)[:, j], j]
-        reasons, hot = [], peak > t.exploding_ceiling
-        if hot.any():
-            reasons.append(f"above the ceiling {t.exploding_ceiling:g}")
-        median = float(np.median(typical)) if len(typical) else np.nan
-        growth = None
-        if len(steps) >= t.min_steps_for_trends and median > 0:
-            spikes = peak > median * 10.0**t.exploding_spike_orders
-            if spikes.any():
-                reasons.append(f"over {t.exploding_spike_orders:g} orders above its median")
-                hot |= spikes
-            growth = _growth_orders(typical)
-            if growth is not None and growth > t.exploding_growth_orders:
-                reasons.append(f"grew {growth:.1f} orders of magnitude over the run")
-                tenth = max(1, len(steps) // 10)
-                hot[-tenth:] = True
-        if reasons:
-            hot_steps = steps[hot]
-            evidence[name] = {
-                "max_norm": float(peak.max()),
-                "median_norm": median,
-                "max_over_median_orders": float(np.log10(peak.max() / median)) if median > 0 else None,
-                "growth_orders": growth,
-                "steps_over": int(hot.sum()),
-                "first_step": int(hot_steps[0]),
-                "last_step": int(hot_steps[-1]),
-                "reason": "; ".join(reasons),
-            }
-    if not evidence:
-        return []
+def _finding(kind, run, verdict):
+    evidence = verdict.evidence
     names = list(evidence)
-    worst = max(evidence.values(), key=lambda e: e["max_norm"])
-    message = (
-        f"Exploding gradients in {_list(names)}: norm up to {worst['max_norm']:.3g} "
-        f"({worst['reason']}), steps {min(e['first_step'] for e in evidence.values())}"
-        f"-{max(e['last_step'] for e in evidence.values())}."
-    )
-    return [_finding("exploding", run, names, evidence, "grad_norm", v.peak, message)]
-
-
-def _growth_orders(typical):
-    positive = typical[typical > 0]
-    if len(positive) < 10:
-        return None
-    tenth = max(1, len(positive) // 10)
-    return float(np.log10(np.median(positive[-tenth:])) - np.log10(np.median(positive[:tenth])))
-
-
-def _dead(run, v, t, sparse):
-    evidence = {}
-    for j, name in enumerate(v.rows):
-        if name in sparse:
-            continue
-        here = v.present[:, j] & np.isfinite(v.zero[:, j])
-        if not here.any():
-            continue
-        dead = here & (v.zero[:, j] >= t.dead_zero_fraction)
-        fraction = dead.sum() / here.sum()
-        if fraction >= t.persistence:
-            steps = v.steps[dead]
-            evidence[name] = {
-                "median_zero_fraction": float(np.median(v.zero[here, j])),
-                "fraction_of_steps": float(fraction),
-                "first_step": int(steps[0]),
-                "last_step": int(steps[-1]),
-            }
-    if not evidence:
-        return []
-    names = list(evidence)
-    message = (
-        f"Dead layers: {_list(names)} get exact-zero gradients for at least "
-        f"{t.dead_zero_fraction:.0%} of their elements in "
-        f"{min(e['fraction_of_steps'] for e in evidence.values()):.0%} or more of the steps."
-    )
-    return [_finding("dead", run, names, evidence, "grad_zero_fraction", v.typical, message)]
-
-
-def _vanishing(run, v, t, exclude):
-    norm = np.where(v.finite(v.norm), v.norm, np.nan)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_norm = np.log10(norm)  # 0 -> -inf: a zero gradient is infinitely far below
-        # Largest norm among the layers after each layer (toward the output).
-        after = np.full_like(log_norm, -np.inf)
-        filled = np.where(np.isnan(log_norm), -np.inf, log_norm)
-        for j in range(len(v.rows) - 2, -1, -1):
-            after[:, j] = np.maximum(after[:, j + 1], filled[:, j + 1])
-        decay = after - log_norm
-    evidence = {}
-    for j, name in enumerate(v.rows):
-        if name in exclude:
-            continue
-        here = ~np.isnan(log_norm[:, j])
-        if not here.any():
-            continue
-        below_floor = here & (norm[:, j] < t.vanishing_floor)
-        decayed = here & np.isfinite(after[:, j]) & (decay[:, j] > t.vanishing_orders)
-        sick = below_floor | decayed
-        fraction = sick.sum() / here.sum()
-        if fraction < t.persistence:
-            continue
-        steps = v.steps[sick]
-        finite_decay = decay[decayed, j][np.isfinite(decay[decayed, j])]
-        evidence[name] = {
-            "median_norm": float(np.median(norm[here, j])),
-            "median_orders_below_later_layers": float(np.median(finite_decay)) if len(finite_decay) else None,
-            "fraction_of_steps": float(fraction),
-            "first_step": int(steps[0]),
-            "last_step": int(steps[-1]),
-            "reason": "below the floor" if below_floor.sum() >= decayed.sum() else "decays across depth",
-        }
-    if not evidence:
-        return []
-    names = list(evidence)
-    orders = [e["median_orders_below_later_layers"] for e in evidence.values() if e["median_orders_below_later_layers"]]
-    detail = (
-        f"{min(orders):.1f}-{max(orders):.1f} orders of magnitude below the layers after them"
-        if orders else f"below {t.vanishing_floor:g}"
-    )
-    message = f"Vanishing gradients in {_list(names)}: gradient norm {detail} in most steps."
-    return [_finding("vanishing", run, names, evidence, "grad_norm", v.typical, message)]
-
-
-def _check_failures(run, checks):
-    status, status_missing = checks.slab("status")
-    error, _ = checks.slab("relative_error")
-    mismatch = metadata.CHECK_STATUSES.index("mismatch")
-    bad = ~status_missing & (status == mismatch)
-    evidence = {}
-    for j, name in enumerate(checks.rows):
-        if bad[:, j].any():
-            steps = checks.steps[bad[:, j]]
-            evidence[name] = {
-                "max_relative_error": float(np.nanmax(error[bad[:, j], j])),
-                "checks_failed": int(bad[:, j].sum()),
-                "checks_run": int((~status_missing[:, j]).sum()),
-                "first_step": int(steps[0]),
-                "last_step": int(steps[-1]),
-            }
-    if not evidence:
-        return []
-    names = list(evidence)
-    worst = max(e["max_relative_error"] for e in evidence.values())
-    message = f"Gradient check failed for {_list(names)}: analytic and numeric gradients differ by up to {worst:.2%}."
-    return [_finding("check_failure", run, names, evidence, metadata.CHECK_METRIC, "last", message)]
-
-
-def _finding(kind, run, names, evidence, metric, aggregate, message):
+    severity = "error" if "error" in verdict.severity.values() else "warning"
     steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
-    return Finding(kind, _SEVERITY[kind], run, names, steps, metric, aggregate, message, evidence)
+    f = Finding(kind, severity, run, names, steps, _METRICS[kind], verdict.aggregate, "", evidence)
+    f.message = describe(f)
+    return f
 
 
-def _list(names, limit=3):
-    names = [_isolate(n) for n in names]
+def describe(finding, quote=None):
+    """The finding as one sentence, each layer name passed through ``quote``.
+
+    All sentences are built here, from the finding's plain names and its
+    evidence, so each consumer chooses how names appear: the tab keeps the
+    default (``isolate``: a bidi isolate), a terminal report passes
+    ``escape`` (plain text, control characters made visible).
+
+    Args:
+      finding: A ``Finding``.
+      quote: Callable name -> text; ``isolate`` when None.
+
+    Returns:
+      The sentence.
+    """
+    quote = quote or isolate
+    f, e = finding, finding.evidence
+    names = _list(f.layers, quote)
+    first, last = f.steps
+    if f.kind == "non_finite":
+        before = [x["max_finite_norm_before"] for x in e.values() if x.get("max_finite_norm_before") is not None]
+        firsts = [n for n in f.layers if e[n]["first_step"] == first]
+        where = "" if len(firsts) == len(f.layers) else f" in {_list(firsts, quote)}"
+        text = (f"NaN/Inf gradients in {names}, first at step {first}{where} "
+                f"({sum(x['steps_with_nonfinite'] for x in e.values())} layer-steps affected)")
+        if before:
+            text += f"; the largest finite norm before it was {max(before):.3g}"
+        return text + "."
+    if f.kind == "exploding":
+        worst = max(e.values(), key=lambda x: x["max_norm"] or 0.0)
+        detail = []
+        if worst["rise_orders"] is not None:
+            detail.append(f"{worst['rise_orders']:.1f} orders above its trailing median {worst['baseline_norm']:.3g}")
+        if worst["growth_orders_half_window"] is not None:
+            detail.append(f"grew {worst['growth_orders_half_window']:.1f} orders in half a baseline window")
+        outcomes = {x["outcome"] for x in e.values()}
+        detail.append(next(o for o in ("ends in NaN/Inf", "sustained", "recovered") if o in outcomes))
+        return (f"Exploding gradients in {names}: norm up to {worst['max_norm']:.3g} "
+                f"({', '.join(detail)}), steps {first}-{last}.")
+    if f.kind == "vanishing":
+        orders = [x["median_orders_below_later_layers"] for x in e.values()
+                  if x["median_orders_below_later_layers"] is not None]
+        detail = (f"{min(orders):.1f}-{max(orders):.1f} orders of magnitude below the layers after them"
+                  if orders else "too small against its weights to change them in float32")
+        return f"Vanishing gradients in {names}: gradient norm {detail}, steps {first}-{last}."
+    if f.kind == "dead":
+        share = [x["median_dead_unit_fraction"] for x in e.values()]
+        lo, hi = f"{min(share):.0%}", f"{max(share):.0%}"
+        return (f"Dead units in {names}: {lo if lo == hi else lo + '-' + hi} of the units get an exactly zero "
+                f"gradient on whole batches, steps {first}-{last}.")
+    worst = max(x["max_relative_error"] for x in e.values())
+    return f"Gradient check failed for {names}: analytic and numeric gradients differ by up to {worst:.2%}."
+
+
+def _list(names, quote, limit=3):
+    names = [quote(n) for n in names]
     if len(names) <= limit:
         return ", ".join(names)
     return f"{len(names)} layers ({', '.join(names[:limit])}, ...)"
 
 
-def _isolate(name):
+def isolate(name):
     """A layer name as a Unicode bidi isolate (FSI ... PDI) inside a message.
 
     Names are user data: one holding a right-to-left override (U+202E)
@@ -347,3 +252,22 @@ def _isolate(name):
     opens; the marks themselves are invisible.
     """
     return f"\u2068{name}\u2069"
+
+
+def escape(name):
+    """A layer name as plain text with control and format characters shown as escapes (``\\u202e``).
+
+    For terminals, logs and JSON read by scripts: ``grep dense_0`` finds the
+    name, and an override or a newline in it is shown, not obeyed.
+    Backslashes are doubled so that an escape cannot be forged.
+    """
+    out = []
+    for ch in name:
+        if ch == "\\":
+            out.append("\\\\")
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
+            code = ord(ch)
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import get_json, make_app, wait_for_steps
+
 from tb_gradcheck import GradientWriter, demo, diagnose
 
 SPIKE_STEP = 237
@@ -139,6 +139,9 @@ def test_report_cli_usage_and_data_errors_exit_2(logdir, tmp_path):
 
 def test_threshold_override_changes_the_verdict(logdir):
     code, out, _ = report(logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12")
+    assert code == 1 and "too small against its weights" in out  # the ratio floor still holds
+    code, out, _ = report(logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12",
+                          "--threshold", "vanishing_ratio=0")
     assert code == 0, out
 
 
@@ -185,7 +188,7 @@ def test_dead_layer_is_found_and_embeddings_are_exempt(tmp_path):
     client, _ = make_app(tmp_path, "python")
     findings = by_kind(get_json(client, "/data/plugin/gradients/findings?run=r")["findings"])
     assert findings["dead"]["layers"] == ["dead"]  # table's 99.7% zeros are sparsity, not death
-    assert findings["dead"]["evidence"]["dead"]["median_zero_fraction"] == 1.0
+    assert findings["dead"]["evidence"]["dead"]["median_dead_unit_fraction"] == 1.0
     assert "vanishing" not in findings  # a dead layer is reported once, as dead
 
 
@@ -193,3 +196,62 @@ def test_thresholds_are_documented_dataclass_fields():
     doc = diagnose.Thresholds.__doc__
     for field in diagnose.Thresholds.__dataclass_fields__:
         assert f"{field}:" in doc, field
+
+
+def _verdicts(logdir, run):
+    """``{kind: (steps, rows, flags)}`` of one run, read back through TensorBoard's Python data path."""
+    from tb_gradcheck import queries, store
+
+    s, ctx, eid = store.local_store(logdir)
+    index = s.run(ctx, eid, run)
+    stats = queries.matrix(s, ctx, eid, index, "stats", "layer")
+    return {kind: (stats.steps, stats.rows, v.flags) for kind, v in diagnose.verdicts(stats).items()}
+
+
+def test_findings_about_the_first_steps_do_not_depend_on_run_length(tmp_path):
+    # One seeded run (the demo's two nets) trained to 500, 1,000 and 2,000
+    # steps. Every verdict about a step reads only the steps up to it and at
+    # most sustained_writes after it, so the verdicts about the first 500
+    # steps (less that margin) must be identical; with a whole-run median the
+    # healthy relu_he run used to get an error at step 1 once it ran 1,000.
+    lengths = (500, 1000, 2000)
+    for n in lengths:
+        demo.write_runs(str(tmp_path / str(n)), steps=n)
+    margin = diagnose.Thresholds().sustained_writes
+    for run in ("relu_he", "sigmoid"):
+        seen = [_verdicts(tmp_path / str(n), run) for n in lengths]
+        for kind in seen[0]:
+            steps, rows, flags = seen[0][kind]
+            keep = steps < lengths[0] - margin
+            for other in seen[1:]:
+                o_steps, o_rows, o_flags = other[kind]
+                assert o_rows == rows
+                np.testing.assert_array_equal(o_steps[: keep.sum()], steps[keep])
+                np.testing.assert_array_equal(o_flags[: keep.sum()], flags[keep], err_msg=f"{run} {kind}")
+        client, _ = make_app(tmp_path / str(lengths[-1]), "python")
+        found = {f["kind"]: f for f in get_json(client, f"/data/plugin/gradients/findings?run={run}")["findings"]}
+        if run == "relu_he":
+            assert found == {}, found  # healthy at every length
+        else:
+            assert set(found) == {"vanishing"} and found["vanishing"]["layers"][0] == "mlp/dense_0"
+            assert seen[0]["vanishing"][2].any()  # the 500-step run already says so
+
+
+def test_describe_quotes_names_for_each_consumer(tmp_path):
+    # A name with a right-to-left override and a newline: the tab gets it
+    # bidi-isolated, a terminal gets it plain with both made visible.
+    hostile = "evil\u202e\nlayer"
+    var = tf.Variable(np.ones(4, np.float32), name=hostile)  # a plain variable is its own layer
+    with GradientWriter(tmp_path / "r") as writer:
+        for step in range(3):
+            writer.write([tf.fill([4], np.float32(np.nan) if step == 1 else 1.0)], [var], step)
+    from tb_gradcheck import queries, store
+
+    s, ctx, eid = store.local_store(tmp_path)
+    index = s.run(ctx, eid, "r")
+    (f,) = diagnose.find("r", queries.matrix(s, ctx, eid, index, "stats", "layer"))
+    assert f.kind == "non_finite" and f.layers == [hostile] and f.steps == [1, 1]
+    assert f.message == diagnose.describe(f) and "\u2068" + hostile + "\u2069" in f.message
+    plain = f.to_dict(diagnose.escape)["message"]
+    assert "evil\\u202e\\u000alayer" in plain and "\u202e" not in plain and "\u2068" not in plain
+    assert diagnose.escape("a\\u202e") == "a\\\\u202e"  # a literal backslash cannot forge an escape

@@ -1,0 +1,416 @@
+"""The rules behind the findings: for every written step and layer, is this layer sick? numpy only.
+
+Each rule returns a ``Verdict``: a boolean flag per write and layer, a
+severity and the numbers behind it per layer. ``diagnose`` turns verdicts
+into ``Finding`` objects and sentences.
+
+Every rule is causal: its verdict about write ``t`` reads only writes up to
+``t`` and, for the severity of a rise, at most ``Thresholds.sustained_writes``
+writes after it. So the findings about a run's first N steps are the same
+whether the run stopped at N steps or went on to 10N. No rule compares a
+step with a statistic of the whole run (a whole-run median turns the normal
+large gradients of early training into "spikes" once the run is long).
+"""
+
+import dataclasses
+
+import numpy as np
+
+from tb_gradcheck import metadata
+
+# Stored columns this module reads when a log has them (metadata.py says what
+# each holds). Older logs lack them and the rules that need them stay silent
+# or fall back, rather than guess.
+DEAD_UNITS = "dead_unit_fraction"
+FINITE_NORM = "grad_norm_finite"
+ONSET_OFFSET = "first_nonfinite_offset"
+
+
+@dataclasses.dataclass
+class Verdict:
+    """What one rule says about one run.
+
+    Attributes:
+      flags: bool ``[S, L]``: the rule holds at that write for that layer.
+      severity: ``{layer: "error" | "warning"}`` for every flagged layer.
+      evidence: ``{layer: {number name: value}}`` for every flagged layer,
+        each with its own ``first_step`` and ``last_step``.
+      aggregate: The heatmap aggregate that shows it best.
+    """
+
+    flags: np.ndarray
+    severity: dict
+    evidence: dict
+    aggregate: str
+
+
+class StatsView:
+    """The slabs the rules read, each from the aggregate that answers it best, NaN where missing."""
+
+    def __init__(self, matrix):
+        self.rows = list(matrix.rows)
+        self.steps = np.asarray(matrix.steps)
+        self._matrix = matrix
+        # Typical level: the window mean (a windowed writer) or the step itself.
+        self.norm, self.present, self.typical = self._pick("grad_norm", ("mean", "last"))
+        # Peak: the window max. A window holding a NaN has a NaN max, which
+        # would hide the explosion before it; the writer's largest finite
+        # norm of the window keeps it, when the log has that column.
+        self.peak, _, self.peak_aggregate = self._pick("grad_norm", ("max", "last"))
+        finite_peak, _, _ = self._pick(FINITE_NORM, ("max", "last"))
+        if finite_peak is not None:
+            self.peak = np.where(np.isnan(finite_peak), self.peak, finite_peak)
+        self.nonfinite, _, self.total = self._pick("grad_nonfinite", ("sum", "last"))
+        self.ratio, _, _ = self._pick("grad_to_weight", ("mean", "last"))
+        self.dead, _, _ = self._pick(DEAD_UNITS, ("last",))
+        self.onset_offset, _, _ = self._pick(ONSET_OFFSET, ("last",))
+        # The first training step each write summarises: the step after the
+        # previous write (the write step itself when every step is written).
+        self.starts = np.concatenate([self.steps[:1], self.steps[:-1] + 1]) if len(self.steps) else self.steps
+
+    def _pick(self, column, preferred):
+        m = self._matrix
+        if column not in m.columns:
+            return None, None, None
+        have = [a for a in m.aggregates if a is not None]
+        aggregate = next((a for a in (*preferred, "last", *have) if a in have), None)
+        if aggregate is None:
+            return None, None, None
+        values, missing = m.slab(column, aggregate)
+        return np.where(missing, np.nan, values).astype(np.float64), ~missing, aggregate
+
+    def bad(self):
+        """bool ``[S, L]``: a non-finite gradient at this write (counted, or the statistics themselves broken)."""
+        count = np.nan_to_num(self.nonfinite, nan=0.0) if self.nonfinite is not None else 0.0
+        broken = ~np.isfinite(self.norm)
+        if self.nonfinite is not None:
+            broken |= ~np.isfinite(self.nonfinite)
+        return self.present & ((count > 0) | broken)
+
+
+def _log(values, present):
+    """log10 of a positive finite value, NaN otherwise (a zero norm has no level to rise from)."""
+    ok = present & np.isfinite(values) & (values > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(ok, np.log10(np.where(ok, values, 1.0)), np.nan)
+
+
+def _trailing(values, length, reduce):
+    """``reduce`` over the ``length`` writes before each write (not including it), per column; NaN when none."""
+    s, l = values.shape
+    padded = np.concatenate([np.full((length, l), np.nan), values], axis=0)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, length, axis=0)[:s]  # [S, L, length], a view
+    out = np.empty((s, l))
+    # A few columns at a time: the reduction copies its input, and S x L x
+    # length at once is hundreds of megabytes for a long run of a big model.
+    chunk = max(1, (1 << 20) // max(1, s * length))
+    with np.errstate(all="ignore"), _quiet():
+        for j in range(0, l, chunk):
+            out[:, j:j + chunk] = reduce(windows[:, j:j + chunk], axis=-1)
+    return out
+
+
+class _quiet:
+    """Silences numpy's "All-NaN slice" and "Mean of empty slice" warnings: an empty window is NaN on purpose."""
+
+    def __enter__(self):
+        import warnings
+
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._catch.__exit__(*exc)
+
+
+def _nanmedian(windows, axis=-1):
+    """``np.nanmedian`` over the last axis by one sort: NaN sorts last, the median sits among the finite values.
+
+    numpy's own nanmedian falls back to a Python-level loop per window, which
+    is seconds for a long run of a big model.
+    """
+    ordered = np.sort(windows, axis=axis)
+    n = np.sum(~np.isnan(windows), axis=axis)
+    lo = np.clip((n - 1) // 2, 0, None)[..., None]
+    hi = np.clip(n // 2, 0, windows.shape[axis] - 1)[..., None]
+    middle = (np.take_along_axis(ordered, lo, axis) + np.take_along_axis(ordered, hi, axis))[..., 0] / 2
+    return np.where(n > 0, middle, np.nan)
+
+
+def _running_max_before(values):
+    """Largest finite value over the writes before each write, -inf when none."""
+    filled = np.where(np.isnan(values), -np.inf, values)
+    running = np.maximum.accumulate(filled, axis=0)
+    return np.concatenate([np.full((1, values.shape[1]), -np.inf), running[:-1]], axis=0)
+
+
+def non_finite(v):
+    """Writes whose gradients hold NaN or Inf. Always an error: the update they feed is garbage."""
+    bad = v.bad()
+    evidence = {}
+    peak = np.where(v.present & np.isfinite(v.peak), v.peak, np.nan)
+    for j, name in enumerate(v.rows):
+        if not bad[:, j].any():
+            continue
+        steps = v.steps[bad[:, j]]
+        first = int(np.argmax(bad[:, j]))
+        before = peak[: first + 1, j]
+        # The window's own record of its first non-finite step, when the log
+        # has it: a write every N steps otherwise only says "by step s".
+        offset = v.onset_offset[first, j] if v.onset_offset is not None else np.nan
+        onset = int(steps[0] - offset) if np.isfinite(offset) else int(steps[0])
+        count = v.nonfinite[bad[:, j], j] if v.nonfinite is not None else np.zeros(0)
+        evidence[name] = {
+            "steps_with_nonfinite": len(steps),
+            "nonfinite_elements": float(np.nansum(count)),
+            # The explosion before the first NaN, if any: the largest finite
+            # norm up to that write, against the first norm the layer had.
+            "max_finite_norm_before": _float(np.nanmax(before)) if np.isfinite(before).any() else None,
+            "first_step": onset,
+            "last_step": int(steps[-1]),
+        }
+    return Verdict(bad, {name: "error" for name in evidence}, evidence, v.total)
+
+
+def exploding(v, t):
+    """Rises against the layer's own trailing past, and steady growth. Falls never count.
+
+    A write is a rise when its peak norm is at least ``rise_orders`` above the
+    median of the layer's typical norm over the ``baseline_writes`` writes
+    before it, is the highest the layer has had, and is above the recent
+    level of every layer (a layer climbing into the range the rest of the
+    network already has is joining training, e.g. behind a zero-initialised
+    head, not exploding). The rise lasts while the typical norm stays that
+    far above the baseline it rose from, or the gradients are non-finite.
+    Steady growth: the median of the latest half of the baseline window is
+    ``growth_orders`` above the median of the half before it, and above
+    anything before.
+
+    Severity: error when the rise lasts ``sustained_writes`` writes or more,
+    ends in non-finite gradients, or the growth reaches ``rise_orders``;
+    warning otherwise.
+    """
+    s, l = v.norm.shape
+    lt = _log(v.norm, v.present)
+    lp = _log(v.peak, v.present)
+    bad = v.bad()
+    base = _trailing(lt, t.baseline_writes, _nanmedian)
+    high = _running_max_before(lt)
+    network = np.nanmax(np.where(np.isnan(base), -np.inf, base), axis=1, keepdims=True)  # [S, 1]
+    rise = lp - base
+    with np.errstate(invalid="ignore"):
+        onset = (rise >= t.rise_orders) & (lp > high) & (lp > network)
+    growth, growing = _growth(lt, t)
+
+    flags = np.zeros((s, l), bool)
+    severity, evidence = {}, {}
+    for j, name in enumerate(v.rows):
+        events = []
+        end = 0
+        for i in np.flatnonzero(onset[:, j]):
+            if i < end:
+                continue  # inside the previous rise
+            level = base[i, j] + t.rise_orders
+            with np.errstate(invalid="ignore"):
+                held = bad[i + 1:, j] | (lt[i + 1:, j] >= level) | ((lp[i + 1:, j] >= level) & np.isnan(lt[i + 1:, j]))
+            end = i + 1 + (int(np.argmin(held)) if not held.all() else len(held))
+            ends_bad = bool(bad[i:end, j].any() or (end < s and bad[end, j]))
+            events.append((i, end, ends_bad))
+            flags[i:end, j] = True
+        grew = growing[:, j]
+        flags[:, j] |= grew
+        if not flags[:, j].any():
+            continue
+        longest = max((end - i for i, end, _ in events), default=0)
+        ends_bad = any(e[2] for e in events)
+        max_growth = float(np.nanmax(growth[grew, j])) if grew.any() else None
+        error = longest >= t.sustained_writes or ends_bad or (max_growth is not None and max_growth >= t.rise_orders)
+        severity[name] = "error" if error else "warning"
+        # A write summarises the steps since the previous one; the rise is
+        # somewhere in there, so the range starts where that window starts.
+        starts, steps = v.starts[flags[:, j]], v.steps[flags[:, j]]
+        worst = max(events, key=lambda e: rise[e[0], j]) if events else None
+        reasons = []
+        if events:
+            reasons.append("rise over its trailing median")
+        if grew.any():
+            reasons.append("steady growth")
+        peak_here = np.where(flags[:, j] & np.isfinite(v.peak[:, j]), v.peak[:, j], np.nan)
+        evidence[name] = {
+            "max_norm": _float(np.nanmax(peak_here)) if np.isfinite(peak_here).any() else None,
+            "baseline_norm": _float(10.0 ** base[worst[0], j]) if worst else None,
+            "rise_orders": _float(rise[worst[0], j]) if worst else None,
+            "growth_orders_half_window": max_growth,
+            "rises": len(events),
+            "longest_rise_writes": int(longest),
+            # A string, not a boolean: evidence values are numbers or words.
+            "outcome": "ends in NaN/Inf" if ends_bad else ("sustained" if error else "recovered"),
+            "first_step": int(starts[0]),
+            "last_step": int(steps[-1]),
+            "reason": " and ".join(reasons),
+        }
+    return Verdict(flags, severity, evidence, v.peak_aggregate)
+
+
+def _growth(lt, t):
+    """Steady growth: the median of the latest half-window against the half-window before it.
+
+    Returns ``(growth orders [S, L], growing [S, L])``. Medians of half the
+    baseline window each: one outlier moves neither, and a polynomial climb
+    from zero (a layer behind a zero-initialised head: its gradient grows
+    like the head's weights, about linearly) gains a factor of about 3 per
+    half-window at most, where an exponential blow-up gains its rate to the
+    power of the half-window.
+    """
+    s, l = lt.shape
+    half = max(1, t.baseline_writes // 2)
+    pad = np.full((half, l), np.nan)
+    shifted = np.concatenate([lt[1:], np.full((1, l), np.nan)])
+    recent = _trailing(shifted, half, _nanmedian)  # writes (t - half, t]
+    counts = _trailing(np.isfinite(shifted).astype(float), half, np.nansum)
+    earlier = np.concatenate([pad, recent])[:s]  # writes (t - 2 half, t - half]
+    earlier_counts = np.concatenate([np.zeros((half, l)), counts])[:s]
+    filled = np.where(np.isnan(lt), -np.inf, lt)
+    before = np.concatenate([np.full((half, l), -np.inf), np.maximum.accumulate(filled, axis=0)])[:s]
+    network = np.nanmax(np.where(np.isnan(earlier), -np.inf, earlier), axis=1, keepdims=True)
+    enough = (counts >= max(1, half // 2)) & (earlier_counts >= max(1, half // 2))
+    growth = np.where(enough, recent - earlier, np.nan)
+    with np.errstate(invalid="ignore"):
+        growing = enough & (growth >= t.growth_orders) & (recent > before) & (recent > network)
+    return growth, growing
+
+
+def _persistent(condition, here, t):
+    """Writes where ``condition`` holds and held in at least ``persistence`` of the trailing window's writes."""
+    window = t.baseline_writes
+    c = (condition & here).astype(np.float64)
+    n = here.astype(np.float64)
+    # Sums over the window ending at each write (inclusive), by cumulative sums.
+    zeros = np.zeros((1, c.shape[1]))
+    cc = np.concatenate([zeros, np.cumsum(c, axis=0)])
+    cn = np.concatenate([zeros, np.cumsum(n, axis=0)])
+    lo = np.maximum(np.arange(1, len(c) + 1) - window, 0)
+    hits = cc[1:] - cc[lo]
+    counts = cn[1:] - cn[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return condition & here & (counts >= t.min_writes) & (hits >= t.persistence * counts)
+
+
+def dead(v, t, sparse):
+    """Layers whose units get exactly zero gradient: ``dead_unit_fraction`` at or above ``dead_units`` in every write of the trailing window.
+
+    Reads the writer's dead-unit statistic (units whose every parameter has
+    an exactly-zero gradient), not the share of zero elements: sparse inputs
+    zero whole kernel rows of a live layer, and a dead layer zeroes the rows
+    of the layer after it. Rows with sparse (IndexedSlices) gradients are
+    exempt. A log without the statistic gets no dead finding.
+    """
+    s, l = v.norm.shape
+    flags = np.zeros((s, l), bool)
+    if v.dead is None:
+        return Verdict(flags, {}, {}, "last")
+    here = np.isfinite(v.dead) & (v.dead >= 0) & (v.dead <= 1)  # a share; anything else is a damaged log
+    exempt = np.array([name in sparse for name in v.rows])
+    # The lowest share over the trailing window, not the share at one write:
+    # a trained ReLU unit can be selective (active on 2% of the inputs is
+    # silent on a batch of 64 one time in four), but a dead unit is silent on
+    # every batch, so the share dead is at most the window's minimum, and the
+    # minimum over enough batches leaves the selective units out.
+    dead_share = np.where(here, v.dead, np.nan)
+    shifted = np.concatenate([dead_share[1:], np.full((1, l), np.nan)])
+    lowest = _trailing(shifted, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
+    count = _trailing(np.concatenate([here[1:], np.zeros((1, l), bool)]).astype(float), t.baseline_writes, np.nansum)
+    with np.errstate(invalid="ignore"):
+        flags = here & (count >= t.min_writes) & (lowest >= t.dead_units) & ~exempt[None, :]
+    evidence = {}
+    for j, name in enumerate(v.rows):
+        if not flags[:, j].any():
+            continue
+        steps = v.steps[flags[:, j]]
+        evidence[name] = {
+            "median_dead_unit_fraction": float(np.median(v.dead[flags[:, j], j])),
+            "lowest_dead_unit_fraction": float(np.min(lowest[flags[:, j], j])),
+            "max_dead_unit_fraction": float(np.max(v.dead[flags[:, j], j])),
+            "fraction_of_steps": float(flags[:, j].sum() / here[:, j].sum()),
+            "first_step": int(steps[0]),
+            "last_step": int(steps[-1]),
+        }
+    return Verdict(flags, {name: "warning" for name in evidence}, evidence, "last")
+
+
+def vanishing(v, t, exclude=()):
+    """Layers far below the layers after them, or too small to move their weights, persistently.
+
+    A layer is vanishing at a write when its norm is ``vanishing_orders``
+    below the largest norm among the layers after it (toward the output) and
+    so is every layer before it, or its ``grad_to_weight`` is below
+    ``vanishing_ratio``; and that held in at least ``persistence`` of the
+    trailing window's writes.
+    """
+    s, l = v.norm.shape
+    finite = v.present & np.isfinite(v.norm)
+    norm = np.where(finite, v.norm, np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_norm = np.log10(norm)  # 0 -> -inf: a zero gradient is infinitely far below
+        after = np.full((s, l), -np.inf)
+        filled = np.where(np.isnan(log_norm), -np.inf, log_norm)
+        for j in range(l - 2, -1, -1):
+            after[:, j] = np.maximum(after[:, j + 1], filled[:, j + 1])
+        decay = after - log_norm
+        decayed = finite & np.isfinite(after) & (decay > t.vanishing_orders)
+    # Vanishing is the backward signal decaying toward the input, so a layer
+    # counts only when every layer before it is decayed too (a layer without
+    # a gradient at that write is passed over). A small gradient in the middle
+    # of a net whose input side learns is local to that layer: attention's
+    # query and key while the softmax is still near uniform, for instance.
+    chain = np.ones(s, bool)
+    for j in range(l):
+        decayed[:, j] &= chain
+        chain = np.where(finite[:, j], decayed[:, j], chain)
+    with np.errstate(invalid="ignore"):
+        tiny = finite & (v.ratio < t.vanishing_ratio) if v.ratio is not None else np.zeros((s, l), bool)
+    excluded = np.array([name in exclude for name in v.rows])
+    flags = _persistent((decayed | tiny) & ~excluded[None, :], finite, t)
+    evidence = {}
+    for j, name in enumerate(v.rows):
+        if not flags[:, j].any():
+            continue
+        f = flags[:, j]
+        steps = v.steps[f]
+        d = decay[f & decayed[:, j], j]
+        d = d[np.isfinite(d)]
+        evidence[name] = {
+            "median_norm": float(np.median(norm[f, j])),
+            "median_orders_below_later_layers": float(np.median(d)) if len(d) else None,
+            "fraction_of_steps": float(f.sum() / finite[:, j].sum()),
+            "first_step": int(steps[0]),
+            "last_step": int(steps[-1]),
+            "reason": "decays across depth" if (f & decayed[:, j]).sum() >= (f & tiny[:, j]).sum()
+            else "too small to move its weights",
+        }
+    return Verdict(flags, {name: "warning" for name in evidence}, evidence, v.typical)
+
+
+def check_failures(checks):
+    """Checks whose analytic and numeric derivatives disagree beyond the check's noise floor."""
+    status, status_missing = checks.slab("status")
+    error, _ = checks.slab("relative_error")
+    mismatch = metadata.CHECK_STATUSES.index("mismatch")
+    bad = ~status_missing & (status == mismatch)
+    evidence = {}
+    for j, name in enumerate(checks.rows):
+        if bad[:, j].any():
+            steps = checks.steps[bad[:, j]]
+            evidence[name] = {
+                "max_relative_error": float(np.nanmax(error[bad[:, j], j])),
+                "checks_failed": int(bad[:, j].sum()),
+                "checks_run": int((~status_missing[:, j]).sum()),
+                "first_step": int(steps[0]),
+                "last_step": int(steps[-1]),
+            }
+    return Verdict(bad, {name: "error" for name in evidence}, evidence, "last")
+
+
+def _float(x):
+    return float(x)
