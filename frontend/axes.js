@@ -111,11 +111,22 @@ export function stepAxis(steps, stepEnds) {
   const edges = new Float64Array(n + 1);
   if (n === 0) return {first: 0, end: 1, edges};
   const first = steps[0];
-  const end = (stepEnds ? stepEnds[n - 1] : steps[n - 1]) + 1;
+  // The last column is as wide as a typical column: a bin's own steps, or
+  // for unbinned columns the median gap between them (a check written every
+  // 10 steps keeps 10-step cells to the end).
+  const end = stepEnds ? stepEnds[n - 1] + 1 : steps[n - 1] + medianGap(steps);
   const span = end - first;
   for (let c = 0; c < n; c++) edges[c] = (steps[c] - first) / span;
   edges[n] = 1;
   return {first, end, edges};
+}
+
+function medianGap(steps) {
+  if (steps.length < 2) return 1;
+  const gaps = [];
+  for (let i = 1; i < steps.length; i++) gaps.push(steps[i] - steps[i - 1]);
+  gaps.sort((a, b) => a - b);
+  return Math.max(1, gaps[(gaps.length - 1) >> 1]);
 }
 
 /** Where step s falls on a stepAxis, as a fraction of the width (the middle of its step). */
@@ -131,6 +142,7 @@ export function stepX(axis, s) {
  */
 export function stepTicks(axis, maxTicks = 6) {
   const last = axis.end - 1;
+  if (axis.edges && axis.edges.length === 2) return [{step: axis.first, x: 0.5}];
   if (last <= axis.first) return [{step: axis.first, x: 0.5}];
   return linearTicks(axis.first, last, maxTicks)
     .filter((v) => Number.isInteger(v))

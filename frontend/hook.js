@@ -31,6 +31,10 @@ export function debugHook(env) {
     };
   },
   lastDrawMs: () => main.heat.lastDrawMs,
+  /** The last full repaint (heatmaps, labels, chart, legend), ms. */
+  lastPaintMs: () => st.lastPaintMs,
+  /** {requested, parsed, drawn}: performance.now() times of the last matrix load. */
+  timing: () => st.timing,
   cellAt(clientX, clientY) {
     for (const p of [main, other]) {
       const c = cellAt(p, clientX, clientY);

@@ -59,7 +59,7 @@ export function render() {
     compare: {other: null, mode: 'side', align: null}, alignment: null,
     findings: {run: null, list: null, error: null}, findingsByRun: new Map(), activeKey: null,
     rows: {collapsed: new Set(), filter: '', zoom: null}, names: [], groups: [], plan: null, layout: null,
-    checks: null, scaleObj: null, allZero: false, drawn: false, loads: 0, polls: 0,
+    checks: null, timing: null, lastPaintMs: 0, scaleObj: null, allZero: false, drawn: false, loads: 0, polls: 0,
   };
   const info = (name = st.sel && st.sel.run) => st.runs.find((r) => r.run === name) || null;
   const setReady = (ready) => {
@@ -334,11 +334,13 @@ export function render() {
     const z = st.rows.zoom;
     const q = {...sel, width, first_step: z && z.steps ? z.steps[0] : null, last_step: z && z.steps ? z.steps[1] : null};
     st.loads++;
+    const requested = performance.now();
     const requests = [api.get('main', mode === 'ratio' ? compareUrl({...q, other: o, align: st.alignment.mode}) : heatmapUrl(q))];
     if (mode === 'side') requests.push(api.get('other', heatmapUrl({...q, run: o})));
     else api.cancel('other');
     if (sel.metric === 'check_error') requests.push(api.get('checks', checksUrl(sel.run, sel.granularity)));
     const results = await Promise.allSettled(requests);
+    const arrived = performance.now();
     if (results.some((r) => r.status === 'fulfilled' && r.value.stale)) return;
     if (results[0].status === 'rejected') {
       return fail(`Could not load ${mode === 'ratio' ? `the ratio ${sel.run} \u00f7 ${o}` : 'the heatmap'}: ${results[0].reason.message}`);
@@ -385,6 +387,10 @@ export function render() {
     ui.view.hidden = false;
     renderAlignNote(mode);
     draw();
+    // For benchmarks/frontend.py: when the request left, when the answer was
+    // parsed, when the first complete draw ended (performance.now() times;
+    // the benchmark takes the response's end from the Resource Timing API).
+    st.timing = {requested, parsed: arrived, drawn: performance.now()};
   }
 
   // --- live refresh: poll `runs`, refetch only what changed ---------------------

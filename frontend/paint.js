@@ -43,6 +43,7 @@ export function makePainter(env) {
 
   function draw() {
     if (!main.grid || !st.plan) return;
+    const t0 = performance.now();
     const mode = compareMode();
     const side = mode === 'side' && !!other.grid;
     const L = (st.layout = layout(mode));
@@ -115,6 +116,7 @@ export function makePainter(env) {
     renderRowbar();
     st.drawn = anyDrawn;
     highlightActive();
+    st.lastPaintMs = performance.now() - t0; // the whole repaint: canvases, labels, chart, legend
     setReady(true);
   }
 

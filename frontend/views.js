@@ -47,7 +47,7 @@ export function buildPlot(doc, suffix = '') {
 export function labelColumnWidth(labels, measure, maxWidth) {
   let widest = 0;
   for (const s of labels) widest = Math.max(widest, measure(s));
-  return Math.round(Math.max(64, Math.min(maxWidth, widest + 24)));
+  return Math.round(Math.max(80, Math.min(maxWidth, widest + 34)));
 }
 
 /**

@@ -80,6 +80,8 @@ test('step_axis_of_server_bins_spans_each_bins_steps', () => {
   const axis = stepAxis([0, 100, 200], [99, 199, 299]);
   assert.deepEqual(Array.from(axis.edges), [0, 1 / 3, 2 / 3, 1]);
   assert.deepEqual(stepTicks(stepAxis([7], null)), [{step: 7, x: 0.5}]);
+  // Checks every 10 steps: the last column is 10 steps wide like the others.
+  assert.deepEqual(Array.from(stepAxis([0, 10, 20, 30], null).edges), [0, 0.25, 0.5, 0.75, 1]);
 });
 
 test('pixel_columns_cover_every_column_and_repeat_wide_ones', () => {
