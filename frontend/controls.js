@@ -79,7 +79,6 @@ export function buildLayout(root) {
     el(doc, 'div', {className: 'selectors-sep', attrs: {'aria-hidden': 'true'}}),
     labelled(doc, 'Compare with', compareSelect, 'compare-control'),
     compareMode,
-    align,
   );
   const download = downloadLink(doc, 'download', 'CSV');
   const downloadJson = downloadLink(doc, 'download-json', 'JSON');
@@ -127,7 +126,8 @@ export function buildLayout(root) {
   compareNote.hidden = true;
   const plots = el(
     doc, 'div', {className: 'plots'},
-    el(doc, 'div', {id: 'main-pane', className: 'pane'}, plotTitle, alignNote, compareNote, plot.root),
+    el(doc, 'div', {id: 'main-pane', className: 'pane'}, plotTitle,
+      el(doc, 'div', {className: 'align-bar'}, align, alignNote), compareNote, plot.root),
     otherBox,
   );
   // Findings: to the right of the plots on wide screens, under them on narrow.

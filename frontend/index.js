@@ -226,7 +226,10 @@ export function render() {
 
   function select(change) {
     const prevRun = st.sel && st.sel.run;
-    st.sel = reconcileSelection(st.runs, {...st.sel, ...change});
+    const next = {...st.sel, ...change};
+    // Another run opens on its own default aggregate (max of a window), not on this one's.
+    if (change.run && change.run !== prevRun) next.aggregate = null;
+    st.sel = reconcileSelection(st.runs, next);
     if (change.run || change.granularity || change.metric) st.rows.zoom = null;
     save();
     syncControls();

@@ -35,7 +35,10 @@ export function reconcileSelection(runs, prev = {}, preferRun = null) {
   const grans = holding.length ? holding : all;
   const granularity = grans.includes(prev.granularity) ? prev.granularity : grans.includes('layer') ? 'layer' : grans[0] || 'layer';
   const aggs = aggregatesOf(info, metric);
-  const aggregate = aggs.includes(prev.aggregate) && prev.metric === metric ? prev.aggregate : defaultAggregate(aggs);
+  // An aggregate is kept only on the same run and metric: another run's
+  // `last` must not hide this run's windows.
+  const same = prev.run === info.run && prev.metric === metric;
+  const aggregate = same && aggs.includes(prev.aggregate) ? prev.aggregate : defaultAggregate(aggs);
   return {run: info.run, metric, granularity, aggregate};
 }
 
