@@ -29,7 +29,7 @@ export function makePainter(env) {
     const total = ui.plot.root.clientWidth || doc.documentElement.clientWidth - 32;
     const prefix = sharedPrefix(st.names);
     const labelWidth = labelColumnWidth(st.names.slice(0, 400).map((n) => n.slice(prefix.length)), measure,
-      Math.min(260, Math.max(110, total * 0.28)));
+      Math.min(280, Math.max(110, total * 0.3)));
     const width = Math.max(50, total - labelWidth - 8);
     const top = ui.plot.canvasWrap.getBoundingClientRect().top + window.scrollY || 160;
     let available = Math.max(140, window.innerHeight - top - BOTTOM_ROOM);

@@ -75,7 +75,8 @@ export function renderRowLabels(container, plan, o) {
     let text = full.startsWith(o.prefix) ? full.slice(o.prefix.length) : full;
     if (collapsed || (group && !tall)) text = `${text.replace(/\/$/, '')} (${group.end - group.start})`;
     const node = el(doc, 'div', {className: 'row-label', title: full, dataset: {row: String(d)}});
-    if (group && plan.first[d]) {
+    const toggle = !!(group && plan.first[d]);
+    if (toggle) {
       node.append(el(doc, 'button', {
         className: 'group-toggle',
         text: collapsed ? '\u25b8' : '\u25be',
@@ -84,7 +85,7 @@ export function renderRowLabels(container, plan, o) {
         dataset: {group: group.key},
       }));
     }
-    node.append(el(doc, 'span', {className: 'row-text', text: fitLabel(text, o.width - 26, o.measure)}));
+    node.append(el(doc, 'span', {className: 'row-text', text: fitLabel(text, o.width - (toggle ? 28 : 12), o.measure)}));
     const h = Math.max(o.rowHeight, 14);
     const top = Math.min(Math.max(0, (d + 0.5) * o.rowHeight - h / 2), Math.max(0, total - h));
     node.style.top = `${Math.round(top)}px`;
