@@ -101,23 +101,27 @@ export function formatTicks(ticks) {
  * The step-linear x axis of a heatmap's columns.
  * @param {number[]} steps First step of each column, ascending.
  * @param {number[]|null} stepEnds Last step of each column when binned.
+ * @param {{first: number, end: number}|null} [range] Steps the width spans
+ *   (default: this series' own).
  * @returns {{first: number, end: number, edges: Float64Array}} Steps
  *   [first, end) fill the width; edges[c] is column c's left edge as a
  *   fraction of the width, edges[n] = 1. A column reaches the next one's
  *   first step, so a sampled gap is filled by the sample before it.
  */
-export function stepAxis(steps, stepEnds) {
+export function stepAxis(steps, stepEnds, range = null) {
   const n = steps.length;
   const edges = new Float64Array(n + 1);
-  if (n === 0) return {first: 0, end: 1, edges};
-  const first = steps[0];
+  if (n === 0) return {first: range ? range.first : 0, end: range ? range.end : 1, edges};
   // The last column is as wide as a typical column: a bin's own steps, or
   // for unbinned columns the median gap between them (a check written every
   // 10 steps keeps 10-step cells to the end).
-  const end = stepEnds ? stepEnds[n - 1] + 1 : steps[n - 1] + medianGap(steps);
+  const own = stepEnds ? stepEnds[n - 1] + 1 : steps[n - 1] + medianGap(steps);
+  // A shared range (two runs side by side) puts equal steps above each other.
+  const first = range ? range.first : steps[0];
+  const end = range ? range.end : own;
   const span = end - first;
   for (let c = 0; c < n; c++) edges[c] = (steps[c] - first) / span;
-  edges[n] = 1;
+  edges[n] = Math.min(1, (own - first) / span);
   return {first, end, edges};
 }
 
@@ -155,7 +159,8 @@ export function stepTicks(axis, maxTicks = 6) {
  * @param {number} width Pixels.
  * @returns {{start: Int32Array, end: Int32Array}} Inclusive column range per
  *   pixel: every column that overlaps the pixel, so a one-step spike narrower
- *   than a pixel still colours it (extremes are kept, as the server keeps them).
+ *   than a pixel still colours it (extremes are kept, as the server keeps
+ *   them); start -1 (and end -2) where the pixel holds no column.
  */
 export function pixelColumns(edges, width) {
   const n = edges.length - 1;
@@ -165,6 +170,12 @@ export function pixelColumns(edges, width) {
   for (let x = 0; x < width; x++) {
     const x0 = x / width;
     const x1 = (x + 1) / width;
+    if (x1 <= edges[0] || x0 >= edges[n]) {
+      // Outside this series' steps (a shared axis with a longer run): no column.
+      start[x] = -1;
+      end[x] = -2;
+      continue;
+    }
     while (c < n - 1 && edges[c + 1] <= x0) c++;
     start[x] = c;
     let e = c;

@@ -121,7 +121,8 @@ export class LineChart {
         const x0 = Math.floor(edges[c] * pw);
         const y0 = this._y(env.hi[c], ph);
         const y1 = this._y(env.lo[c], ph);
-        ctx.fillRect(x0, y0, Math.max(1, Math.ceil(edges[c + 1] * pw) - x0), Math.max(1, y1 - y0));
+        // Columns abut without overlapping: an overlap would double the alpha into stripes.
+        ctx.fillRect(x0, y0, Math.max(1, Math.floor(edges[c + 1] * pw) - x0), Math.max(1, y1 - y0));
       }
       ctx.strokeStyle = `${grey}1)`;
       ctx.lineWidth = dpr;

@@ -154,6 +154,7 @@ export class HeatmapCanvas {
     const px = Math.min(b.cols - 1, Math.floor((x / this.cssWidth) * b.cols));
     const binRow = Math.min(b.rows - 1, Math.floor((y / this.cssHeight) * b.rows));
     const cols = pixelColumns(this.axis.edges, b.cols);
+    if (cols.start[px] < 0) return null; // a shared axis beyond this run's steps
     const i = binRow * b.cols + px;
     const code = b.status ? b.status[i] : -1;
     return {

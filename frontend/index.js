@@ -382,7 +382,15 @@ export function render() {
       st.rows.collapsed = new Set([...st.rows.collapsed].filter((k) => keys.has(k)));
       if (st.rows.zoom && st.rows.zoom.rows[1] >= names.length) st.rows.zoom = null;
     }
-    for (const p of [main, other]) if (p.resp) p.axis = {...stepAxis(p.resp.steps, p.resp.step_ends), steps: p.resp.steps, stepEnds: p.resp.step_ends};
+    const axisOf = (p, range) => ({...stepAxis(p.resp.steps, p.resp.step_ends, range), steps: p.resp.steps, stepEnds: p.resp.step_ends});
+    main.axis = axisOf(main, null);
+    if (b) {
+      // Side by side, both runs share one step axis: the same step is in the same column.
+      other.axis = axisOf(other, null);
+      const range = {first: Math.min(main.axis.first, other.axis.first), end: Math.max(main.axis.end, other.axis.end)};
+      main.axis = axisOf(main, range);
+      other.axis = axisOf(other, range);
+    }
     main.heat.setData(main.grid, main.axis);
     other.heat.setData(other.grid, other.axis);
     replan();

@@ -256,7 +256,9 @@ export function labelledRows(plan, rowHeight, spacing = 14) {
   let next = -Infinity;
   const pass = (want) => {
     for (let d = 0; d < n; d++) {
-      const y = d * rowHeight;
+      // Where the label's centre lands: labels near the top are pushed down
+      // to stay inside the column, so they count from there.
+      const y = Math.max(spacing / 2, (d + 0.5) * rowHeight);
       if (want(d) && y >= next) {
         out.push(d);
         next = y + spacing;

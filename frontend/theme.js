@@ -32,6 +32,7 @@ export function followTheme(doc, onChange) {
     if (now === dark) return;
     dark = now;
     doc.body.classList.toggle('dark', dark);
+    doc.documentElement.classList.toggle('dark', dark); // the page below the body too
     doc.documentElement.style.colorScheme = dark ? 'dark' : 'light';
     onChange(dark);
   };

@@ -98,6 +98,13 @@ test('pixel_columns_cover_every_column_and_repeat_wide_ones', () => {
   assert.equal(narrow.end[2], 9);
 });
 
+test('a_shared_axis_leaves_pixels_past_a_shorter_run_empty', () => {
+  const axis = stepAxis([0, 1, 2, 3], null, {first: 0, end: 8});
+  assert.deepEqual(Array.from(axis.edges), [0, 0.125, 0.25, 0.375, 0.5]);
+  const px = pixelColumns(axis.edges, 8);
+  assert.deepEqual(Array.from(px.start), [0, 1, 2, 3, -1, -1, -1, -1]);
+});
+
 test('column_of_step_is_the_last_column_starting_at_or_before', () => {
   assert.equal(columnOfStep([0, 10, 20], 15), 1);
   assert.equal(columnOfStep([0, 10, 20], -1), -1);
