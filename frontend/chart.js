@@ -9,34 +9,75 @@ import {sizeCanvases} from './dom.js';
 export const MAX_LINES = 64;
 
 /**
- * Per column, the min, median and max of the on-scale values across rows.
+ * Per column, the min, median and max of the values on a scale, across rows,
+ * in value units: order statistics do not change under the scale's monotonic
+ * map, so the envelope is computed once per scale kind, not per redraw.
  * @param {{rows, cols, values, missing}} grid
- * @param {(v: number) => number} unit The scale's unit(); NaN = off scale.
- * @returns {{lo: Float64Array, mid: Float64Array, hi: Float64Array}} In scale
- *   units [0, 1]; NaN where a column has no value on the scale.
+ * @param {'log'|'linear'} kind Log takes finite values > 0; linear every finite value.
+ * @returns {{lo: Float64Array, mid: Float64Array, hi: Float64Array}} NaN
+ *   where a column has no value on the scale.
  */
-export function envelope(grid, unit) {
+export function envelope(grid, kind) {
   const {rows, cols, values, missing} = grid;
   const lo = new Float64Array(cols).fill(NaN);
   const mid = new Float64Array(cols).fill(NaN);
   const hi = new Float64Array(cols).fill(NaN);
-  const col = [];
+  const col = new Float64Array(rows);
+  const log = kind === 'log';
   for (let c = 0; c < cols; c++) {
-    col.length = 0;
-    for (let r = 0; r < rows; r++) {
-      const i = r * cols + c;
-      if (missing[i]) continue;
-      const u = unit(values[i]);
-      if (u === u) col.push(u);
+    let k = 0;
+    for (let r = 0, i = c; r < rows; r++, i += cols) {
+      const v = values[i];
+      if (missing[i] || v !== v || v === Infinity || v === -Infinity || (log && !(v > 0))) continue;
+      col[k++] = v;
     }
-    if (!col.length) continue;
-    col.sort((a, b) => a - b);
-    lo[c] = col[0];
-    hi[c] = col[col.length - 1];
-    const m = col.length >> 1;
-    mid[c] = col.length % 2 ? col[m] : (col[m - 1] + col[m]) / 2;
+    if (!k) continue;
+    let a = Infinity;
+    let b = -Infinity;
+    for (let j = 0; j < k; j++) {
+      if (col[j] < a) a = col[j];
+      if (col[j] > b) b = col[j];
+    }
+    lo[c] = a;
+    hi[c] = b;
+    const m = k >> 1;
+    const upper = select(col, k, m);
+    if (k % 2) mid[c] = upper;
+    else {
+      // After the select, col[0..m) holds the m smallest: the lower middle is their max.
+      let lower = -Infinity;
+      for (let j = 0; j < m; j++) if (col[j] > lower) lower = col[j];
+      mid[c] = (lower + upper) / 2;
+    }
   }
   return {lo, mid, hi};
+}
+
+// The k-th smallest of a[0..n) (Hoare's quickselect, reorders a): a median
+// in linear time, where sorting 2,000 rows for each of 1,200 columns is not.
+function select(a, n, k) {
+  let left = 0;
+  let right = n - 1;
+  while (right > left) {
+    const pivot = a[(left + right) >> 1];
+    let i = left;
+    let j = right;
+    while (i <= j) {
+      while (a[i] < pivot) i++;
+      while (a[j] > pivot) j--;
+      if (i <= j) {
+        const t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+        i++;
+        j--;
+      }
+    }
+    if (k <= j) right = j;
+    else if (k >= i) left = i;
+    else return a[k];
+  }
+  return a[k];
 }
 
 // Room above the highest and below the lowest value, in CSS pixels: a line
@@ -114,7 +155,14 @@ export class LineChart {
       return;
     }
     if (grid.rows > MAX_LINES) {
-      const env = envelope(grid, scale.unit);
+      const kind = scale.kind === 'log' ? 'log' : 'linear';
+      if (!this.env || this.envGrid !== grid || this.envKind !== kind) {
+        this.env = envelope(grid, kind);
+        this.envGrid = grid;
+        this.envKind = kind;
+      }
+      const u = scale.unit;
+      const env = {lo: this.env.lo.map(u), mid: this.env.mid.map(u), hi: this.env.hi.map(u)};
       ctx.fillStyle = `${grey}0.35)`;
       for (let c = 0; c < grid.cols; c++) {
         if (env.lo[c] !== env.lo[c]) continue;

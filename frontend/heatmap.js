@@ -86,6 +86,7 @@ export class HeatmapCanvas {
       this.binKey = key;
     }
     const b = this.binned;
+    if (scale.kind === 'log' && !b.log10) b.log10 = log10Grid(b);
     this.pixels = colorize(b, scale, scale.lut || VIRIDIS_LUT, this.pixels);
     const off = this.offscreen;
     if (off.width !== b.cols) off.width = b.cols;

@@ -16,6 +16,17 @@ const CHART = {min: 110, max: 220, caption: 22};
 const BOTTOM_ROOM = 48; // x axis and a margin under the last plot
 const SEVERITY_COLORS = {error: 'rgba(211, 47, 47, 0.9)', warning: 'rgba(239, 143, 0, 0.9)'};
 
+// Value ranges per decoded grid and scale kind: a redraw (scale toggle,
+// resize, a finding clicked) must not walk 2,000 x 1,200 cells again.
+const DOMAINS = new WeakMap();
+
+function domainOf(grid, kind) {
+  let cache = DOMAINS.get(grid);
+  if (!cache) DOMAINS.set(grid, (cache = {}));
+  if (!(kind in cache)) cache[kind] = valueDomain(grid.values, grid.missing, kind);
+  return cache[kind];
+}
+
 /**
  * @param {object} env {doc, ui, st, main, other, chart, measure,
  *   compareMode(), info(), activeFinding(), setReady(ready)}
@@ -51,7 +62,7 @@ export function makePainter(env) {
     const shown = side ? [main, other] : [main];
     let domain = null;
     for (const p of shown) {
-      const d = valueDomain(p.grid.values, p.grid.missing, 'linear');
+      const d = domainOf(p.grid, 'linear');
       if (d) domain = domain ? {min: Math.min(domain.min, d.min), max: Math.max(domain.max, d.max)} : d;
     }
     // Every value 0 (no NaN on a healthy run, no exact zeros): say so
@@ -62,7 +73,7 @@ export function makePainter(env) {
     else {
       let d = null;
       for (const p of shown) {
-        const x = valueDomain(p.grid.values, p.grid.missing, st.scale);
+        const x = domainOf(p.grid, st.scale);
         if (x) d = d ? {min: Math.min(d.min, x.min), max: Math.max(d.max, x.max)} : x;
       }
       scale = makeScale(st.scale, d);
@@ -136,8 +147,12 @@ export function makePainter(env) {
     const L = st.layout;
     const rows = planRows(st.plan);
     const cols = main.grid.cols;
-    const identity = {start: Int32Array.from({length: cols}, (_, c) => c), end: Int32Array.from({length: cols}, (_, c) => c)};
-    main.series = binGrid(main.grid, st.plan, binEdges(rows, rows), identity);
+    if (!main.series || main.seriesOf !== main.grid || main.seriesPlan !== st.plan) {
+      const identity = {start: Int32Array.from({length: cols}, (_, c) => c), end: Int32Array.from({length: cols}, (_, c) => c)};
+      main.series = binGrid(main.grid, st.plan, binEdges(rows, rows), identity);
+      main.seriesOf = main.grid;
+      main.seriesPlan = st.plan;
+    }
     ui.plot.traceWrap.style.height = `${L.traceHeight}px`;
     chart.draw(main.series, main.axis.edges, st.scaleObj, L.width, L.traceHeight, window.devicePixelRatio || 1);
     renderTraceAxis(ui.plot.traceAxis, st.scaleObj, L.traceHeight, false);

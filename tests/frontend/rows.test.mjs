@@ -141,3 +141,14 @@ test('thinned_labels_name_blocks_and_keep_apart', () => {
   for (let i = 1; i < rows.length; i++) assert.ok((rows[i] - rows[i - 1]) * rowHeight >= 14);
   assert.equal(labelledRows(buildPlan(['a', 'b'], []), 20).length, 2);
 });
+
+test('chart_envelope_is_min_median_max_of_values_on_the_scale', async () => {
+  const {envelope} = await import('../../frontend/chart.js');
+  const g = {rows: 4, cols: 2, values: Float64Array.from([0.1, 0, 0.5, NaN, 0.9, -1, 0.3, 0.2]), missing: Uint8Array.from([0, 1, 0, 0, 0, 0, 0, 0])};
+  const log = envelope(g, 'log');
+  assert.deepEqual([log.lo[0], log.mid[0], log.hi[0]], [0.1, 0.4, 0.9]);
+  assert.equal(log.mid[1], 0.2); // missing, NaN and -1 are not on a log scale
+  const lin = envelope(g, 'linear');
+  assert.equal(lin.lo[1], -1);
+  assert.equal(lin.mid[1], -0.4);
+});
