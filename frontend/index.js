@@ -29,6 +29,7 @@ import {decodeHeatmap, pickRows} from './wire.js';
 
 const STORAGE_KEY = 'tb_gradcheck.selection';
 const POLL_MS = 15000; // TensorBoard's reload button does not reach the iframe
+const OPENING_WAIT_MS = 8000;
 
 function loadSaved() {
   try {
@@ -185,12 +186,18 @@ export function render() {
     return list;
   }
 
-  async function loadFindings(run) {
+  // fresh: ask the server again (refresh, poll); else a list fetched while
+  // choosing the run to open on is used as it is.
+  async function loadFindings(run, fresh = false) {
     if (st.findings.run !== run) {
       st.findings = {run, list: st.findingsByRun.get(run) || null, error: null};
       st.activeKey = null;
     }
     renderFindingsPanel();
+    if (st.findings.list && !fresh) {
+      if (main.grid) highlightActive();
+      return;
+    }
     try {
       const list = await fetchFindings(run);
       if (list === null || st.findings.run !== run) return;
@@ -296,13 +303,16 @@ export function render() {
     ui.selectors.hidden = false;
     let prefer = null;
     if (first && !st.runs.some((r) => r.run === saved.run)) {
-      // Open on the run that needs attention: every run's findings first.
-      await Promise.allSettled(st.runs.map((r) => fetchFindings(r.run)));
+      // Open on the run that needs attention: every run's findings first,
+      // but for OPENING_WAIT_MS at most (a busy TensorBoard answers one
+      // request at a time); then the most severe among those that answered.
+      const all = Promise.allSettled(st.runs.map((r) => fetchFindings(r.run)));
+      await Promise.race([all, new Promise((resolve) => window.setTimeout(resolve, OPENING_WAIT_MS))]);
       prefer = runNeedingAttention(st.runs.map((r) => r.run), st.findingsByRun);
     }
     st.sel = reconcileSelection(st.runs, st.sel || saved, prefer);
     syncControls();
-    loadFindings(st.sel.run);
+    loadFindings(st.sel.run, !first);
     await loadView();
   }
 
@@ -429,8 +439,7 @@ export function render() {
     const selChanged = JSON.stringify(prev) !== JSON.stringify(st.sel);
     if (changed || listChanged || selChanged) syncControls();
     if (changed || selChanged) {
-      st.findingsByRun.delete(st.sel.run);
-      loadFindings(st.sel.run);
+      loadFindings(st.sel.run, true);
       await loadView();
     }
   }
