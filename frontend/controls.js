@@ -227,3 +227,23 @@ export function showControls(ui, st, r, mode) {
   }
 }
 
+
+/**
+ * Wires the row bar and the group toggles of the row labels to the controller.
+ * @param {object} ui From buildLayout.
+ * @param {HTMLElement[]} labelColumns The plots' .row-labels.
+ * @param {{filter(text), collapseAll(), expandAll(), resetZoom(), toggleGroup(key)}} on
+ */
+export function wireRowbar(ui, labelColumns, on) {
+  const rb = ui.rowbar;
+  rb.filter.addEventListener('input', () => on.filter(rb.filter.value));
+  rb.collapseAll.addEventListener('click', () => on.collapseAll());
+  rb.expandAll.addEventListener('click', () => on.expandAll());
+  rb.resetZoom.addEventListener('click', () => on.resetZoom());
+  for (const column of labelColumns) {
+    column.addEventListener('click', (e) => {
+      const b = e.target.closest('button.group-toggle');
+      if (b) on.toggleGroup(b.dataset.group);
+    });
+  }
+}

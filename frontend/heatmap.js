@@ -4,7 +4,7 @@
 // mouse touches the overlay only.
 
 import {columnRange, pixelColumns} from './axes.js';
-import {colorize, HIGHLIGHT_COLOR, MISMATCH_COLOR, rgbCss, SPECIAL_COLORS, VIRIDIS_LUT} from './colour.js';
+import {colorize, HIGHLIGHT_COLOR, log10Grid, MISMATCH_COLOR, rgbCss, SPECIAL_COLORS, VIRIDIS_LUT} from './colour.js';
 import {sizeCanvases} from './dom.js';
 import {binEdges, binGrid, mergeCellRuns, planRows} from './rows.js';
 

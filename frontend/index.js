@@ -12,7 +12,7 @@ import {Api, checksUrl, compareUrl, findingsUrl, heatmapUrl} from './api.js';
 import {stepAxis} from './axes.js';
 import {LineChart} from './chart.js';
 import {alignRows, chooseAlignment} from './compare.js';
-import {buildLayout, setSegmented, showControls} from './controls.js';
+import {buildLayout, setSegmented, showControls, wireRowbar} from './controls.js';
 import {makeMeasure} from './dom.js';
 import {evidenceItems, findingKey, KIND_LABELS, layerHeadline, runNeedingAttention, sortFindings} from './findings.js';
 import {stepRangeText} from './format.js';
@@ -94,33 +94,18 @@ export function render() {
     st.plan = buildPlan(st.names, st.groups, {collapsed: st.rows.collapsed, filter: st.rows.filter, range: z ? z.rows : null});
   }
 
-  ui.rowbar.filter.addEventListener('input', () => {
-    st.rows.filter = ui.rowbar.filter.value;
+  const changeRows = (change) => {
+    change(st.rows);
     replan();
     draw();
+  };
+  wireRowbar(ui, [main.plot.labels, other.plot.labels], {
+    filter: (text) => changeRows((r) => { r.filter = text; }),
+    collapseAll: () => changeRows((r) => { r.collapsed = new Set(st.groups.map((g) => g.key)); }),
+    expandAll: () => changeRows((r) => { r.collapsed = new Set(); }),
+    resetZoom: () => zoomTo(null),
+    toggleGroup: (key) => changeRows((r) => { if (!r.collapsed.delete(key)) r.collapsed.add(key); }),
   });
-  ui.rowbar.collapseAll.addEventListener('click', () => {
-    st.rows.collapsed = new Set(st.groups.map((g) => g.key));
-    replan();
-    draw();
-  });
-  ui.rowbar.expandAll.addEventListener('click', () => {
-    st.rows.collapsed = new Set();
-    replan();
-    draw();
-  });
-  ui.rowbar.resetZoom.addEventListener('click', () => zoomTo(null));
-  for (const p of [main, other]) {
-    p.plot.labels.addEventListener('click', (e) => {
-      const b = e.target.closest('button.group-toggle');
-      if (!b) return;
-      const key = b.dataset.group;
-      if (st.rows.collapsed.has(key)) st.rows.collapsed.delete(key);
-      else st.rows.collapsed.add(key);
-      replan();
-      draw();
-    });
-  }
 
   function zoomTo(zoom) {
     const stepsChanged = JSON.stringify((st.rows.zoom || {}).steps || null) !== JSON.stringify((zoom || {}).steps || null);
