@@ -22,32 +22,46 @@ export function envelope(grid, kind) {
   const lo = new Float64Array(cols).fill(NaN);
   const mid = new Float64Array(cols).fill(NaN);
   const hi = new Float64Array(cols).fill(NaN);
-  const col = new Float64Array(rows);
   const log = kind === 'log';
-  for (let c = 0; c < cols; c++) {
-    let k = 0;
-    for (let r = 0, i = c; r < rows; r++, i += cols) {
-      const v = values[i];
-      if (missing[i] || v !== v || v === Infinity || v === -Infinity || (log && !(v > 0))) continue;
-      col[k++] = v;
+  // Columns in blocks: each row is read as a contiguous run of BLOCK values
+  // (a column-at-a-time gather would jump a whole row between reads).
+  const BLOCK = 32;
+  const buf = new Float64Array(BLOCK * rows);
+  const count = new Int32Array(BLOCK);
+  for (let c0 = 0; c0 < cols; c0 += BLOCK) {
+    const w = Math.min(BLOCK, cols - c0);
+    count.fill(0);
+    for (let r = 0; r < rows; r++) {
+      const base = r * cols + c0;
+      for (let b = 0; b < w; b++) {
+        const i = base + b;
+        const v = values[i];
+        if (missing[i] || v !== v || v === Infinity || v === -Infinity || (log && !(v > 0))) continue;
+        buf[b * rows + count[b]++] = v;
+      }
     }
-    if (!k) continue;
-    let a = Infinity;
-    let b = -Infinity;
-    for (let j = 0; j < k; j++) {
-      if (col[j] < a) a = col[j];
-      if (col[j] > b) b = col[j];
-    }
-    lo[c] = a;
-    hi[c] = b;
-    const m = k >> 1;
-    const upper = select(col, k, m);
-    if (k % 2) mid[c] = upper;
-    else {
-      // After the select, col[0..m) holds the m smallest: the lower middle is their max.
-      let lower = -Infinity;
-      for (let j = 0; j < m; j++) if (col[j] > lower) lower = col[j];
-      mid[c] = (lower + upper) / 2;
+    for (let b = 0; b < w; b++) {
+      const k = count[b];
+      if (!k) continue;
+      const col = buf.subarray(b * rows, b * rows + k);
+      let a = Infinity;
+      let z = -Infinity;
+      for (let j = 0; j < k; j++) {
+        if (col[j] < a) a = col[j];
+        if (col[j] > z) z = col[j];
+      }
+      const c = c0 + b;
+      lo[c] = a;
+      hi[c] = z;
+      const m = k >> 1;
+      const upper = select(col, k, m);
+      if (k % 2) mid[c] = upper;
+      else {
+        // After the select, col[0..m) holds the m smallest: the lower middle is their max.
+        let lower = -Infinity;
+        for (let j = 0; j < m; j++) if (col[j] > lower) lower = col[j];
+        mid[c] = (lower + upper) / 2;
+      }
     }
   }
   return {lo, mid, hi};
