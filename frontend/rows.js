@@ -256,9 +256,9 @@ export function labelledRows(plan, rowHeight, spacing = 14) {
   let next = -Infinity;
   const pass = (want) => {
     for (let d = 0; d < n; d++) {
-      // Where the label's centre lands: labels near the top are pushed down
-      // to stay inside the column, so they count from there.
-      const y = Math.max(spacing / 2, (d + 0.5) * rowHeight);
+      // Where the label's centre lands: labels near the top (bottom) are
+      // pushed down (up) to stay inside the column, so they count from there.
+      const y = Math.min(Math.max(spacing / 2, (d + 0.5) * rowHeight), n * rowHeight - spacing / 2);
       if (want(d) && y >= next) {
         out.push(d);
         next = y + spacing;

@@ -152,3 +152,11 @@ test('chart_envelope_is_min_median_max_of_values_on_the_scale', async () => {
   assert.equal(lin.lo[1], -1);
   assert.equal(lin.mid[1], -0.4);
 });
+
+test('thinned_labels_at_the_bottom_do_not_overlap_the_one_above', () => {
+  const names = Array.from({length: 200}, (_, i) => `layer_${String(i).padStart(3, '0')}`);
+  const rowHeight = 430 / 200;
+  const rows = labelledRows(buildPlan(names, []), rowHeight);
+  const at = (d) => Math.min(Math.max(7, (d + 0.5) * rowHeight), 200 * rowHeight - 7);
+  for (let i = 1; i < rows.length; i++) assert.ok(at(rows[i]) - at(rows[i - 1]) >= 14, `${rows[i - 1]} ${rows[i]}`);
+});
