@@ -20,7 +20,8 @@ import tempfile
 import time
 import urllib.request
 
-from benchmarks.common import launch_tensorboard, row
+from benchmarks.common import launch_tensorboard
+from benchmarks.common import row
 
 LAYERS = 200
 TARGET_P50_MS = 250

@@ -152,9 +152,7 @@ def run(quick=False):
 
 def _model(tf, wrong_layer):
     """tests/check_models.py's MLP (tanh, MSE on a fixed random batch) and its loss as a function of values."""
-    from tests import (
-        check_models,  # the test-support module the suite uses; the repository root is on the path
-    )
+    from tests import check_models  # the test-support module the suite uses; the repository root is on the path
 
     tf.keras.utils.set_random_seed(0)
     case = check_models.mlp(SIZES, batch=BATCH, wrong_layer=wrong_layer, factor=1.03).reseed(0)

@@ -37,9 +37,7 @@ CAUGHT_BY = {
 
 def run(quick=False):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tests import (
-        check_models,  # the test-support module the suite uses; the repository root is on the path
-    )
+    from tests import check_models  # the test-support module the suite uses; the repository root is on the path
 
     bug_seeds = range(3 if quick else 20)
     clean_seeds = range(5 if quick else 72)

@@ -21,7 +21,8 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.common import ROOT, row
+from benchmarks.common import ROOT
+from benchmarks.common import row
 
 BASELINE_COMMIT = "bca6f21"
 HEAVY = ("resnet50_fit", "mobilenetv2_fit")
@@ -43,7 +44,8 @@ def _baseline_rules():
 
 
 def _findings(rules, logdir, names):
-    from tb_gradcheck import queries, store
+    from tb_gradcheck import queries
+    from tb_gradcheck import store
 
     s, ctx, eid = store.local_store(logdir)
     out = {}

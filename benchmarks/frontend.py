@@ -1,11 +1,19 @@
-"""Drawing speed of the Gradients tab in headless Chromium on a 200-layer x 10,000-step run.
+"""Drawing speed of the Gradients tab in headless Chromium, on 200 and on 2,000 rows x 10,000 steps.
 
 The tab reports each draw's duration (``performance.now()`` around the
-redraw, through ``window.tbGradcheck.lastDrawMs()``). The baseline, measured
-in the same page, is the least any canvas heatmap can do: one
+redraw, through ``window.tbGradcheck.lastDrawMs()``; ``lastPaintMs()`` is the
+whole repaint: both canvases, labels, chart and legend). The baseline,
+measured in the same page, is the least any canvas heatmap can do: one
 ``putImageData`` of a buffer the size of the plot plus the scaled
 ``drawImage`` onto the visible canvas. Hover cost is the time the page
 spends handling one real mouse move over the heatmap.
+
+The 2,000-row case (a 250-block transformer, 8 rows per block, as
+``tests/test_browser.py`` writes it) times three things the issue asks for:
+the heatmap request (sent to answered, from the Resource Timing API), the
+first complete draw after the data arrived (response end to the end of the
+first paint: JSON parse, decode, grouping, binning 2,000 rows into the
+visible height, both canvases, labels, chart), and redraws (scale toggles).
 """
 
 import os
@@ -60,10 +68,122 @@ _HOVER = """([x, y, w, h]) => {
 }"""
 
 
-def run(quick=False):
+BIG_ROWS = 2_000
+BLOCK_PARTS = ("attn/q", "attn/k", "attn/v", "attn/o", "mlp/in", "mlp/out", "ln1", "ln2")
+TARGET_FIRST_DRAW_MS = 1000
+
+# Resource Timing of the last heatmap request, and the tab's own times of that load.
+_LOAD_TIMES = """() => {
+  const t = window.tbGradcheck.timing();
+  const entries = performance.getEntriesByType('resource').filter((e) => e.name.includes('/heatmap?'));
+  const e = entries[entries.length - 1];
+  return {request: e.responseEnd - e.requestStart, firstDraw: t.drawn - e.responseEnd, bytes: e.encodedBodySize};
+}"""
+
+
+def write_transformer(logdir, steps, rows=BIG_ROWS):
+    """``rows`` rows (blocks of 8) x ``steps`` steps in GradientWriter's stored layout, written by tf.summary.write."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tb_gradcheck import metadata
+    from tests.rawlogs import md_bytes
+    from tests.rawlogs import stats_content
+
+    names = [f"transformer/block_{b:03d}/{p}" for b in range(rows // len(BLOCK_PARTS)) for p in BLOCK_PARTS]
+    content = stats_content(names)
+    tag = metadata.tag_for(content)
+    norm = metadata.STORED_STAT_COLUMNS.index("grad_norm")
+    n = len(names)
+    arr = np.ones((1, 2 * n + 1, len(metadata.STORED_STAT_COLUMNS)), np.float32)
+    arr[..., 2:4] = 0  # zero fraction and non-finite count
+    scale = (10.0 ** -(np.arange(n) / 400)).astype(np.float32)
+    writer = tf.summary.create_file_writer(str(logdir + "/transformer"), max_queue=1000)
+    with writer.as_default():
+        for step in range(steps):
+            wave = 1 + 0.5 * np.sin(step / 50 + np.arange(n) / 80)
+            arr[0, :n, norm] = arr[0, n:2 * n, norm] = scale * wave
+            arr[0, -1, :] = 0
+            arr[0, -1, 0] = step + 1
+            tf.summary.write(tag, arr, step=step, metadata=md_bytes(content) if step == 0 else md_bytes(b""))
+    writer.close()
+
+
+def _open_tab(p, base, run, steps):
+    """A page on TensorBoard's Gradients tab showing ``run`` once it holds ``steps`` steps; returns (browser, page, frame)."""
+    browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        page.goto(f"{base}/#gradients")
+        page.wait_for_selector("iframe", timeout=60_000)
+        frame = next((f for f in page.frames if "plugin_entry" in f.url), None)
+        if frame is None:
+            continue
+        frame.wait_for_function("() => document.body.dataset.ready === '1'", timeout=300_000)
+        if frame.evaluate("() => window.tbGradcheck.state().run") != run:
+            frame.select_option("#run-select", run)
+            frame.wait_for_timeout(50)
+            frame.wait_for_function("() => document.body.dataset.ready === '1'", timeout=300_000)
+        if frame.evaluate("() => window.tbGradcheck.state().steps") >= steps:
+            return browser, page, frame
+        time.sleep(2)
+    raise RuntimeError(f"the tab never showed {steps} steps of {run!r}")
+
+
+def run_big(quick=False):
+    """The 2,000-row rows: request, first complete draw after the data arrived, redraws."""
     from playwright.sync_api import sync_playwright
 
-    from benchmarks.backend import LAYERS, write_run
+    from benchmarks.load import start_tensorboard
+
+    steps = 1_000 if quick else 10_000
+    redraws = 6 if quick else 20
+    with tempfile.TemporaryDirectory() as logdir:
+        write_transformer(logdir, steps)
+        proc, base = start_tensorboard(logdir, run="transformer", wait_steps=steps, timeout=1800)
+        try:
+            with sync_playwright() as p:
+                browser, page, frame = _open_tab(p, base, "transformer", steps)
+                loads = []
+                for _ in range(3 if quick else 5):  # a fresh load of the same view: the server's cache is warm
+                    frame.click("#refresh")
+                    frame.wait_for_timeout(50)
+                    frame.wait_for_function("() => document.body.dataset.ready === '1'", timeout=300_000)
+                    loads.append(frame.evaluate(_LOAD_TIMES))
+                state = frame.evaluate("() => window.tbGradcheck.state()")
+                paints = []
+                for k in range(redraws):
+                    frame.click("#scale button[data-value=%s]" % ("linear" if k % 2 == 0 else "log"))
+                    frame.wait_for_function("() => document.body.dataset.ready === '1'")
+                    paints.append(frame.evaluate("() => window.tbGradcheck.lastPaintMs()"))
+                box = frame.locator("#heatmap").bounding_box()
+                bare = frame.evaluate(_BARE_DRAW, [int(box["width"]), int(box["height"])])
+                browser.close()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    label = f"{len(state['rows']):,} rows x {steps:,} steps ({state['columns']} columns sent, {state['pixelRows']} pixel rows)"
+    med = lambda key: statistics.median(x[key] for x in loads)  # noqa: E731
+    return [
+        row(f"frontend: heatmap request, {label}, {loads[-1]['bytes'] / 1e6:.1f} MB", None, med("request"), "ms"),
+        row(f"frontend: first complete draw after the data arrived, {label}, vs bare canvas blit", bare,
+            med("firstDraw"), "ms", limit=TARGET_FIRST_DRAW_MS),
+        row(f"frontend: redraw p50 (scale toggle, whole repaint), {label}", bare, statistics.median(paints), "ms",
+            limit=TARGET_REDRAW_MS),
+        row(f"frontend: redraw max, {label}", bare, max(paints), "ms", limit=TARGET_REDRAW_MS),
+    ]
+
+
+def run(quick=False):
+    return run_small(quick) + run_big(quick)
+
+
+def run_small(quick=False):
+    from playwright.sync_api import sync_playwright
+
+    from benchmarks.backend import LAYERS
+    from benchmarks.backend import write_run
     from benchmarks.load import start_tensorboard
 
     steps = 2_000 if quick else 10_000
@@ -117,4 +237,5 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks.__main__ import print_table
 
-    print_table(run(quick="--quick" in sys.argv))
+    quick = "--quick" in sys.argv
+    print_table(run_big(quick) if "--big" in sys.argv else run(quick))

@@ -22,7 +22,8 @@ import warnings
 
 import numpy as np
 
-from benchmarks.common import interleaved, row
+from benchmarks.common import interleaved
+from benchmarks.common import row
 
 TARGET_EVERY_STEP = 1.03
 TARGET_EVERY_10 = 1.01

@@ -4,7 +4,8 @@ import math
 
 import numpy as np
 
-from tb_gradcheck import check_probes, check_verdict
+from tb_gradcheck import check_probes
+from tb_gradcheck import check_verdict
 
 
 def locate(prober, row, direction, probe):

@@ -6,7 +6,10 @@ import math
 import numpy as np
 
 from tb_gradcheck import check_verdict
-from tb_gradcheck.check_report import GRADIENT, INCONCLUSIVE, MISMATCH, RANDOM
+from tb_gradcheck.check_report import GRADIENT
+from tb_gradcheck.check_report import INCONCLUSIVE
+from tb_gradcheck.check_report import MISMATCH
+from tb_gradcheck.check_report import RANDOM
 
 
 # The step h is chosen so that the expected rounding error of the central

@@ -7,16 +7,14 @@ be tested as tables without evaluating a loss.
 
 import math
 
-from tb_gradcheck.check_report import (
-    BLIND_SPOT,
-    GRADIENT,
-    INCONCLUSIVE,
-    MISMATCH,
-    OK,
-    STATUSES,
-    CheckRow,
-    Probe,
-)
+from tb_gradcheck.check_report import BLIND_SPOT
+from tb_gradcheck.check_report import GRADIENT
+from tb_gradcheck.check_report import INCONCLUSIVE
+from tb_gradcheck.check_report import MISMATCH
+from tb_gradcheck.check_report import OK
+from tb_gradcheck.check_report import STATUSES
+from tb_gradcheck.check_report import CheckRow
+from tb_gradcheck.check_report import Probe
 
 # Error bar coefficients (see _error_bound for the derivation).
 _NOISE_SIGMAS = 6.0

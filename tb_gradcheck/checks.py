@@ -62,27 +62,23 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from tb_gradcheck import (
-    check_locate,
-    check_probes,
-    check_state,
-    check_verdict,
-    metadata,
-    stats,
-    validate,
-)
-from tb_gradcheck.check_report import (
-    BLOCK,
-    GRADIENT,
-    INCONCLUSIVE,
-    MISMATCH,
-    OK,
-    STATUSES,
-    ZERO_SET,
-    CheckRow,
-    GradientCheckReport,
-    Probe,
-)
+from tb_gradcheck import check_locate
+from tb_gradcheck import check_probes
+from tb_gradcheck import check_state
+from tb_gradcheck import check_verdict
+from tb_gradcheck import metadata
+from tb_gradcheck import stats
+from tb_gradcheck import validate
+from tb_gradcheck.check_report import BLOCK
+from tb_gradcheck.check_report import GRADIENT
+from tb_gradcheck.check_report import INCONCLUSIVE
+from tb_gradcheck.check_report import MISMATCH
+from tb_gradcheck.check_report import OK
+from tb_gradcheck.check_report import STATUSES
+from tb_gradcheck.check_report import ZERO_SET
+from tb_gradcheck.check_report import CheckRow
+from tb_gradcheck.check_report import GradientCheckReport
+from tb_gradcheck.check_report import Probe
 
 __all__ = ["INCONCLUSIVE", "MISMATCH", "OK", "STATUSES", "CheckRow", "GradientCheckReport", "Probe", "check_gradients"]
 

@@ -14,7 +14,6 @@ import dataclasses
 import errno
 import json
 import os
-import re
 import socket
 import sys
 import tempfile
@@ -180,7 +179,8 @@ def _visible(text, json_escape=False):
 
 
 def _export(args):
-    from tb_gradcheck import export, queries
+    from tb_gradcheck import export
+    from tb_gradcheck import queries
 
     s, ctx, eid, runs = _open_store(args.logdir)
     try:

@@ -12,7 +12,8 @@ default ``message``), visible escapes in a terminal (``escape``).
 import dataclasses
 import unicodedata
 
-from tb_gradcheck import metadata, rules
+from tb_gradcheck import metadata
+from tb_gradcheck import rules
 
 
 @dataclasses.dataclass(frozen=True)

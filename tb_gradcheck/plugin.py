@@ -5,12 +5,10 @@ module must not import TensorFlow (an ImportError here would stop
 TensorBoard from starting). Routes are documented in docs/http_api.md.
 """
 
-import base64
 import functools
 import json
 import pathlib
 
-import numpy as np
 import werkzeug
 from tensorboard import errors
 from tensorboard import plugin_util
@@ -22,6 +20,7 @@ from tb_gradcheck import export
 from tb_gradcheck import metadata
 from tb_gradcheck import queries
 from tb_gradcheck import store
+from tb_gradcheck import wire
 
 # Points kept per tag when the user does not say: all of them. TensorBoard's
 # defaults for an unknown plugin (10 in the Python path, 100 in the Rust one)
@@ -30,7 +29,7 @@ from tb_gradcheck import store
 DEFAULT_SAMPLES = 0
 
 _MAX_WIDTH = 100_000
-_ENCODINGS = ("json", "f32")
+_MAX_INDEX = 2**62
 
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
 _STATIC_ROUTE = f"/data/plugin/{metadata.PLUGIN_NAME}/static/"
@@ -119,7 +118,8 @@ class GradientsPlugin(base_plugin.TBPlugin):
         ctx, eid = _context(request)
         args = request.args
         body = self.heatmap_impl(
-            ctx, eid, _required(args, "run"), _required(args, "metric"), *_selection(args), *_binning(args)
+            ctx, eid, _required(args, "run"), _required(args, "metric"), *_selection(args), *_binning(args),
+            window=_window(args),
         )
         return _respond_json(request, body)
 
@@ -129,7 +129,8 @@ class GradientsPlugin(base_plugin.TBPlugin):
         args = request.args
         body = self.compare_impl(
             ctx, eid, _required(args, "run"), _required(args, "other"), _required(args, "metric"),
-            *_selection(args), *_binning(args),
+            *_selection(args), *_binning(args), window=_window(args),
+            align=_choice(args, "align", wire.ALIGNMENTS, "name"),
         )
         return _respond_json(request, body)
 
@@ -174,19 +175,16 @@ class GradientsPlugin(base_plugin.TBPlugin):
         return {"runs": queries.runs(self._store, ctx, experiment_id), "samples_per_plugin": self._samples}
 
     def heatmap_impl(self, ctx, experiment_id, run, metric, granularity="layer", aggregate="last", width=None,
-                     reduce="max", encoding="json"):
-        """The body of ``GET heatmap``."""
+                     reduce="max", encoding="json", window=None):
+        """The body of ``GET heatmap`` (built by ``wire.heatmap_body``)."""
         heat = queries.heatmap(self._store, ctx, experiment_id, run, metric, granularity, aggregate)
-        return _heatmap_body(heat, width, reduce, encoding)
+        return wire.heatmap_body(heat, width, reduce, encoding, window)
 
     def compare_impl(self, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last",
-                     width=None, reduce="max", encoding="json"):
-        """The body of ``GET compare``: ``run`` over ``other``, rows aligned by name."""
-        heat, only_run, only_other = queries.compare(
-            self._store, ctx, experiment_id, run, other, metric, granularity, aggregate)
-        body = _heatmap_body(heat, width, reduce, encoding)
-        body.update(other=other, only_in_run=only_run, only_in_other=only_other)
-        return body
+                     width=None, reduce="max", encoding="json", window=None, align="name"):
+        """The body of ``GET compare``: ``run`` over ``other``, rows aligned by name or by structure."""
+        a, b = queries.compare(self._store, ctx, experiment_id, run, other, metric, granularity, aggregate)
+        return wire.compare_body(a, b, align, width, reduce, encoding, window)
 
     def findings_impl(self, ctx, experiment_id, run):
         """The body of ``GET findings``."""
@@ -201,7 +199,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         """The body of ``GET checks``: the latest check of every row, its failures, and each row's record."""
         body = queries.checks(self._store, ctx, experiment_id, run, granularity)
         # Worst first; a NaN relative error (non-finite analytic gradient) is the worst of all.
-        body["failures"] = sorted(body["failures"], key=_worst_first)
+        body["failures"] = sorted(body["failures"], key=wire.worst_first)
         return body
 
 
@@ -216,87 +214,20 @@ def _binning(args):
     return (
         _int(args, "width", 1, _MAX_WIDTH),
         _choice(args, "reduce", binning.REDUCERS, "max"),
-        _choice(args, "encoding", _ENCODINGS, "json"),
+        _choice(args, "encoding", wire.ENCODINGS, "json"),
     )
 
 
-def _heatmap_body(heat, width=None, reduce="max", encoding="json"):
-    """The JSON of ``GET heatmap`` for a ``queries.Heatmap``, binned to ``width`` columns when given.
-
-    ``encoding="f32"`` sends the matrix as base64 little-endian float32
-    (``values_f32``, row-major steps x rows, NaN and infinities as themselves)
-    plus a bitmap of missing cells (``missing_bits``, numpy.packbits order),
-    instead of nested lists: exact, a third of the bytes, and ~100x cheaper to
-    encode than JSON numbers, which is what keeps a 10,000-step heatmap quick.
-    """
-    values, missing, status, status_missing = heat.values, heat.missing, heat.status, heat.status_missing
-    steps, step_ends, binned = heat.steps, None, None
-    if width is not None and len(steps) > width:
-        first, step_ends, values, missing = binning.bin_steps(steps, values, missing, width, reduce)
-        if status is not None:
-            # Status codes are ordered by severity: a bin shows its worst.
-            _, _, status, status_missing = binning.bin_steps(steps, status, status_missing, width, "max")
-        steps, binned = first, reduce
-    return {
-        "run": heat.run,
-        "metric": heat.metric,
-        "granularity": heat.granularity,
-        "aggregate": heat.aggregate,
-        "layers": heat.rows,
-        "steps": steps.tolist(),
-        "step_ends": None if step_ends is None else step_ends.tolist(),
-        **_encode_matrix(values, missing, encoding),
-        "status": None if status is None else _status_matrix(status, status_missing),
-        "num_steps": len(heat.steps),
-        "total_steps": heat.total_steps,
-        "reduce": binned,
-    }
-
-
-def _worst_first(cell):
-    error = cell["relative_error"]
-    return -np.inf if error is None or np.isnan(error) else -error
-
-
-def _describe(matrix):
-    steps = matrix.steps
-    return {
-        "rows": matrix.rows,
-        "num_steps": int(len(steps)),
-        "first_step": int(steps[0]) if len(steps) else None,
-        "last_step": int(steps[-1]) if len(steps) else None,
-    }
-
-
-def _status_matrix(status, missing):
-    names = metadata.CHECK_STATUSES
-    return [
-        [None if m or not 0 <= v < len(names) else names[int(v)] for v, m in zip(row_v, row_m)]
-        for row_v, row_m in zip(status.tolist(), missing.tolist())
-    ]
-
-
-def _encode_matrix(values, missing, encoding):
-    if encoding == "f32":
-        return {
-            "values": None,
-            "encoding": "f32",
-            "values_f32": base64.b64encode(np.ascontiguousarray(values, "<f4").tobytes()).decode("ascii"),
-            "missing_bits": base64.b64encode(np.packbits(missing, axis=None).tobytes()).decode("ascii"),
-        }
-    return {"values": _json_matrix(values, missing), "encoding": "json"}
-
-
-def _json_matrix(values, missing):
-    """Nested lists: None for missing, "NaN", "Infinity", "-Infinity" for non-finite values."""
-    values = values.astype(np.float64)
-    out = values.tolist()
-    for i, j in zip(*np.nonzero(~missing & ~np.isfinite(values))):
-        v = values[i, j]
-        out[i][j] = "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
-    for i, j in zip(*np.nonzero(missing)):
-        out[i][j] = None
-    return out
+def _window(args):
+    """The ``wire.Window`` of ``first_step``, ``last_step``, ``row_start`` and ``row_end``."""
+    first, last = _int(args, "first_step", 0, _MAX_INDEX), _int(args, "last_step", 0, _MAX_INDEX)
+    start, end = _int(args, "row_start", 0, _MAX_INDEX), _int(args, "row_end", 0, _MAX_INDEX)
+    if first is not None and last is not None and first > last:
+        raise errors.InvalidArgumentError(f"first_step must not exceed last_step, got {first} > {last}")
+    start = 0 if start is None else start
+    if end is not None and end < start:
+        raise errors.InvalidArgumentError(f"row_end must not be below row_start, got {end} < {start}")
+    return wire.Window(first, last, start, end)
 
 
 def _respond_json(request, body, headers=None):

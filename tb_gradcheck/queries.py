@@ -13,8 +13,11 @@ import dataclasses
 
 import numpy as np
 
-from tb_gradcheck import diagnose, merge, metadata, store
+from tb_gradcheck import diagnose
 from tb_gradcheck import export as export_format
+from tb_gradcheck import merge
+from tb_gradcheck import metadata
+from tb_gradcheck import store
 
 NotFound = store.NotFound
 BadRequest = store.BadRequest
@@ -146,32 +149,17 @@ def heatmap(st, ctx, experiment_id, run, metric, granularity="layer", aggregate=
 
 
 def compare(st, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last"):
-    """``run`` over ``other``: the ratio of one metric, rows aligned by name, at the steps both have.
+    """The two heatmaps ``GET compare`` sets against each other (``wire.compare_body`` aligns them).
 
-    Returns:
-      ``(heatmap, only_in_run, only_in_other)``: a ``Heatmap`` of ratios
-      (rows of both runs, ``run``'s order first; missing where either
-      run has no value), and the row names each run alone has.
+    Raises:
+      BadRequest: ``metric`` is the check metric, which has no ratio.
+      NotFound: As ``heatmap``, for either run.
     """
     if metric == metadata.CHECK_METRIC:
         raise BadRequest(f"compare takes a statistic, not {metric!r}")
     a = heatmap(st, ctx, experiment_id, run, metric, granularity, aggregate)
     b = heatmap(st, ctx, experiment_id, other, metric, granularity, aggregate)
-    rows = a.rows + [r for r in b.rows if r not in set(a.rows)]
-    steps, ia, ib = np.intersect1d(a.steps, b.steps, return_indices=True)
-    values = np.full((len(steps), len(rows)), np.nan)
-    missing = np.ones((len(steps), len(rows)), bool)
-    ja = {r: j for j, r in enumerate(a.rows)}
-    jb = {r: j for j, r in enumerate(b.rows)}
-    for k, row in enumerate(rows):
-        if row in ja and row in jb:
-            va = a.values[ia, ja[row]].astype(np.float64)
-            vb = b.values[ib, jb[row]].astype(np.float64)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                values[:, k] = va / vb
-            missing[:, k] = a.missing[ia, ja[row]] | b.missing[ib, jb[row]]
-    heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing)
-    return heat, [r for r in a.rows if r not in jb], [r for r in b.rows if r not in ja]
+    return a, b
 
 
 def matrix(st, ctx, experiment_id, index, kind, granularity):

@@ -97,15 +97,15 @@ def _log(values, present):
 
 def _trailing(values, length, reduce):
     """``reduce`` over the ``length`` writes before each write (not including it), per column; NaN when none."""
-    s, l = values.shape
-    padded = np.concatenate([np.full((length, l), np.nan), values], axis=0)
+    s, n_rows = values.shape
+    padded = np.concatenate([np.full((length, n_rows), np.nan), values], axis=0)
     windows = np.lib.stride_tricks.sliding_window_view(padded, length, axis=0)[:s]  # [S, L, length], a view
-    out = np.empty((s, l))
+    out = np.empty((s, n_rows))
     # A few columns at a time: the reduction copies its input, and S x L x
     # length at once is hundreds of megabytes for a long run of a big model.
     chunk = max(1, (1 << 20) // max(1, s * length))
     with np.errstate(all="ignore"), _quiet():
-        for j in range(0, l, chunk):
+        for j in range(0, n_rows, chunk):
             out[:, j:j + chunk] = reduce(windows[:, j:j + chunk], axis=-1)
     return out
 
@@ -191,7 +191,7 @@ def exploding(v, t):
     ends in non-finite gradients, or the growth reaches ``rise_orders``;
     warning otherwise.
     """
-    s, l = v.norm.shape
+    s, n_rows = v.norm.shape
     lt = _log(v.norm, v.present)
     lp = _log(v.peak, v.present)
     bad = v.bad()
@@ -203,7 +203,7 @@ def exploding(v, t):
         onset = (rise >= t.rise_orders) & (lp > high) & (lp > network)
     growth, growing = _growth(lt, t)
 
-    flags = np.zeros((s, l), bool)
+    flags = np.zeros((s, n_rows), bool)
     severity, evidence = {}, {}
     for j, name in enumerate(v.rows):
         events = []
@@ -263,16 +263,16 @@ def _growth(lt, t):
     half-window at most, where an exponential blow-up gains its rate to the
     power of the half-window.
     """
-    s, l = lt.shape
+    s, n_rows = lt.shape
     half = max(1, t.baseline_writes // 2)
-    pad = np.full((half, l), np.nan)
-    shifted = np.concatenate([lt[1:], np.full((1, l), np.nan)])
+    pad = np.full((half, n_rows), np.nan)
+    shifted = np.concatenate([lt[1:], np.full((1, n_rows), np.nan)])
     recent = _trailing(shifted, half, _nanmedian)  # writes (t - half, t]
     counts = _trailing(np.isfinite(shifted).astype(float), half, np.nansum)
     earlier = np.concatenate([pad, recent])[:s]  # writes (t - 2 half, t - half]
-    earlier_counts = np.concatenate([np.zeros((half, l)), counts])[:s]
+    earlier_counts = np.concatenate([np.zeros((half, n_rows)), counts])[:s]
     filled = np.where(np.isnan(lt), -np.inf, lt)
-    before = np.concatenate([np.full((half, l), -np.inf), np.maximum.accumulate(filled, axis=0)])[:s]
+    before = np.concatenate([np.full((half, n_rows), -np.inf), np.maximum.accumulate(filled, axis=0)])[:s]
     network = np.nanmax(np.where(np.isnan(earlier), -np.inf, earlier), axis=1, keepdims=True)
     enough = (counts >= max(1, half // 2)) & (earlier_counts >= max(1, half // 2))
     growth = np.where(enough, recent - earlier, np.nan)
@@ -306,8 +306,8 @@ def dead(v, t, sparse):
     of the layer after it. Rows with sparse (IndexedSlices) gradients are
     exempt. A log without the statistic gets no dead finding.
     """
-    s, l = v.norm.shape
-    flags = np.zeros((s, l), bool)
+    s, n_rows = v.norm.shape
+    flags = np.zeros((s, n_rows), bool)
     if v.dead is None:
         return Verdict(flags, {}, {}, "last")
     here = np.isfinite(v.dead) & (v.dead >= 0) & (v.dead <= 1)  # a share; anything else is a damaged log
@@ -318,9 +318,9 @@ def dead(v, t, sparse):
     # every batch, so the share dead is at most the window's minimum, and the
     # minimum over enough batches leaves the selective units out.
     dead_share = np.where(here, v.dead, np.nan)
-    shifted = np.concatenate([dead_share[1:], np.full((1, l), np.nan)])
+    shifted = np.concatenate([dead_share[1:], np.full((1, n_rows), np.nan)])
     lowest = _trailing(shifted, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
-    count = _trailing(np.concatenate([here[1:], np.zeros((1, l), bool)]).astype(float), t.baseline_writes, np.nansum)
+    count = _trailing(np.concatenate([here[1:], np.zeros((1, n_rows), bool)]).astype(float), t.baseline_writes, np.nansum)
     with np.errstate(invalid="ignore"):
         flags = here & (count >= t.min_writes) & (lowest >= t.dead_units) & ~exempt[None, :]
     evidence = {}
@@ -348,14 +348,14 @@ def vanishing(v, t, exclude=()):
     ``vanishing_ratio``; and that held in at least ``persistence`` of the
     trailing window's writes.
     """
-    s, l = v.norm.shape
+    s, n_rows = v.norm.shape
     finite = v.present & np.isfinite(v.norm)
     norm = np.where(finite, v.norm, np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         log_norm = np.log10(norm)  # 0 -> -inf: a zero gradient is infinitely far below
-        after = np.full((s, l), -np.inf)
+        after = np.full((s, n_rows), -np.inf)
         filled = np.where(np.isnan(log_norm), -np.inf, log_norm)
-        for j in range(l - 2, -1, -1):
+        for j in range(n_rows - 2, -1, -1):
             after[:, j] = np.maximum(after[:, j + 1], filled[:, j + 1])
         decay = after - log_norm
         decayed = finite & np.isfinite(after) & (decay > t.vanishing_orders)
@@ -365,11 +365,11 @@ def vanishing(v, t, exclude=()):
     # of a net whose input side learns is local to that layer: attention's
     # query and key while the softmax is still near uniform, for instance.
     chain = np.ones(s, bool)
-    for j in range(l):
+    for j in range(n_rows):
         decayed[:, j] &= chain
         chain = np.where(finite[:, j], decayed[:, j], chain)
     with np.errstate(invalid="ignore"):
-        tiny = finite & (v.ratio < t.vanishing_ratio) if v.ratio is not None else np.zeros((s, l), bool)
+        tiny = finite & (v.ratio < t.vanishing_ratio) if v.ratio is not None else np.zeros((s, n_rows), bool)
     excluded = np.array([name in exclude for name in v.rows])
     flags = _persistent((decayed | tiny) & ~excluded[None, :], finite, t)
     evidence = {}

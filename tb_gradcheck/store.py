@@ -13,7 +13,9 @@ import time
 
 import numpy as np
 
-from tb_gradcheck import cache, merge, metadata
+from tb_gradcheck import cache
+from tb_gradcheck import merge
+from tb_gradcheck import metadata
 
 # read_tensors takes a sampling hint and returns at most that many points. The
 # plugin keeps every point by default (see plugin.py), so ask for all of them;
@@ -340,7 +342,9 @@ def local_store(logdir, cache_bytes=DEFAULT_CACHE_BYTES):
     them. Returns ``(store, ctx, experiment_id)``.
     """
     from tensorboard import context
-    from tensorboard.backend.event_processing import data_ingester, data_provider, plugin_event_multiplexer
+    from tensorboard.backend.event_processing import data_ingester
+    from tensorboard.backend.event_processing import data_provider
+    from tensorboard.backend.event_processing import plugin_event_multiplexer
 
     guidance = dict(data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE)
     guidance[metadata.PLUGIN_NAME] = 0

@@ -62,8 +62,8 @@ import tensorflow as tf
 from tb_gradcheck import checks
 from tb_gradcheck import events
 from tb_gradcheck import metadata
-from tb_gradcheck import replica
 from tb_gradcheck import recording
+from tb_gradcheck import replica
 from tb_gradcheck import stats
 from tb_gradcheck import validate
 

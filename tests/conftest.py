@@ -31,7 +31,8 @@ def make_app(logdir, data_path, extra_flags=()):
       ``(werkzeug.test.Client, program.TensorBoard)``; the caller waits for
       data (``wait_for_steps``) since the Rust server loads asynchronously.
     """
-    from tensorboard import default, program
+    from tensorboard import default
+    from tensorboard import program
     from tensorboard.backend import application
     from werkzeug import test as wtest
 

@@ -27,18 +27,18 @@ NARROW = {"width": 900, "height": 900}
 GROWING_STEPS = 20
 
 
-def write_growing(path, first, count):
-    """A small run written with GradientWriter, steps first..first+count-1 (appendable)."""
+def write_growing(path, first, count, name="small", steps=None, every_n_steps=1):
+    """A small run written with GradientWriter, steps first..first+count-1 (appendable), or ``steps``."""
     import tensorflow as tf
 
     from tb_gradcheck import GradientWriter
 
     tf.keras.utils.set_random_seed(1)
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3, name="a"),
-                                 tf.keras.layers.Dense(2, name="b")], name="small")
+                                 tf.keras.layers.Dense(2, name="b")], name=name)
     x = tf.random.normal([8, 4], seed=1)
-    with GradientWriter(str(path)) as writer:
-        for step in range(first, first + count):
+    with GradientWriter(str(path), every_n_steps=every_n_steps) as writer:
+        for step in steps if steps is not None else range(first, first + count):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(model(x) ** 2)
             grads = tape.gradient(loss, model.trainable_variables)
@@ -83,6 +83,45 @@ def write_checks(path):
             tf.summary.write(metadata.tag_for(content), tf.constant(t), step=10 * k, metadata=md)
 
 
+# A transformer-sized run: 250 blocks of 8 rows (2,000 rows). Blocks 3..47
+# have vanishing gradients; one NaN sits in row 1,234 at one step.
+BLOCK_PARTS = ("attn/q", "attn/k", "attn/v", "attn/o", "mlp/in", "mlp/out", "ln1", "ln2")
+BIG_ROWS = [f"transformer/block_{b:03d}/{p}" for b in range(250) for p in BLOCK_PARTS]
+BIG_STEPS = 40
+NAN_ROW, NAN_STEP = 1234, 17
+VANISHING_BLOCKS = range(3, 48)
+LONG_RUN = "long_" + "very_" * 28 + "name"
+GAPPY_STEPS = list(range(0, 30)) + list(range(90, 100))
+
+
+def write_big(path):
+    """BIG_ROWS x BIG_STEPS, written as GradientWriter's layout by tf.summary.write (fast for 2,000 rows)."""
+    from rawlogs import stats_content
+    from rawlogs import write_raw
+    from tb_gradcheck import metadata
+
+    norm, nonfinite = (metadata.STORED_STAT_COLUMNS.index(c) for c in ("grad_norm", "grad_nonfinite"))
+    n = len(BIG_ROWS)
+    base = np.ones((1, 2 * n + 1, len(metadata.STORED_STAT_COLUMNS)), np.float32)
+    base[..., metadata.STORED_STAT_COLUMNS.index("grad_zero_fraction")] = 0
+    base[..., nonfinite] = 0
+    for b in VANISHING_BLOCKS:
+        for k in (0, n):  # the layer row and its variable row
+            base[0, k + 8 * b:k + 8 * (b + 1), norm] = 1e-9
+    points = []
+    for step in range(BIG_STEPS):
+        arr = base.copy()
+        arr[0, :n, norm] *= 1 + 0.3 * np.sin(step / 5 + np.arange(n) / 40)
+        arr[0, n:2 * n, norm] = arr[0, :n, norm]
+        arr[0, -1, :] = 0
+        arr[0, -1, 0] = step + 1
+        if step == NAN_STEP:
+            arr[0, [NAN_ROW, n + NAN_ROW], norm] = np.nan
+            arr[0, [NAN_ROW, n + NAN_ROW], nonfinite] = 3
+        points.append((step, arr))
+    write_raw(path, points, content=stats_content(BIG_ROWS))
+
+
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory):
     from tb_gradcheck import demo
@@ -92,6 +131,12 @@ def logdir(tmp_path_factory):
     write_growing(path / "growing", 0, GROWING_STEPS)
     write_growing(path / "checked", 0, 100)
     write_checks(path / "checked")
+    write_growing(path / "aaa_healthy", 0, 10)  # alphabetically first, and nothing to find
+    write_growing(path / "renamed", 0, GROWING_STEPS, name="other_net")  # same model, another root scope
+    write_growing(path / "windowed", 0, 50, every_n_steps=5)
+    write_growing(path / "gappy", 0, 0, steps=GAPPY_STEPS)
+    write_growing(path / LONG_RUN, 0, 5)
+    write_big(path / "transformer")
     return path
 
 
@@ -104,6 +149,9 @@ def tb(logdir):
         proc.wait_for_steps("relu_he", 200)
         proc.wait_for_steps("growing", GROWING_STEPS)
         proc.wait_for_steps("checked", 100)
+        for run, steps in [("aaa_healthy", 10), ("renamed", GROWING_STEPS), ("windowed", 10), ("gappy", len(GAPPY_STEPS)),
+                           (LONG_RUN, 5), ("transformer", BIG_STEPS)]:
+            proc.wait_for_steps(run, steps)
         yield proc
     finally:
         proc.close()
@@ -397,7 +445,7 @@ def test_compare_ratio_and_side_by_side(tab, tb, artifacts):
     tab.select("#run-select", "sigmoid")
     tab.select("#compare-select", "relu_he")
     s = tab.state()
-    assert s["compare"] == {"other": "relu_he", "mode": "side"}
+    assert s["compare"] == {"other": "relu_he", "mode": "side", "alignment": "name"}
     assert s["otherRows"] == s["rows"]  # same model: the union is each run's rows
     assert tab.visible("#heatmap-other")
     other_heat = api(tb, "heatmap", run="relu_he", metric="grad_norm")
@@ -502,6 +550,210 @@ def test_poll_refetches_only_when_the_run_changed_and_keeps_the_selection(tab, t
     assert (s["run"], s["metric"], s["scale"]) == ("growing", "grad_max_abs", "linear")
 
 
+# --- what a new user tripped on (issue 15), and thousands of rows ---------------
+
+
+def pixel(tab, canvas_id, fx, fy):
+    """RGB of a canvas pixel at fractions (fx, fy) of its size."""
+    return tab.frame.evaluate(
+        """([id, fx, fy]) => {
+            const c = document.getElementById(id);
+            const x = Math.min(c.width - 1, Math.floor(fx * c.width)), y = Math.min(c.height - 1, Math.floor(fy * c.height));
+            return Array.from(c.getContext('2d').getImageData(x, y, 1, 1).data.slice(0, 3));
+        }""",
+        [canvas_id, fx, fy],
+    )
+
+
+def test_the_tab_opens_on_the_run_with_the_most_severe_findings(tab, tb):
+    runs = [r["run"] for r in api(tb, "runs")["runs"]]
+    worst = {}
+    for run in runs:
+        severities = [f["severity"] for f in api(tb, "findings", run=run)["findings"]]
+        worst[run] = (2 if "error" in severities else 1 if severities else 0, severities.count("error") or len(severities))
+    assert runs[0] == "aaa_healthy" and worst["aaa_healthy"] == (0, 0)
+    expected = max(runs, key=lambda r: (worst[r], -runs.index(r)))
+    assert worst[expected][0] == 2
+    state = tab.state()
+    assert state["run"] == expected and state["findingsRun"] == expected and state["drawn"]
+
+
+def test_chart_caption_sits_above_the_chart_never_over_its_data(tab):
+    tab.select("#run-select", "sigmoid")
+    caption, chart = tab.box("#trace-caption"), tab.box("#trace")
+    assert caption["height"] > 0 and chart["height"] >= 100
+    assert caption["y"] + caption["height"] <= chart["y"] + 0.5, (caption, chart)
+    # Hovering a row names it in the caption, still outside the plot.
+    tab.hover(*tab.cell_point(10, 100))
+    assert tab.frame.locator("#trace-caption").inner_text().startswith("mlp/logits")
+    caption = tab.box("#trace-caption")
+    assert caption["y"] + caption["height"] <= chart["y"] + 0.5
+
+
+def test_a_windowed_run_opens_on_max_for_norms(tab, tb):
+    tab.select("#run-select", "windowed")
+    info = next(r for r in api(tb, "runs")["runs"] if r["run"] == "windowed")
+    assert info["window"] == 5 and "max" in info["aggregates"]["grad_norm"]
+    s = tab.state()
+    assert (s["metric"], s["aggregate"]) == ("grad_norm", "max")
+    assert tab.visible("#aggregate-select") and "max of each window" in tab.frame.locator("#status").inner_text()
+
+
+def test_an_all_zero_metric_says_so_instead_of_a_black_block(tab, tb):
+    tab.select("#run-select", "relu_he")
+    tab.select("#metric-select", "grad_nonfinite")
+    heat = api(tb, "heatmap", run="relu_he", metric="grad_nonfinite")
+    assert {v for step in heat["values"] for v in step} == {0.0}
+    s = tab.state()
+    assert s["allZero"] and not s["drawn"]
+    assert tab.visible("#all-zero") and not tab.visible("#heatmap") and not tab.visible("#trace")
+    assert "no NaN or Inf" in tab.frame.locator("#all-zero").inner_text()
+    tab.select("#metric-select", "grad_norm")
+    assert not tab.state()["allZero"] and tab.visible("#heatmap")
+
+
+def test_the_tab_follows_tensorboards_dark_mode(tab, browser, tb, artifacts):
+    tab.select("#run-select", "sigmoid")
+    background = "() => getComputedStyle(document.body).backgroundColor"
+    assert tab.frame.evaluate(background) == "rgb(255, 255, 255)" and not tab.state()["dark"]
+    # TensorBoard's own setting toggles body.dark-mode on the host page.
+    tab.page.evaluate("() => document.body.classList.add('dark-mode')")
+    tab.frame.wait_for_function("() => window.tbGradcheck.state().dark")
+    assert tab.frame.evaluate(background) == "rgb(48, 48, 48)"  # TensorBoard's #303030
+    assert tab.frame.evaluate("() => getComputedStyle(document.querySelector('.row-label')).color").startswith("rgba(255, 255, 255")
+    tab.page.screenshot(path=str(artifacts / "gradients_tab_dark.png"))
+    tab.page.evaluate("() => document.body.classList.remove('dark-mode')")
+    tab.frame.wait_for_function("() => !window.tbGradcheck.state().dark")
+    # A browser that prefers dark opens TensorBoard dark, and the tab with it.
+    context = browser.new_context(viewport=WIDE, color_scheme="dark")
+    page = context.new_page()
+    try:
+        page.goto(tb.url + "/#gradients")
+        frame = None
+        while frame is None:
+            frame = next((f for f in page.frames if "plugin_entry" in f.url), None)
+            page.wait_for_timeout(50)
+        frame.wait_for_function("() => window.tbGradcheck && window.tbGradcheck.state().drawn", timeout=30000)
+        assert page.evaluate("() => document.body.classList.contains('dark-mode')")
+        assert frame.evaluate("() => window.tbGradcheck.state().dark")
+    finally:
+        context.close()
+
+
+def test_the_toolbar_keeps_its_line_with_a_long_run_name(tab):
+    tab.select("#run-select", "sigmoid")
+    tab.select("#compare-select", "relu_he")
+    height = tab.box(".toolbar")["height"]
+    assert height < 2 * tab.box("#run-select")["height"] + 40  # one line of controls
+    tab.select("#run-select", LONG_RUN)
+    tab.select("#compare-select", "sigmoid")
+    assert tab.state()["run"] == LONG_RUN and tab.state()["compare"]["other"] == "sigmoid"
+    toolbar, select = tab.box(".toolbar"), tab.box("#run-select")
+    assert toolbar["height"] <= height + 1, (height, toolbar)
+    assert select["width"] <= 200
+    assert tab.frame.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+    assert tab.frame.locator("#run-select").get_attribute("title") == LONG_RUN
+
+
+def test_a_sampled_series_has_a_linear_step_axis(tab):
+    tab.select("#run-select", "gappy")
+    s = tab.state()
+    assert s["columns"] == len(GAPPY_STEPS) and (s["firstStep"], s["lastStep"]) == (0, 99)
+    axis, ticks = tab.box("#heatmap"), tab.frame.locator(".x-tick")
+    positions = {}
+    for k in range(ticks.count()):
+        b = ticks.nth(k).bounding_box()
+        positions[int(ticks.nth(k).inner_text().replace(",", ""))] = (b["x"] + b["width"] / 2 - axis["x"]) / axis["width"]
+    # Step 50 lies halfway along 0..99 (with equal columns it would sit at 30/40).
+    assert abs(positions[50] - 0.505) < 0.02, positions
+    # The cell under the middle of the plot is step 29's, stretched over the gap to step 90.
+    fields = tab.hover(axis["x"] + axis["width"] * 0.6, axis["y"] + 5)
+    assert fields["step"] == "29"
+
+
+def test_compare_aligns_runs_whose_models_were_named_differently(tab, tb, artifacts):
+    tab.select("#run-select", "growing")
+    tab.select("#compare-select", "renamed")
+    s = tab.state()
+    assert s["compare"] == {"other": "renamed", "mode": "side", "alignment": "structure"}
+    assert s["rows"] == ["small/a", "small/b"] and s["otherRows"] == s["rows"]
+    note = tab.frame.locator("#align-note").inner_text()
+    assert "aligned by structure (small/\u2026 \u2194 other_net/\u2026): 2 of 2 rows" in note
+    fields = tab.hover(*tab.cell_point(1, 5, canvas="#heatmap-other"))
+    other = api(tb, "heatmap", run="renamed", metric="grad_norm")
+    assert fields["run"] == "renamed" and fields["aligned with"] == "other_net/b"
+    assert float32_close(fields["grad_norm"], other["values"][5][1])
+    tab.page.screenshot(path=str(artifacts / "gradients_compare_structure.png"))
+    # Ratio by structure: the server aligns the same way.
+    tab.click("#compare-mode button[data-value=ratio]")
+    ratio = api(tb, "compare", run="growing", other="renamed", metric="grad_norm", align="structure")
+    assert ratio["alignment"] == "structure" and ratio["only_in_run"] == [] and ratio["other_layers"] == ["other_net/a", "other_net/b"]
+    assert tab.state()["drawn"]
+    # By name stays available, and then nothing lines up.
+    tab.click("#compare-mode button[data-value=side]")
+    tab.click("#align button[data-value=name]")
+    s = tab.state()
+    assert s["compare"]["alignment"] == "name" and len(s["rows"]) == 4
+    assert "Only in growing: small/a, small/b" in tab.frame.locator("#align-note").inner_text()
+
+
+def test_two_thousand_rows_fit_the_window_and_keep_a_lone_nan(tab, artifacts):
+    tab.select("#run-select", "transformer")
+    s = tab.state()
+    assert len(s["rows"]) == 2000 and len(s["displayRows"]) == 2000 and len(s["groups"]) == 250
+    heat = tab.box("#heatmap")
+    assert heat["y"] + heat["height"] <= WIDE["height"], heat  # every row is above the fold
+    assert s["pixelRows"] == round(heat["height"])
+    # The NaN in row 1,234 is red in its pixel row, and the tooltip there names it.
+    y = (NAN_ROW + 0.5) / 2000
+    x = (NAN_STEP + 0.5) / BIG_STEPS
+    assert pixel(tab, "heatmap", x, y) == [255, 23, 68]
+    fields = tab.hover(heat["x"] + x * heat["width"], heat["y"] + y * heat["height"])
+    assert BIG_ROWS[NAN_ROW] in fields["layers"] and fields["grad_norm (max)"] == "NaN", fields
+    tab.page.screenshot(path=str(artifacts / "gradients_tab_2000_rows.png"))
+    # The findings name the 360 vanishing layers by their ends and count.
+    tab.frame.wait_for_function("() => window.tbGradcheck.state().findings !== null")
+    summary = tab.frame.locator("li.finding[data-kind=vanishing] .finding-summary").inner_text()
+    assert summary == "transformer/block_003 \u2026 block_047, 360 layers", summary
+    assert tab.frame.locator("li.finding[data-kind=vanishing] .layer-chip").count() <= 4
+
+
+def test_blocks_collapse_filter_and_zoom(tab, tb):
+    tab.select("#run-select", "transformer")
+    tab.click("#collapse-all")
+    s = tab.state()
+    assert len(s["displayRows"]) == 250 and s["displayRows"][154] == "transformer/block_154/ (8)"
+    # A collapsed block shows its max: the NaN of row 1,234 is in block 154.
+    assert pixel(tab, "heatmap", (NAN_STEP + 0.5) / BIG_STEPS, 154.5 / 250) == [255, 23, 68]
+    tab.frame.locator('#row-labels .group-toggle[data-group="transformer/block_000/"]').click()
+    assert len(tab.state()["displayRows"]) == 257
+    tab.click("#expand-all")
+    tab.frame.fill("#row-filter", "mlp/out")
+    tab.wait_ready()
+    s = tab.state()
+    assert len(s["displayRows"]) == 250 and all(r.endswith("mlp/out") for r in s["displayRows"])
+    tab.frame.fill("#row-filter", "")
+    tab.wait_ready()
+    # Drag a box over the middle rows and steps 10..29: the server sends those steps.
+    loads = tab.state()["loads"]
+    box = tab.box("#heatmap")
+    x0, x1 = box["x"] + box["width"] * 10.2 / BIG_STEPS, box["x"] + box["width"] * 29.8 / BIG_STEPS
+    y0, y1 = box["y"] + box["height"] * 0.6, box["y"] + box["height"] * 0.65
+    tab.page.mouse.move(x0, y0)
+    tab.page.mouse.down()
+    tab.page.mouse.move(x1, y1, steps=4)
+    tab.page.mouse.up()
+    tab.wait_ready()
+    s = tab.state()
+    assert s["loads"] == loads + 1 and (s["firstStep"], s["lastStep"]) == (10, 29)
+    first, last = s["zoom"]["rows"]
+    assert abs(first - 1200) <= 4 and abs(last - 1300) <= 4 and len(s["displayRows"]) == last - first + 1
+    assert "Zoomed" in tab.frame.locator("#zoom-note").inner_text()
+    tab.click("#reset-zoom")
+    s = tab.state()
+    assert s["zoom"] is None and len(s["displayRows"]) == 2000 and s["lastStep"] == BIG_STEPS - 1
+
+
 # --- README picture ---------------------------------------------------------------
 
 
@@ -509,7 +761,8 @@ def readme_picture(logdir, out):
     """docs/gradients_tab.png: the sigmoid demo at 1400x900, its finding shown."""
     from playwright.sync_api import sync_playwright
 
-    from conftest import CHROMIUM, CHROMIUM_ARGS
+    from conftest import CHROMIUM
+    from conftest import CHROMIUM_ARGS
 
     proc = TensorBoardProcess(logdir)
     try:

@@ -7,8 +7,11 @@ import pytest
 import tensorflow as tf
 
 import check_models
-from conftest import get_json, make_app, wait_for_steps
-from tb_gradcheck import GradientWriter, check_gradients
+from conftest import get_json
+from conftest import make_app
+from conftest import wait_for_steps
+from tb_gradcheck import GradientWriter
+from tb_gradcheck import check_gradients
 
 STEPS = 25
 CHECK_EVERY = 10

@@ -5,8 +5,12 @@ import sys
 
 import pytest
 
-from tb_gradcheck import check_report, check_verdict
-from tb_gradcheck.check_report import BLOCK, GRADIENT, RANDOM, ZERO_SET
+from tb_gradcheck import check_report
+from tb_gradcheck import check_verdict
+from tb_gradcheck.check_report import BLOCK
+from tb_gradcheck.check_report import GRADIENT
+from tb_gradcheck.check_report import RANDOM
+from tb_gradcheck.check_report import ZERO_SET
 
 SIGMA = 1e-7  # rounding noise of one loss evaluation, as in a float32 loss of ~1
 H = 1e-3
@@ -158,7 +162,8 @@ def test_report_types_and_decisions_import_no_tensorflow():
 
 
 def test_default_tolerance_keeps_three_error_bars_in_float64():
-    from tb_gradcheck.checks import DEFAULT_TOLERANCE, default_tolerance
+    from tb_gradcheck.checks import DEFAULT_TOLERANCE
+    from tb_gradcheck.checks import default_tolerance
 
     assert default_tolerance(2.0**-24) == DEFAULT_TOLERANCE
     assert default_tolerance(2.0**-53) == pytest.approx(DEFAULT_TOLERANCE * 2.0**-14.5)

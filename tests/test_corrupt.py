@@ -6,15 +6,21 @@ GradientWriter wrote it, and read by TensorBoard's real data paths.
 """
 
 import os
-import shutil
 import struct
 
 import numpy as np
 import pytest
 from tensorboard.compat.proto import event_pb2
 
-from conftest import get_json, make_app, wait_for_steps
-from rawlogs import C, event_files, good_run, stats_content, stats_points, write_raw
+from conftest import get_json
+from conftest import make_app
+from conftest import wait_for_steps
+from rawlogs import C
+from rawlogs import event_files
+from rawlogs import good_run
+from rawlogs import stats_content
+from rawlogs import stats_points
+from rawlogs import write_raw
 from tb_gradcheck import metadata
 
 R = ["m/a", "m/b"]

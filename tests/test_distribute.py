@@ -17,7 +17,9 @@ import pytest
 import tensorflow as tf
 
 import distribute_job as job
-from conftest import ROOT, free_port, read_events
+from conftest import ROOT
+from conftest import free_port
+from conftest import read_events
 from tb_gradcheck import metadata
 
 COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
@@ -55,7 +57,7 @@ def run_processes(kind, out, n=1):
             p.kill()
         tails = [p.communicate()[1][-3000:] for p in procs]
         pytest.fail(f"{kind} job did not finish within {TIMEOUT_S} s (hang?):\n" + "\n----\n".join(tails))
-    for p, (stdout, stderr) in zip(procs, outputs):
+    for p, (_, stderr) in zip(procs, outputs):
         assert p.returncode == 0, f"{kind} job exited with {p.returncode}:\n{stderr[-5000:]}"
     return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
 

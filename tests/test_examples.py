@@ -7,7 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, get_json, make_app, wait_for_steps
+from conftest import ROOT
+from conftest import get_json
+from conftest import make_app
+from conftest import wait_for_steps
 
 BASE = "/data/plugin/gradients"
 

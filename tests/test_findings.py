@@ -7,9 +7,13 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import get_json, make_app, wait_for_steps
 
-from tb_gradcheck import GradientWriter, demo, diagnose
+from conftest import get_json
+from conftest import make_app
+from conftest import wait_for_steps
+from tb_gradcheck import GradientWriter
+from tb_gradcheck import demo
+from tb_gradcheck import diagnose
 
 SPIKE_STEP = 237
 NAN_STEP = 30
@@ -200,7 +204,8 @@ def test_thresholds_are_documented_dataclass_fields():
 
 def _verdicts(logdir, run):
     """``{kind: (steps, rows, flags)}`` of one run, read back through TensorBoard's Python data path."""
-    from tb_gradcheck import queries, store
+    from tb_gradcheck import queries
+    from tb_gradcheck import store
 
     s, ctx, eid = store.local_store(logdir)
     index = s.run(ctx, eid, run)
@@ -245,7 +250,8 @@ def test_describe_quotes_names_for_each_consumer(tmp_path):
     with GradientWriter(tmp_path / "r") as writer:
         for step in range(3):
             writer.write([tf.fill([4], np.float32(np.nan) if step == 1 else 1.0)], [var], step)
-    from tb_gradcheck import queries, store
+    from tb_gradcheck import queries
+    from tb_gradcheck import store
 
     s, ctx, eid = store.local_store(tmp_path)
     index = s.run(ctx, eid, "r")

@@ -15,8 +15,10 @@ import urllib.parse
 
 import pytest
 
-from conftest import ROOT, TensorBoardProcess
-from rawlogs import stats_points, write_raw
+from conftest import ROOT
+from conftest import TensorBoardProcess
+from rawlogs import stats_points
+from rawlogs import write_raw
 
 IMG = '<img src=x onerror="window.__pwned=1;alert(1)">'
 LAYERS = [
@@ -102,7 +104,8 @@ def test_hostile_names_show_as_literal_text_and_run_no_script(browser, tb):
         # Row labels: the full name in the title and the text (long names are
         # shortened with an ellipsis in the middle, never cut into markup).
         labels = frame.evaluate(
-            "() => [...document.querySelectorAll('#row-labels .row-label')].map((n) => [n.textContent, n.title])"
+            "() => [...document.querySelectorAll('#row-labels .row-label')].map("
+            "(n) => [n.querySelector('.row-text').textContent, n.title])"
         )
         assert [title for _, title in labels] == ROWS
         for text, name in labels:

@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import get_json, make_app, read_events, stats_content, wait_for_steps
+from conftest import get_json
+from conftest import make_app
+from conftest import read_events
+from conftest import stats_content
+from conftest import wait_for_steps
 from tb_gradcheck import metadata
 from tb_gradcheck.keras import GradientCallback
 
@@ -255,7 +259,7 @@ def test_mixed_precision_records_unscaled_gradients_and_the_skipped_step(tmp_pat
 
     variables = read_events(tmp_path / "train", granularity="variable")
     assert [s for s, _, _ in variables] == list(range(1, 9))  # every batch has its own step
-    for k, (step, value, _) in enumerate(variables):
+    for k, (_step, value, _) in enumerate(variables):
         before, after = recorder.before[k], recorder.after[k]
         if k == 2:
             assert all(np.array_equal(a, b) for a, b in zip(before, after))  # nothing applied

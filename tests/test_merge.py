@@ -8,7 +8,8 @@ came from (layout, step, row, column), and every assertion recomputes that.
 import numpy as np
 import pytest
 
-from tb_gradcheck import merge, metadata
+from tb_gradcheck import merge
+from tb_gradcheck import metadata
 
 C = list(metadata.STORED_STAT_COLUMNS)
 

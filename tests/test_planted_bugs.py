@@ -6,14 +6,17 @@ models over many seeds and docs/gradient_check.md ("Limits") quotes it.
 
 import warnings
 
-import check_models
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import read_events
 
-from tb_gradcheck import check_gradients, metadata
-from tb_gradcheck.keras import GradientCallback, float64_twin, sync_twin
+import check_models
+from conftest import read_events
+from tb_gradcheck import check_gradients
+from tb_gradcheck import metadata
+from tb_gradcheck.keras import GradientCallback
+from tb_gradcheck.keras import float64_twin
+from tb_gradcheck.keras import sync_twin
 
 SEEDS = range(3)
 

@@ -5,7 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from conftest import get_json, make_app, synthetic_run, wait_for_steps
+from conftest import get_json
+from conftest import make_app
+from conftest import synthetic_run
+from conftest import wait_for_steps
 
 STEPS = 2500  # TensorBoard's defaults for an unknown plugin keep 10 (Python) or 100 (Rust)
 

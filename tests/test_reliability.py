@@ -21,7 +21,10 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_file_loader
 
-from conftest import ROOT, get_json, make_app, wait_for_steps
+from conftest import ROOT
+from conftest import get_json
+from conftest import make_app
+from conftest import wait_for_steps
 from tb_gradcheck import GradientWriter
 
 BASE = "/data/plugin/gradients/"

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tb_gradcheck import metadata, stats, units
+from tb_gradcheck import metadata
+from tb_gradcheck import stats
+from tb_gradcheck import units
 from tb_gradcheck.validate import variable_name as validate_name
 
 # float32 reductions over a few thousand elements agree with float64 numpy to
@@ -273,7 +275,9 @@ def test_dead_unit_fraction_matches_numpy_on_real_layers(layer, input_shape, uni
     # Found from the model, not told: only the depthwise kernel differs from the shape rule.
     assert units.unit_axes(model) == {validate_name(variables[i]): k for i, k in unit_axes.items()}
     rows = stats.Rows(variables, units.unit_axes(model))
-    fn = (lambda gs: stats.compute(gs, rows))
+    def fn(gs):
+        return stats.compute(gs, rows)
+
     layer_s, variable_s = (tf.function(fn) if graph else fn)(grads)
     expected_v = reference(grads, variables, [[i] for i in range(len(variables))], unit_axes)
     expected_l = reference(grads, variables, [list(range(len(variables)))], unit_axes)

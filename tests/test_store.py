@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import synthetic_run
-from tb_gradcheck import cache, queries, store
+from tb_gradcheck import cache
+from tb_gradcheck import queries
+from tb_gradcheck import store
 
 STEPS = 40
 RUNS = ("r0", "r1", "r2")

@@ -8,7 +8,9 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.compat.proto import summary_pb2
 
-from tb_gradcheck import GradientWriter, metadata, stats
+from tb_gradcheck import GradientWriter
+from tb_gradcheck import metadata
+from tb_gradcheck import stats
 
 COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 
@@ -338,9 +340,11 @@ def test_new_columns_reach_readers_through_tensorboard(tmp_path, data_path):
     """dead_unit_fraction is a metric of the tab; the onset columns are stored, read by name, not offered."""
     import time
 
-    from conftest import get_json, make_app, wait_for_steps
     from tensorboard import context
 
+    from conftest import get_json
+    from conftest import make_app
+    from conftest import wait_for_steps
     from tb_gradcheck import store as store_module
 
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4, name="d")], name="net")

@@ -11,7 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, TensorBoardProcess, synthetic_run
+from conftest import ROOT
+from conftest import TensorBoardProcess
+from conftest import synthetic_run
 
 STEPS = 2000
 

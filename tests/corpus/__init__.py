@@ -21,8 +21,11 @@ with the expectations; tests/test_corpus.py asserts on it and
 import dataclasses
 import time
 
-from corpus import healthy, pathological  # noqa: F401  (registers the scenarios)
-from corpus.registry import SCENARIOS, Expect, Scenario  # noqa: F401
+from corpus import healthy  # noqa: F401  (registers the scenarios)
+from corpus import pathological  # noqa: F401  (registers the scenarios)
+from corpus.registry import SCENARIOS  # noqa: F401
+from corpus.registry import Expect  # noqa: F401
+from corpus.registry import Scenario  # noqa: F401
 
 
 @dataclasses.dataclass
@@ -49,7 +52,8 @@ def train(names, logdir):
 
 def read_findings(logdir, names):
     """``{name: [finding dict]}`` through the plugin's ``findings`` route on TensorBoard's Python data path."""
-    from conftest import get_json, make_app
+    from conftest import get_json
+    from conftest import make_app
 
     client, _ = make_app(logdir, "python")
     return {name: get_json(client, f"/data/plugin/gradients/findings?run={name}")["findings"] for name in names}

@@ -2,7 +2,10 @@
 
 import numpy as np
 
-from corpus.registry import custom_loop, fell, head_tail, scenario
+from corpus.registry import custom_loop
+from corpus.registry import fell
+from corpus.registry import head_tail
+from corpus.registry import scenario
 
 
 def _tf():

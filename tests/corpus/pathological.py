@@ -2,8 +2,13 @@
 
 import numpy as np
 
-from corpus.healthy import _batches, _mlp, _regression, _tf
-from corpus.registry import Expect, custom_loop, scenario
+from corpus.healthy import _batches
+from corpus.healthy import _mlp
+from corpus.healthy import _regression
+from corpus.healthy import _tf
+from corpus.registry import Expect
+from corpus.registry import custom_loop
+from corpus.registry import scenario
 
 SPIKE_STEP = 137
 RNN = "rnn/rnn/simple_rnn_cell"
@@ -156,7 +161,8 @@ def spike_every_25(run_dir):
 def wrong_custom_gradient(run_dir):
     """A layer whose ``tf.custom_gradient`` returns twice the true gradient, found by the in-loop check (``check_gradients`` + ``write_check``)."""
     tf = _tf()
-    from tb_gradcheck import GradientWriter, check_gradients
+    from tb_gradcheck import GradientWriter
+    from tb_gradcheck import check_gradients
 
     tf.keras.utils.set_random_seed(27)
     x, y = _regression(27, n=64)

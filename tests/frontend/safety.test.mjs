@@ -15,7 +15,9 @@ function code(f) {
 }
 
 test('frontend_has_the_files_the_plugin_serves', () => {
-  for (const f of ['index.js', 'model.js', 'views.js', 'heatmap.js', 'style.css']) {
+  for (const f of ['index.js', 'api.js', 'wire.js', 'colour.js', 'axes.js', 'rows.js', 'format.js', 'findings.js',
+    'compare.js', 'selection.js', 'tooltip.js', 'dom.js', 'theme.js', 'controls.js', 'views.js', 'panel.js',
+    'heatmap.js', 'chart.js', 'style.css']) {
     assert.ok(readdirSync(FRONTEND).includes(f), f);
   }
 });
@@ -41,4 +43,24 @@ test('imports_and_fetches_are_relative', () => {
 test('index_exports_render', () => {
   const src = readFileSync(join(FRONTEND, 'index.js'), 'utf8');
   assert.match(src, /export function render\(\)/);
+});
+
+// Pure modules touch no DOM and import only pure modules; DOM modules may
+// import pure ones, never the reverse (STYLE.md, "Frontend").
+const PURE = ['api.js', 'wire.js', 'colour.js', 'axes.js', 'rows.js', 'format.js', 'findings.js', 'compare.js', 'selection.js', 'tooltip.js'];
+
+test('pure_modules_touch_no_dom_and_import_only_pure_modules', () => {
+  for (const f of PURE) {
+    const src = code(f);
+    for (const m of src.matchAll(/\bfrom\s+'\.\/([a-z]+\.js)'/g)) assert.ok(PURE.includes(m[1]), `${f} imports ${m[1]}`);
+    const uses = [/(?<![.\w])window\s*\./, /(?<![.\w])document\s*\./, /createElement\(/, /new ImageData\(/, /getContext\(/];
+    for (const re of uses) assert.ok(!re.test(src), `${f} touches the DOM: ${re}`);
+  }
+});
+
+test('every_frontend_module_is_at_most_about_400_lines', () => {
+  for (const f of SOURCES) {
+    const lines = readFileSync(join(FRONTEND, f), 'utf8').split('\n').length;
+    assert.ok(lines <= 460, `${f} has ${lines} lines`);
+  }
 });

@@ -1,0 +1,232 @@
+"""The heatmap wire format: windowing, binning, row alignment and encoding of one matrix; numpy only.
+
+What ``GET heatmap`` and ``GET compare`` answer is built here from a
+``store.Heatmap``, so the format has one definition on the server side
+(docs/http_api.md describes it; frontend/wire.js decodes it). The check
+status travels as codes into ``metadata.CHECK_STATUSES``, whose order is
+sent with every response that carries a status (``status_names``): the
+client takes the order from the response instead of assuming it.
+"""
+
+import base64
+import dataclasses
+
+import numpy as np
+
+from tb_gradcheck import binning
+from tb_gradcheck import metadata
+
+ENCODINGS = ("json", "f32")
+ALIGNMENTS = ("name", "structure")
+
+
+@dataclasses.dataclass
+class Window:
+    """The part of a matrix a request asks for.
+
+    Attributes:
+      first_step: Smallest step to keep (inclusive), or None for no bound.
+      last_step: Largest step to keep (inclusive), or None.
+      row_start: First row index to keep, default 0.
+      row_end: One past the last row index, or None for every row. Indices
+        past the end are clamped, as slicing does.
+    """
+
+    first_step: object = None
+    last_step: object = None
+    row_start: int = 0
+    row_end: object = None
+
+
+def heatmap_body(heat, width=None, reduce="max", encoding="json", window=None):
+    """The JSON of ``GET heatmap`` for a ``store.Heatmap``.
+
+    Args:
+      heat: A ``store.Heatmap`` (or any object with its attributes).
+      width: Most step columns to return, or None for all; consecutive steps
+        are binned (``binning.bin_steps``), keeping extremes.
+      reduce: How binned steps combine: ``"max"``, ``"min"`` or ``"mean"``.
+      encoding: ``"json"`` (nested lists) or ``"f32"`` (base64 float32, see
+        ``encode_matrix``).
+      window: A ``Window`` cutting steps and rows first, or None.
+
+    Returns:
+      A JSON-able dict (docs/http_api.md, ``GET heatmap``).
+    """
+    window = window or Window()
+    values, missing, status, status_missing = heat.values, heat.missing, heat.status, heat.status_missing
+    rows = list(heat.rows)
+    steps = np.asarray(heat.steps)
+    start = min(max(0, window.row_start), len(rows))
+    end = len(rows) if window.row_end is None else min(max(start, window.row_end), len(rows))
+    keep = np.ones(len(steps), bool)
+    if window.first_step is not None:
+        keep &= steps >= window.first_step
+    if window.last_step is not None:
+        keep &= steps <= window.last_step
+    if start != 0 or end != len(rows) or not keep.all():
+        rows = rows[start:end]
+        steps = steps[keep]
+        values, missing = values[keep, start:end], missing[keep, start:end]
+        if status is not None:
+            status, status_missing = status[keep, start:end], status_missing[keep, start:end]
+    step_ends, binned = None, None
+    if width is not None and len(steps) > width:
+        first, step_ends, values, missing = binning.bin_steps(steps, values, missing, width, reduce)
+        if status is not None:
+            # Status codes are ordered by severity: a bin shows its worst.
+            _, _, status, status_missing = binning.bin_steps(steps, status, status_missing, width, "max")
+        steps, binned = first, reduce
+    body = {
+        "run": heat.run,
+        "metric": heat.metric,
+        "granularity": heat.granularity,
+        "aggregate": heat.aggregate,
+        "layers": rows,
+        "row_start": start,
+        "num_rows": len(heat.rows),
+        "steps": steps.tolist(),
+        "step_ends": None if step_ends is None else step_ends.tolist(),
+        **encode_matrix(values, missing, encoding),
+        "status": None,
+        "status_names": None,
+        "num_steps": int(np.count_nonzero(keep)),
+        "total_steps": heat.total_steps,
+        "reduce": binned,
+    }
+    if status is not None:
+        body["status_names"] = list(metadata.CHECK_STATUSES)
+        if encoding == "f32":
+            # Codes as float32, NaN where the row was not checked: the same
+            # packing as the values, decoded by the same client function.
+            codes = np.where(status_missing | ~_valid_codes(status), np.nan, status)
+            body["status_f32"] = _b64(np.ascontiguousarray(codes, "<f4"))
+        else:
+            body["status"] = status_matrix(status, status_missing)
+    return body
+
+
+def compare_body(a, b, align="name", width=None, reduce="max", encoding="json", window=None):
+    """The JSON of ``GET compare``: ``a`` over ``b``, rows aligned, at the steps both have.
+
+    Args:
+      a: The ``store.Heatmap`` of the run.
+      b: The ``store.Heatmap`` of the other run (same metric, granularity
+        and aggregate).
+      align: ``"name"`` (rows with the same name) or ``"structure"`` (rows
+        whose names are the same after the root scope, see ``structure_key``).
+      width, reduce, encoding, window: As ``heatmap_body``.
+
+    Returns:
+      The ``heatmap_body`` of the ratios plus ``other``, ``alignment``,
+      ``other_layers`` (per row, the other run's row name, or None),
+      ``only_in_run`` and ``only_in_other``.
+    """
+    key = structure_key if align == "structure" else (lambda name: name)
+    ka = [key(r) for r in a.rows]
+    kb = [key(r) for r in b.rows]
+    jb = {}
+    for j, k in enumerate(kb):
+        jb.setdefault(k, j)
+    used = set()
+    pairs = []  # (a row or None, b row or None)
+    for i, k in enumerate(ka):
+        j = jb.get(k)
+        if j is not None and j not in used:
+            used.add(j)
+            pairs.append((i, j))
+        else:
+            pairs.append((i, None))
+    pairs += [(None, j) for j in range(len(b.rows)) if j not in used]
+    steps, ia, ib = np.intersect1d(a.steps, b.steps, return_indices=True)
+    values = np.full((len(steps), len(pairs)), np.nan)
+    missing = np.ones((len(steps), len(pairs)), bool)
+    for k, (i, j) in enumerate(pairs):
+        if i is None or j is None:
+            continue
+        va = a.values[ia, i].astype(np.float64)
+        vb = b.values[ib, j].astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values[:, k] = va / vb
+        missing[:, k] = a.missing[ia, i] | b.missing[ib, j]
+    rows = [a.rows[i] if i is not None else b.rows[j] for i, j in pairs]
+    ratio = dataclasses.replace(a, rows=rows, steps=steps, values=values, missing=missing, status=None,
+                                status_missing=None, total_steps=None)
+    body = heatmap_body(ratio, width, reduce, encoding, window)
+    start = body["row_start"]
+    body.update(
+        other=b.run,
+        alignment=align,
+        other_layers=[None if j is None else b.rows[j] for _, j in pairs][start:start + len(body["layers"])],
+        only_in_run=[a.rows[i] for i, j in pairs if i is not None and j is None],
+        only_in_other=[b.rows[j] for i, j in pairs if i is None],
+    )
+    return body
+
+
+def structure_key(name):
+    """A row name without its root scope: ``"sequential_1/dense/kernel"`` -> ``"dense/kernel"``.
+
+    Keras names a model's variables under the model's name, which changes
+    with nothing but the order models were built in (``sequential``,
+    ``sequential_1``) or the name an experiment gave it. Two runs of the same
+    architecture therefore differ in the first path component only. A name
+    without a ``/`` is its own key.
+    """
+    _, sep, rest = name.partition("/")
+    return rest if sep and rest else name
+
+
+def status_matrix(status, missing):
+    """Nested lists of status names (``metadata.CHECK_STATUSES``), None where a row was not checked."""
+    names = metadata.CHECK_STATUSES
+    return [
+        [None if m or not 0 <= v < len(names) else names[int(v)] for v, m in zip(row_v, row_m)]
+        for row_v, row_m in zip(status.tolist(), missing.tolist())
+    ]
+
+
+def encode_matrix(values, missing, encoding):
+    """The matrix part of a heatmap body.
+
+    ``encoding="f32"`` sends the matrix as base64 little-endian float32
+    (``values_f32``, row-major steps x rows, NaN and infinities as themselves)
+    plus a bitmap of missing cells (``missing_bits``, numpy.packbits order),
+    instead of nested lists: exact, a third of the bytes, and ~100x cheaper to
+    encode than JSON numbers, which is what keeps a 10,000-step heatmap quick.
+    """
+    if encoding == "f32":
+        return {
+            "values": None,
+            "encoding": "f32",
+            "values_f32": _b64(np.ascontiguousarray(values, "<f4")),
+            "missing_bits": base64.b64encode(np.packbits(missing, axis=None).tobytes()).decode("ascii"),
+        }
+    return {"values": json_matrix(values, missing), "encoding": "json"}
+
+
+def json_matrix(values, missing):
+    """Nested lists: None for missing, "NaN", "Infinity", "-Infinity" for non-finite values."""
+    values = values.astype(np.float64)
+    out = values.tolist()
+    for i, j in zip(*np.nonzero(~missing & ~np.isfinite(values))):
+        v = values[i, j]
+        out[i][j] = "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+    for i, j in zip(*np.nonzero(missing)):
+        out[i][j] = None
+    return out
+
+
+def worst_first(cell):
+    """Sort key of a check row: largest relative error first, a NaN (or missing) error before all."""
+    error = cell["relative_error"]
+    return -np.inf if error is None or np.isnan(error) else -error
+
+
+def _valid_codes(status):
+    with np.errstate(invalid="ignore"):
+        return (status >= 0) & (status < len(metadata.CHECK_STATUSES)) & (status == np.floor(status))
+
+
+def _b64(array):
+    return base64.b64encode(array.tobytes()).decode("ascii")
