@@ -47,6 +47,7 @@ import tensorflow as tf
 from tb_gradcheck import hooks
 from tb_gradcheck import validate
 from tb_gradcheck.twin import float64_twin  # noqa: F401  (public here: tb_gradcheck.keras.float64_twin)
+from tb_gradcheck.twin import sync_twin  # noqa: F401
 
 # The optimizer that GradientCallback was last attached to, and by which
 # callback: a fit that raised outside the training step (in another callback,
