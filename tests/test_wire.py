@@ -36,7 +36,8 @@ def client(tmp_path_factory):
               content=stats_content(["other/dense", "other/dense_1", "other/extra"]))
     # Gradient checks: row b is a mismatch at steps 20 and 30, not checked at step 0.
     rows = ["net/dense", "net/dense_1"]
-    content = metadata.check_layout("layer", rows)
+    # Five columns, as written before min_detectable_error existed: readers take columns by name.
+    content = {**metadata.check_layout("layer", rows), "columns": ["analytic", "numeric", "relative_error", "noise_floor", "status"]}
     md = summary_pb2.SummaryMetadata()
     md.plugin_data.plugin_name = metadata.PLUGIN_NAME
     md.plugin_data.content = metadata.encode(content)
