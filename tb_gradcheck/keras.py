@@ -49,6 +49,7 @@ from tb_gradcheck import checks
 from tb_gradcheck import replica
 from tb_gradcheck import summary
 from tb_gradcheck import units
+from tb_gradcheck import updates
 from tb_gradcheck import validate
 
 # The optimizer that GradientCallback was last attached to, and by which
@@ -62,6 +63,15 @@ _SKIPPED = weakref.WeakKeyDictionary()
 # The hooked methods (see the module docstring).
 _APPLIED_HOOK = "_all_reduce_sum_gradients"
 _FINITE_HOOK = "check_finite"
+# The optimizer-view hooks (tb_gradcheck.updates): ``apply`` of the optimizer
+# that updates the weights (the inner one under a LossScaleOptimizer, which
+# calls it only for a finite step) is bracketed to measure the update it
+# makes, and the write happens after it; ``_backend_apply_gradients`` is
+# where Keras clips (its first line), so its arguments are the gradients
+# before clipping.
+_UPDATE_HOOK = "apply"
+_CLIP_HOOK = "_backend_apply_gradients"
+_CLIP_ATTRIBUTES = ("clipnorm", "global_clipnorm", "clipvalue")
 
 
 class GradientCallback(keras.callbacks.Callback):
@@ -297,7 +307,18 @@ class _Session:
             self.jit_compile = self.model.jit_compile
             self.model.jit_compile = False
         self.saved = []
+        # The apply() being traced (see _update_hook), or None.
+        self.call = None
+        self.clips = any(getattr(target, a, None) for a in _CLIP_ATTRIBUTES)
         self._attach(target, _APPLIED_HOOK, self._applied_hook)
+        # Gradient accumulation updates inside a cond branch, whose tensors
+        # cannot reach a bracket outside it: there the gradients are recorded
+        # from the applied hook as before, without the optimizer columns.
+        self.has_update_hook = not getattr(target, "gradient_accumulation_steps", None)
+        if self.has_update_hook:
+            self._attach(target, _UPDATE_HOOK, self._update_hook)
+            if self.clips and callable(getattr(target, _CLIP_HOOK, None)):
+                self._attach(target, _CLIP_HOOK, self._clip_hook)
         if self.loss_scale is not None:
             self._attach(self.loss_scale, _FINITE_HOOK, self._finite_hook)
 
@@ -336,6 +357,28 @@ class _Session:
 
         return all_reduce_sum_gradients
 
+    def _update_hook(self, original):
+        session = self
+
+        @tf.autograph.experimental.do_not_convert
+        def apply(grads, trainable_variables=None):
+            if session.callback._session is not session:
+                return original(grads, trainable_variables)
+            return session._bracketed_apply(original, grads, trainable_variables)
+
+        return apply
+
+    def _clip_hook(self, original):
+        session = self
+
+        @tf.autograph.experimental.do_not_convert
+        def backend_apply_gradients(grads, trainable_variables):
+            if session.call is not None:
+                session.call["before_clip"] = (list(grads), list(trainable_variables))
+            return original(grads, trainable_variables)
+
+        return backend_apply_gradients
+
     def _finite_hook(self, original):
         session = self
 
@@ -353,8 +396,47 @@ class _Session:
     def _variables(self):
         return list(self.model.trainable_variables)
 
+    def _bracketed_apply(self, original, grads, trainable_variables):
+        """Runs the optimizer's update between the bracket's two reads, then writes this step."""
+        variables = self._variables()
+        step = self._step()
+        call = self.call = {"grads": None, "before_clip": None}
+        try:
+            with updates.UpdateBracket(variables, self.writer.due(step)) as bracket:
+                result = original(grads, trainable_variables)
+        finally:
+            self.call = None
+        before_clip = None
+        if call["before_clip"] is not None:
+            # Keras clips each replica's gradient before the all-reduce: the
+            # sum of those is what the optimizer received (every replica
+            # takes part in this all-reduce; one replica records).
+            before_clip = replica.sum_over_replicas(self._in_order(*call["before_clip"], variables))
+        if call["grads"] is None or replica.writing_replica() is False:
+            return result
+        extra = updates.Extra(update=bracket, before_clip=before_clip if self.clips else None)
+        self._write(call["grads"], variables, step, extra=extra)
+        return result
+
+    def _step(self):
+        # Before this step's update (apply increments after the update).
+        step = _as_int64(self.optimizer.iterations) + 1
+        if self.skipped is not None:
+            step += self.skipped
+        return step
+
+    def _in_order(self, grads, grad_variables, variables):
+        """``grads`` of ``grad_variables`` as one entry per variable of ``variables`` (None where absent)."""
+        index = {self._key(v): i for i, v in enumerate(variables)}
+        out = [None] * len(variables)
+        for g, v in zip(grads, grad_variables):
+            i = index.get(self._key(v))
+            if i is not None:
+                out[i] = g
+        return out
+
     def _record_applied(self, grads_and_vars):
-        if replica.writing_replica() is False:
+        if self.call is None and replica.writing_replica() is False:
             return
         variables = self._variables()
         index = {self._key(v): i for i, v in enumerate(variables)}
@@ -369,11 +451,10 @@ class _Session:
                 )
                 continue
             grads[i] = g
-        # Before this step's update (apply increments after this point).
-        step = _as_int64(self.optimizer.iterations) + 1
-        if self.skipped is not None:
-            step += self.skipped
-        self._write(grads, variables, step)
+        if self.call is not None:
+            self.call["grads"] = grads  # written after the update, by _bracketed_apply
+            return
+        self._write(grads, variables, self._step())
 
     def _record_if_skipped(self, grads, finite):
         if replica.writing_replica() is False:
@@ -387,18 +468,25 @@ class _Session:
         def skipped():
             count = self.skipped.assign_add(1)
             step = _as_int64(self.optimizer.iterations) + count
-            self._write([_unscale(g, scale) for g in grads], variables, step, check_enabled=False)
+            unscaled = [_unscale(g, scale) for g in grads]
+            # The same optimizer columns as a finite step (one layout, one
+            # tag): a refused step moved no weight, and clipping never ran,
+            # so the gradient before clipping is the refused one.
+            extra = None
+            if self.has_update_hook:
+                extra = updates.Extra(update=updates.RefusedUpdate(), before_clip=unscaled if self.clips else None)
+            self._write(unscaled, variables, step, check_enabled=False, extra=extra)
             return tf.constant(True)
 
         tf.cond(tf.logical_and(self.enabled, tf.logical_not(finite)), skipped, lambda: tf.constant(False))
 
-    def _write(self, grads, variables, step, check_enabled=True):
+    def _write(self, grads, variables, step, check_enabled=True, extra=None):
         def record():
             # keras.callbacks.TensorBoard(update_freq=N) wraps training in a
             # record_if whose condition is fixed when the step is traced;
             # these records follow their own every_n_steps instead.
             with tf.summary.record_if(True):
-                self.writer.record(grads, variables, step)
+                self.writer.record(grads, variables, step, extra)
             return tf.constant(True)
 
         if check_enabled:

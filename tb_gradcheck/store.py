@@ -249,7 +249,7 @@ class Store:
     def _merge(self, ctx, experiment_id, index, kind, granularity, layouts):
         stats = kind == metadata.KIND_STATS
         columns = list(metadata.STAT_COLUMNS if stats else metadata.CHECK_COLUMNS)
-        stored = [c for c in columns if c in metadata.STORED_STAT_COLUMNS] if stats else columns
+        stored = [c for c in columns if c in metadata.STORED_STAT_COLUMNS + metadata.OPTIMIZER_STAT_COLUMNS] if stats else columns
         aggregates = index.aggregates() if stats else [None]
         rows = index.rows(kind, granularity)
         parts = [(s, self._read(ctx, experiment_id, index.run, s)) for s in layouts]

@@ -61,6 +61,7 @@ from tb_gradcheck import events
 from tb_gradcheck import metadata
 from tb_gradcheck import replica
 from tb_gradcheck import stats
+from tb_gradcheck import updates
 from tb_gradcheck import validate
 from tb_gradcheck import window
 
@@ -155,7 +156,7 @@ class GradientWriter:
     # -- public API ---------------------------------------------------------
 
     @tf.autograph.experimental.do_not_convert
-    def write(self, gradients, variables, step):
+    def write(self, gradients, variables, step, *, gradients_before_clip=None, update=None):
         """Records this step's gradient statistics.
 
         Under ``tf.distribute``, call it inside ``strategy.run`` with this
@@ -175,6 +176,14 @@ class GradientWriter:
             ``model.trainable_variables``).
           step: Integer training step: a Python int, an integer tensor, or
             a variable such as ``optimizer.iterations``.
+          gradients_before_clip: Optional, one per variable like
+            ``gradients``: the gradients before your clipping, when
+            ``gradients`` are the clipped ones the optimizer applies. Their
+            norms are recorded as ``grad_norm_before_clip`` at write steps.
+          update: Optional, the bracket from ``applying`` that was around
+            this step's optimizer update: records ``update_norm`` and
+            ``update_to_weight`` at write steps, and ``weight_norm`` of the
+            weights before the update. Call ``write`` after the bracket.
 
         Returns:
           None. Inside ``tf.function`` the writes are ops of the graph.
@@ -190,14 +199,56 @@ class GradientWriter:
         variables = validate.variables(variables)
         gradients = validate.gradients(gradients, variables)
         step = validate.step(step)
-        self.record(replica.sum_over_replicas(gradients), variables, step)
+        if gradients_before_clip is not None:
+            gradients_before_clip = replica.sum_over_replicas(validate.gradients(gradients_before_clip, variables))
+        if update is not None and not isinstance(update, updates.UpdateBracket):
+            raise TypeError(
+                "Expected `update` to be the bracket from GradientWriter.applying(). "
+                f"Received: {type(update).__name__}"
+            )
+        extra = None
+        if gradients_before_clip is not None or update is not None:
+            extra = updates.Extra(update=update, before_clip=gradients_before_clip)
+        self.record(replica.sum_over_replicas(gradients), variables, step, extra)
+
+    def applying(self, variables, step):
+        """A context manager around one optimizer update, to record the update it applied.
+
+        Example (eagerly or inside ``tf.function``; under ``tf.distribute``
+        inside ``strategy.run``):
+
+            with writer.applying(model.trainable_variables, step) as update:
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            writer.write(grads, model.trainable_variables, step, update=update)
+
+        At a step that is not written it does nothing; at a write step it
+        reads the weights before the update and the norm of their change
+        after it (see ``tb_gradcheck.updates`` for the cost).
+
+        Args:
+          variables: The variables the update changes, as given to ``write``.
+          step: The step given to ``write``.
+
+        Returns:
+          An ``updates.UpdateBracket`` to pass to ``write(..., update=...)``.
+        """
+        self._check_open("applying")
+        variables = validate.variables(variables)
+        step = validate.step(step)
+        return updates.UpdateBracket(variables, self.due(step))
+
+    def due(self, step):
+        """Whether ``step`` (an int64 tensor) is a write step: a bool tensor (a Python True when every step is)."""
+        if self.every_n_steps == 1:
+            return True
+        return tf.equal(step % self.every_n_steps, 0)
 
     # -- internal interface ---------------------------------------------------
     # For callers inside tb_gradcheck that hold gradients already checked and
     # summed over replicas (tb_gradcheck.keras: the gradients a Keras
     # optimizer applies). Nothing is validated again below this line.
 
-    def record(self, gradients, variables, step):
+    def record(self, gradients, variables, step, extra=None):
         """Records one step's gradients, which are the same on every replica, once per step.
 
         Args:
@@ -206,13 +257,15 @@ class GradientWriter:
             ``validate.gradients`` returns), already summed over replicas.
           variables: The variables (what ``validate.variables`` returns).
           step: A scalar int64 tensor (what ``validate.step`` returns).
+          extra: An ``updates.Extra`` (the optimizer columns), or None.
 
         Returns:
           None. On a replica or worker that does not write, nothing is
           computed (the statistics would only be thrown away).
         """
         self._check_open("write")
-        layout = self._layout_for(variables, gradients)
+        names = () if extra is None else extra.names
+        layout = self._layout_for(variables, gradients, names)
         writing = replica.writing_replica()
         if writing is False:
             return
@@ -222,13 +275,13 @@ class GradientWriter:
             # they would wait for every gradient and run alone (that doubled
             # the cost on a 20-layer MLP). Only the writes are conditional.
             measured = self._measure(layout, gradients)
-            self._while_open(lambda: self._record(layout, measured, gradients, step), step)
+            self._while_open(lambda: self._record(layout, measured, gradients, step, extra), step)
             return
         # Replica id known only at run time (e.g. TPU): the same decision as a cond.
         tf.cond(
             writing,
             lambda: self._while_open(
-                lambda: self._record(layout, self._measure(layout, gradients), gradients, step), step
+                lambda: self._record(layout, self._measure(layout, gradients), gradients, step, extra), step
             ),
             lambda: tf.constant(False),
         )
@@ -279,18 +332,23 @@ class GradientWriter:
         layer, variable = stats.compute(gradients, layout.rows, weights=False, full=False)
         return layer, variable, stats.weight_norms(layout.rows)
 
-    def _record(self, layout, measured, gradients, step):
+    def _record(self, layout, measured, gradients, step, extra=None):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics."""
         layer, variable = measured[:2]
         # Leaving as_default() flushes the writer: this is what makes every
         # written step survive a SIGKILL (see the flush policy above).
         with self._writer.as_default():
             if self.every_n_steps == 1:
-                self._events.stats(layout.content, layer[None], variable[None], step)
+                layer, variable = layer[None], variable[None]
+                if layout.optimizer_columns:
+                    layer, variable = updates.fill(layer, variable, layout.optimizer_columns,
+                                                   extra.columns(layout.rows))
+                self._events.stats(layout.content, layer, variable, step)
                 return tf.constant(True)
             layout.window.add(layer, variable, step)
             due = tf.equal(step % self.every_n_steps, 0)
-            tf.cond(due, lambda: self._flush_window(layout, step, measured[2], gradients), lambda: tf.constant(False))
+            tf.cond(due, lambda: self._flush_window(layout, step, measured[2], gradients, extra),
+                    lambda: tf.constant(False))
         return tf.constant(True)
 
     def write_check(self, report, step):
@@ -388,19 +446,22 @@ class GradientWriter:
         if self._closed:
             raise ValueError(f"Cannot {what}: this GradientWriter is closed. Create a new one to keep writing.")
 
-    def _layout_for(self, variables, gradients):
+    def _layout_for(self, variables, gradients, optimizer_columns=()):
         sparse = tuple(isinstance(g, tf.IndexedSlices) for g in gradients)
-        key = (tuple(id(v) for v in variables), sparse)
+        key = (tuple(id(v) for v in variables), sparse, tuple(optimizer_columns))
         layout = self._layouts.get(key)
         if layout is None:
-            layout = _Layout(variables, sparse, self.every_n_steps, self._unit_axes)
+            layout = _Layout(variables, sparse, self.every_n_steps, self._unit_axes, optimizer_columns)
             self._layouts[key] = layout
         return layout
 
-    def _flush_window(self, layout, step, weight_norms, gradients=None):
+    def _flush_window(self, layout, step, weight_norms, gradients=None, extra=None):
         """Writes the window; with this step's ``gradients``, its ``last`` slab has every statistic."""
         last = None if gradients is None else stats.compute(gradients, layout.rows, weights=False)
         layer, variable = layout.window.aggregates(step, weight_norms, last)
+        if layout.optimizer_columns:
+            values = None if extra is None else extra.columns(layout.rows)
+            layer, variable = updates.fill(layer, variable, layout.optimizer_columns, values)
         self._events.stats(layout.content, layer, variable, step)
         layout.window.reset()
         return tf.constant(True)
@@ -408,7 +469,7 @@ class GradientWriter:
 class _Layout:
     """Everything fixed for one list of variables: rows, tag content, window state."""
 
-    def __init__(self, variables, sparse, every_n_steps, unit_axes):
+    def __init__(self, variables, sparse, every_n_steps, unit_axes, optimizer_columns=()):
         self.rows = stats.Rows(variables, unit_axes)
         sparse_variables = [n for n, s in zip(self.rows.variable_names, sparse) if s]
         sparse_layers = [n for i, n in enumerate(self.rows.layer_names)
@@ -419,7 +480,10 @@ class _Layout:
             {"rows": self.rows.variable_names, "sizes": self.rows.variable_sizes, "sparse_rows": sparse_variables},
             aggregates,
             every_n_steps,
+            optimizer_columns,
         )
+        # The optimizer columns (tb_gradcheck.updates) this layout stores after the others.
+        self.optimizer_columns = tuple(optimizer_columns)
         self.window = None
         if every_n_steps > 1:
             self.window = window.Window(len(self.rows.layer_names), len(self.rows.variable_names))

@@ -1,0 +1,158 @@
+"""The optimizer view: update_norm, update_to_weight and grad_norm_before_clip, against hand-computed twins."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import read_events, stats_content
+from tb_gradcheck import metadata
+from tb_gradcheck import summary
+from tb_gradcheck.keras import GradientCallback
+from test_keras import HAND_RTOL, WeightRecorder, data, layer_norms, mlp_gradients, policy, tanh_mlp  # noqa: F401 (policy: a fixture)
+
+LAST = 0
+
+
+def columns(run_dir, granularity="variable"):
+    """``[(step, {column: values of the last slab})]`` of one run, columns by the layout's names."""
+    names = stats_content(run_dir)["columns"]
+    return [(s, {c: arr[LAST, :, i] for i, c in enumerate(names)}) for s, arr, _ in read_events(run_dir, granularity=granularity)]
+
+
+def variable_norms(tensors):
+    return [float(np.linalg.norm(np.asarray(t, np.float64))) for t in tensors]
+
+
+def diff(after, before):
+    return [np.asarray(a, np.float64) - np.asarray(b, np.float64) for a, b in zip(after, before)]
+
+
+# The update is the difference of two float32 weight tensors, each rounded to
+# half an ulp of the weight (|w| up to ~1): an absolute error near 6e-8 per
+# element, against updates of 1e-3..1e-2 per element here, so 1e-4 relative
+# is safe by two orders and still far below any real mistake (lr applied
+# twice, a step off by one, the wrong weights read: all >= 10%).
+UPDATE_RTOL = 1e-4
+
+
+def test_sgd_update_is_lr_times_applied_gradient(tmp_path):
+    x, y = data()
+    model = tanh_mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    recorder = WeightRecorder()
+    model.fit(x, y, batch_size=len(x), epochs=4, verbose=0, callbacks=[recorder, GradientCallback(tmp_path)])
+    written = columns(tmp_path / "train")
+    assert [s for s, _ in written] == [1, 2, 3, 4]
+    assert "grad_norm_before_clip" not in stats_content(tmp_path / "train")["columns"]  # nothing clips
+    for (_, col), before in zip(written, recorder.before):
+        grads = mlp_gradients(before, x, y)
+        expected = [0.1 * n for n in variable_norms(grads)]
+        np.testing.assert_allclose(col["update_norm"], expected, rtol=UPDATE_RTOL)
+        weights = np.array(variable_norms(before))
+        # A fresh bias (all zeros at step 1) has no ratio: MISSING (-1), not Inf.
+        ratio = np.where(weights > 0, np.array(expected) / np.where(weights > 0, weights, 1), -1.0)
+        np.testing.assert_allclose(col["update_to_weight"], ratio, rtol=UPDATE_RTOL)
+        np.testing.assert_allclose(col["weight_norm"], variable_norms(before), rtol=1e-6)
+    layers = columns(tmp_path / "train", "layer")
+    for (_, col), before in zip(layers, recorder.before):
+        grads = mlp_gradients(before, x, y)
+        np.testing.assert_allclose(col["update_norm"], [0.1 * n for n in layer_norms(grads)], rtol=UPDATE_RTOL)
+
+
+@pytest.mark.parametrize("every_n_steps", [1, 3])
+def test_adam_update_is_the_weights_change(tmp_path, every_n_steps):
+    x, y = data()
+    model = tanh_mlp()
+    model.compile(optimizer=keras.optimizers.AdamW(0.01, weight_decay=0.1), loss="mse")
+    recorder = WeightRecorder()
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
+              callbacks=[recorder, GradientCallback(tmp_path, every_n_steps=every_n_steps)])
+    written = columns(tmp_path / "train")
+    assert [s for s, _ in written] == list(range(every_n_steps, 9, every_n_steps)) + ([8] if every_n_steps == 3 else [])
+    for step, col in written:
+        if every_n_steps == 3 and step == 8:
+            # The partial window written at close: no update was bracketed.
+            assert (col["update_norm"] == -1).all()
+            continue
+        before, after = recorder.before[step - 1], recorder.after[step - 1]
+        np.testing.assert_allclose(col["update_norm"], variable_norms(diff(after, before)), rtol=UPDATE_RTOL)
+        np.testing.assert_allclose(col["weight_norm"], variable_norms(before), rtol=1e-6)
+
+
+@pytest.mark.parametrize("clip", [{"global_clipnorm": 0.05}, {"clipnorm": 0.02}], ids=["global_clipnorm", "clipnorm"])
+def test_grad_norm_before_clip_is_the_unclipped_gradient(tmp_path, clip):
+    x, y = data()
+    model = tanh_mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1, **clip), loss="mse")
+    recorder = WeightRecorder()
+    model.fit(x, y, batch_size=len(x), epochs=3, verbose=0, callbacks=[recorder, GradientCallback(tmp_path)])
+    for (_, col), before in zip(columns(tmp_path / "train"), recorder.before):
+        # The unclipped gradient, taken with a separate tape at the same weights.
+        twin = tanh_mlp(name="tape")
+        twin.set_weights(before)
+        with tf.GradientTape() as tape:
+            loss = keras.losses.mean_squared_error(y, twin(x))
+            loss = tf.reduce_mean(loss)
+        raw = variable_norms([g.numpy() for g in tape.gradient(loss, twin.trainable_variables)])
+        np.testing.assert_allclose(col["grad_norm_before_clip"], raw, rtol=HAND_RTOL)
+        assert (col["grad_norm"] < col["grad_norm_before_clip"] * 0.99).all()  # clipping fired, visibly
+        np.testing.assert_allclose(col["update_norm"], 0.1 * col["grad_norm"], rtol=UPDATE_RTOL)
+
+
+def test_refused_mixed_precision_step_has_zero_update(tmp_path, policy):
+    policy("mixed_float16")
+    x, y = data()
+    x[0, 0] = 1e30  # float16 overflow in the forward pass: every step's gradient is non-finite
+    model = tanh_mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    recorder = WeightRecorder()
+    model.fit(x, y, batch_size=len(x), epochs=2, verbose=0, callbacks=[recorder, GradientCallback(tmp_path)])
+    written = columns(tmp_path / "train")
+    assert [s for s, _ in written] == [1, 2]
+    for (_, col), before, after in zip(written, recorder.before, recorder.after):
+        assert all(np.array_equal(a, b) for a, b in zip(after, before))  # the step was refused
+        assert (col["grad_nonfinite"] > 0).any()
+        assert (col["update_norm"] == 0).all() and (col["update_to_weight"] == 0).all()
+
+
+def custom_loop(writer, model, optimizer, x, y, steps, strategy=None):
+    variables = model.trainable_variables
+
+    def replica_step(step):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.mean_squared_error(y, model(x)))
+        grads = tape.gradient(loss, variables)
+        clipped, _ = tf.clip_by_global_norm(grads, 0.05)
+        with writer.applying(variables, step) as update:
+            optimizer.apply_gradients(zip(clipped, variables))
+        writer.write(clipped, variables, step, gradients_before_clip=grads, update=update)
+
+    @tf.function
+    def train_step(step):
+        if strategy is None:
+            replica_step(step)
+        else:
+            strategy.run(replica_step, args=(step,))
+
+    befores, afters = [], []
+    for s in range(1, steps + 1):
+        befores.append([v.numpy() for v in variables])
+        train_step(tf.constant(s, tf.int64))
+        afters.append([v.numpy() for v in variables])
+    writer.close()
+    return befores, afters
+
+
+def test_custom_loop_bracket_inside_tf_function(tmp_path):
+    x, y = data()
+    model = tanh_mlp()
+    befores, afters = custom_loop(summary.GradientWriter(tmp_path, every_n_steps=2), model,
+                                  keras.optimizers.Adam(0.01), x, y, steps=4)
+    written = columns(tmp_path)
+    assert [s for s, _ in written] == [2, 4]
+    for step, col in written:
+        before, after = befores[step - 1], afters[step - 1]
+        np.testing.assert_allclose(col["update_norm"], variable_norms(diff(after, before)), rtol=UPDATE_RTOL)
+        np.testing.assert_allclose(col["grad_norm_before_clip"], variable_norms(mlp_gradients(before, x, y)),
+                                   rtol=HAND_RTOL)
