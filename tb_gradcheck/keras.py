@@ -296,6 +296,8 @@ class _Session:
             if self.skipped is None:
                 self.skipped = replica.host_variable(0, tf.int64, "tb_gradcheck_skipped")
                 _SKIPPED[optimizer] = self.skipped
+            # The skipped count at this fit's previous write (updates.LossScale).
+            self.skipped_written = replica.host_variable(self.skipped.numpy(), tf.int64, "tb_gradcheck_skipped")
         self.last_check = None
         self.jit_compile = None
         if self.model.jit_compile and not self.model.run_eagerly:
@@ -401,6 +403,9 @@ class _Session:
         variables = self._variables()
         step = self._step()
         call = self.call = {"grads": None, "before_clip": None}
+        # The scale this step's gradients were made with: read before the
+        # LossScaleOptimizer doubles it after a run of finite steps.
+        scale = None if self.loss_scale is None else tf.convert_to_tensor(self.loss_scale.dynamic_scale)
         try:
             with updates.UpdateBracket(variables, self.writer.due(step)) as bracket:
                 result = original(grads, trainable_variables)
@@ -414,9 +419,15 @@ class _Session:
             before_clip = replica.sum_over_replicas(self._in_order(*call["before_clip"], variables))
         if call["grads"] is None or replica.writing_replica() is False:
             return result
-        extra = updates.Extra(update=bracket, before_clip=before_clip if self.clips else None)
+        extra = updates.Extra(update=bracket, before_clip=before_clip if self.clips else None,
+                              loss_scale=self._loss_scale_columns(scale))
         self._write(call["grads"], variables, step, extra=extra)
         return result
+
+    def _loss_scale_columns(self, scale):
+        if scale is None:
+            return None
+        return updates.LossScale(scale, self.skipped, self.skipped_written)
 
     def _step(self):
         # Before this step's update (apply increments after the update).
@@ -474,7 +485,8 @@ class _Session:
             # so the gradient before clipping is the refused one.
             extra = None
             if self.has_update_hook:
-                extra = updates.Extra(update=updates.RefusedUpdate(), before_clip=unscaled if self.clips else None)
+                extra = updates.Extra(update=updates.RefusedUpdate(), before_clip=unscaled if self.clips else None,
+                                      loss_scale=self._loss_scale_columns(scale))
             self._write(unscaled, variables, step, check_enabled=False, extra=extra)
             return tf.constant(True)
 

@@ -57,7 +57,13 @@ STORED_STAT_COLUMNS = GRADIENT_STAT_COLUMNS + ("weight_norm",)
 # What the optimizer did (tb_gradcheck.updates), taken at the write step:
 # stored after the columns above, and only by layouts that have them (a
 # writer that never saw gradients before clipping has no such column).
-OPTIMIZER_STAT_COLUMNS = ("grad_norm_before_clip", "update_norm", "update_to_weight")
+# loss_scale and refused_steps are facts about the step, not a row: the same
+# value in every row (a few floats per write), so they ride along the step
+# axis of the heatmap itself and bin with it.
+OPTIMIZER_STAT_COLUMNS = ("grad_norm_before_clip", "update_norm", "update_to_weight", "loss_scale", "refused_steps")
+# Per-step series the tab draws as a track along the heatmap's step axis,
+# not as a heatmap of their own (every row holds the same value).
+TRACK_METRICS = ("loss_scale", "refused_steps")
 # Derived on read: grad_to_weight is grad_norm / weight_norm in every
 # aggregate (weights are taken at the write step).
 DERIVED_STAT_COLUMNS = ("grad_to_weight",)
@@ -93,6 +99,11 @@ METRIC_AGGREGATES = {
     "grad_norm_before_clip": ("last",),
     "update_norm": ("last",),
     "update_to_weight": ("last",),
+    # Under a dynamic loss scale: the scale this step's gradient was made
+    # with, and the steps since the previous write that the optimizer refused
+    # (non-finite gradient: no update, scale halved).
+    "loss_scale": ("last",),
+    "refused_steps": ("last",),
 }
 METRICS = tuple(METRIC_AGGREGATES)
 

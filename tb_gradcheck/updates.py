@@ -36,6 +36,7 @@ from tb_gradcheck import stats
 
 UPDATE_COLUMNS = ("update_norm", "update_to_weight")
 BEFORE_CLIP_COLUMN = "grad_norm_before_clip"
+LOSS_SCALE_COLUMNS = ("loss_scale", "refused_steps")
 
 
 class UpdateBracket:
@@ -165,6 +166,32 @@ def _cond(pred, true_fn, false_fn):
     return tf.cond(pred, true_fn, false_fn)
 
 
+class LossScale:
+    """The loss-scale columns of a write: the scale of this step, and the steps refused since the last write.
+
+    Args:
+      scale: Scalar tensor, the dynamic loss scale this step's gradients were
+        made with (read before the optimizer adjusts it).
+      skipped: Host int64 variable, the steps refused so far.
+      written: Host int64 variable, ``skipped`` at the previous write; moved
+        up to ``skipped`` by each write (so refused steps of a window are
+        counted once, including those between writes).
+    """
+
+    def __init__(self, scale, skipped, written):
+        self.scale, self.skipped, self.written = scale, skipped, written
+
+    def columns(self, rows):
+        skipped = self.skipped.read_value()
+        refused = tf.cast(skipped - self.written.read_value(), tf.float32)
+        with tf.control_dependencies([refused]):
+            self.written.assign(skipped)
+        out = {}
+        for name, value in (("loss_scale", tf.cast(self.scale, tf.float32)), ("refused_steps", refused)):
+            out[name] = (tf.fill([len(rows.layer_names)], value), tf.fill([len(rows.variable_names)], value))
+        return out
+
+
 class Extra:
     """The optimizer columns of one write: an update bracket, gradients before clipping, or both.
 
@@ -172,11 +199,13 @@ class Extra:
       update: An ``UpdateBracket`` (or ``RefusedUpdate``), or None.
       before_clip: The gradients before clipping (one per variable, summed
         over replicas), or None.
+      loss_scale: A ``LossScale``, or None.
     """
 
-    def __init__(self, update=None, before_clip=None):
+    def __init__(self, update=None, before_clip=None, loss_scale=None):
         self.update = update
         self.before_clip = before_clip
+        self.loss_scale = loss_scale
 
     @property
     def names(self):
@@ -186,6 +215,8 @@ class Extra:
             names.update(UPDATE_COLUMNS)
         if self.before_clip is not None:
             names.add(BEFORE_CLIP_COLUMN)
+        if self.loss_scale is not None:
+            names.update(LOSS_SCALE_COLUMNS)
         return tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in names)
 
     def columns(self, rows):
@@ -194,6 +225,8 @@ class Extra:
             out.update(self.update.columns(rows))
         if self.before_clip is not None:
             out.update(before_clip_columns(self.before_clip, rows))
+        if self.loss_scale is not None:
+            out.update(self.loss_scale.columns(rows))
         return out
 
 

@@ -100,20 +100,44 @@ def test_grad_norm_before_clip_is_the_unclipped_gradient(tmp_path, clip):
         np.testing.assert_allclose(col["update_norm"], 0.1 * col["grad_norm"], rtol=UPDATE_RTOL)
 
 
-def test_refused_mixed_precision_step_has_zero_update(tmp_path, policy):
+def test_refused_mixed_precision_steps_have_zero_update_and_halve_the_loss_scale(tmp_path, policy):
     policy("mixed_float16")
-    x, y = data()
-    x[0, 0] = 1e30  # float16 overflow in the forward pass: every step's gradient is non-finite
+    x, y = data(n=24)
+    x[16, 0] = 1e30  # float16 overflow in the forward pass: the third batch's gradient is non-finite
     model = tanh_mlp()
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1024.0)
+    model.compile(optimizer=optimizer, loss="mse")
     recorder = WeightRecorder()
-    model.fit(x, y, batch_size=len(x), epochs=2, verbose=0, callbacks=[recorder, GradientCallback(tmp_path)])
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+              callbacks=[recorder, GradientCallback(tmp_path)])
     written = columns(tmp_path / "train")
-    assert [s for s, _ in written] == [1, 2]
-    for (_, col), before, after in zip(written, recorder.before, recorder.after):
-        assert all(np.array_equal(a, b) for a, b in zip(after, before))  # the step was refused
-        assert (col["grad_nonfinite"] > 0).any()
-        assert (col["update_norm"] == 0).all() and (col["update_to_weight"] == 0).all()
+    assert [s for s, _ in written] == [1, 2, 3, 4, 5, 6]
+    refused = [3, 6]
+    scale = 1024.0
+    for (step, col), before, after in zip(written, recorder.before, recorder.after):
+        moved = variable_norms(diff(after, before))
+        assert (col["loss_scale"] == scale).all()
+        if step in refused:
+            assert moved == [0, 0, 0, 0] and (col["grad_nonfinite"] > 0).any()
+            assert (col["update_norm"] == 0).all() and (col["update_to_weight"] == 0).all()
+            assert (col["refused_steps"] == 1).all()
+            scale /= 2  # the next step's gradient is made with half the scale
+        else:
+            np.testing.assert_allclose(col["update_norm"], moved, rtol=UPDATE_RTOL)
+            assert (col["refused_steps"] == 0).all()
+
+
+def test_refused_steps_of_a_window_are_counted_at_its_write(tmp_path, policy):
+    policy("mixed_float16")
+    x, y = data(n=24)
+    x[16, 0] = 1e30
+    model = tanh_mlp()
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+              callbacks=[GradientCallback(tmp_path, every_n_steps=4)])
+    written = columns(tmp_path / "train")
+    assert [s for s, _ in written] == [4, 6]  # the partial window at the end has no optimizer values
+    assert (written[0][1]["refused_steps"] == 1).all() and (written[1][1]["refused_steps"] == -1).all()
 
 
 def custom_loop(writer, model, optimizer, x, y, steps, strategy=None):
