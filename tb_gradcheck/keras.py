@@ -36,6 +36,7 @@ optimizer object; a run restored from a checkpoint starts it again at zero.
 """
 
 import os
+import threading
 import warnings
 import weakref
 
@@ -309,8 +310,9 @@ class _Session:
             self.jit_compile = self.model.jit_compile
             self.model.jit_compile = False
         self.saved = []
-        # The apply() being traced (see _update_hook), or None.
-        self.call = None
+        # The apply() being traced (see _update_hook), per thread: under
+        # MirroredStrategy each replica traces its step in a thread of its own.
+        self._calls = threading.local()
         self.clips = any(getattr(target, a, None) for a in _CLIP_ATTRIBUTES)
         self._attach(target, _APPLIED_HOOK, self._applied_hook)
         # Gradient accumulation updates inside a cond branch, whose tensors
@@ -402,7 +404,7 @@ class _Session:
         """Runs the optimizer's update between the bracket's two reads, then writes this step."""
         variables = self._variables()
         step = self._step()
-        call = self.call = {"grads": None, "before_clip": None}
+        call = self._calls.call = {"grads": None, "before_clip": None}
         # The scale this step's gradients were made with: read before the
         # LossScaleOptimizer doubles it after a run of finite steps.
         scale = None if self.loss_scale is None else tf.convert_to_tensor(self.loss_scale.dynamic_scale)
@@ -410,7 +412,7 @@ class _Session:
             with updates.UpdateBracket(variables, self.writer.due(step)) as bracket:
                 result = original(grads, trainable_variables)
         finally:
-            self.call = None
+            self._calls.call = None
         before_clip = None
         if call["before_clip"] is not None:
             # Keras clips each replica's gradient before the all-reduce: the
@@ -423,6 +425,10 @@ class _Session:
                               loss_scale=self._loss_scale_columns(scale))
         self._write(call["grads"], variables, step, extra=extra)
         return result
+
+    @property
+    def call(self):
+        return getattr(self._calls, "call", None)
 
     def _loss_scale_columns(self, scale):
         if scale is None:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import optimizer_job
 from conftest import read_events, stats_content
 from tb_gradcheck import metadata
 from tb_gradcheck import summary
@@ -180,3 +181,30 @@ def test_custom_loop_bracket_inside_tf_function(tmp_path):
         np.testing.assert_allclose(col["update_norm"], variable_norms(diff(after, before)), rtol=UPDATE_RTOL)
         np.testing.assert_allclose(col["grad_norm_before_clip"], variable_norms(mlp_gradients(before, x, y)),
                                    rtol=HAND_RTOL)
+
+
+def test_update_and_before_clip_under_mirrored_strategy(tmp_path):
+    """A custom loop (writer.applying inside strategy.run) and model.fit, each on two replicas."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "optimizer_job.py"), str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-5000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    x, y = optimizer_job.arrays()
+    for name, run_dir in (("custom", tmp_path / "custom"), ("fit", tmp_path / "fit" / "train")):
+        written = columns(run_dir)
+        befores, afters = result[name]["before"], result[name]["after"]
+        assert [s for s, _ in written] == list(range(1, optimizer_job.STEPS + 1))
+        for (step, col), before, after in zip(written, befores, afters):
+            # The sum over both replicas of the gradient before clipping: the global batch's gradient.
+            np.testing.assert_allclose(col["grad_norm_before_clip"], variable_norms(mlp_gradients(before, x, y)),
+                                       rtol=HAND_RTOL, err_msg=name)
+            np.testing.assert_allclose(col["update_norm"], variable_norms(diff(after, before)), rtol=UPDATE_RTOL,
+                                       err_msg=name)
