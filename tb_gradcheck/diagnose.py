@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 
 from tb_gradcheck import metadata
+from tb_gradcheck import optimizer_findings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +117,8 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
         out += dead
     if checks is not None and len(checks.steps):
         out += _check_failures(run, checks)
-    return sorted(out, key=lambda f: KINDS.index(f.kind))
+    # The optimizer's findings (clipping, layers not learning) follow the rest.
+    return sorted(out, key=lambda f: KINDS.index(f.kind)) + optimizer_findings.find(run, stats, thresholds)
 
 
 class _StatsView:
