@@ -9,7 +9,7 @@ import {
   valueDomain,
 } from './heatmap.js';
 import {
-  Api, KIND_LABELS, aggregatesOf, alignRows, evidenceItems, exportUrl, findingCells, findingKey, granularitiesWithMetric,
+  Api, KIND_LABELS, aggregatesOf, fetchJson, alignRows, evidenceItems, exportUrl, findingCells, findingKey, granularitiesWithMetric,
   layerHeadline, metricLabel, reconcileSelection, rowMarks, runsChanged, sortFindings, statusParts, stepRangeText,
   unionRows,
 } from './model.js';
@@ -17,6 +17,8 @@ import {
   buildLayout, hideTooltip, labelColumnWidth, makeMeasure, markAbsentRows, renderFindings, renderLegend, renderRowLabels,
   renderRowMarks, renderStatus, renderTraceAxis, renderXAxis, setActiveRow, setOptions, setSegmented, showError, showProblems, showTooltip,
 } from './views.js';
+import {isTrackMetric} from './losstrack.js';
+import {showLossScaleTrack} from './losstrack_view.js';
 
 const STORAGE_KEY = 'tb_gradcheck.selection';
 const RESIZE_DEBOUNCE_MS = 150;
@@ -209,6 +211,11 @@ export function render() {
       markAbsentRows(p.plot.labels, p.resp.absent, p.run);
     }
     drawTrace(main.plot.noData.hidden && !main.heat.canvas.hidden, domainEmpty);
+    // The loss-scale track (mixed precision), asked with the heatmap's own query so its columns are the heatmap's.
+    const trackRun = resp.run;
+    showLossScaleTrack(main.plot.canvasWrap, fetchJson, {run: resp.run, granularity: 'layer', width: pixelWidth(),
+      reduce: resp.reduce}, runInfo().metrics || [], width, () => main.resp && main.resp.run === trackRun)
+      .catch(() => {});
     if (!side) markAbsentRows(other.plot.labels, null, '');
     renderTitles(mode, side);
     const metric = metricLabel(resp.metric);
@@ -460,7 +467,9 @@ export function render() {
     const info = runInfo();
     const sel = state.sel;
     setOptions(ui.runSelect, state.runs.map((r) => ({value: r.run, label: r.run})), sel.run);
-    setOptions(ui.metricSelect, (info.metrics || []).map((m) => ({value: m, label: metricLabel(m)})), sel.metric);
+    // Track metrics (the loss scale) are drawn under the heatmap, not offered as heatmaps.
+    const heatmapMetrics = (info.metrics || []).filter((m) => !isTrackMetric(m));
+    setOptions(ui.metricSelect, heatmapMetrics.map((m) => ({value: m, label: metricLabel(m)})), sel.metric);
     // Granularities without the chosen metric (a check at layer level only) are disabled.
     setSegmented(ui.granularity, sel.granularity, granularitiesWithMetric(info, sel.metric));
     const aggs = aggregatesOf(info, sel.metric);

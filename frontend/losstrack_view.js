@@ -16,9 +16,10 @@ const REFUSED = '#c62828';
  * @param {object} query The heatmap's query (see model.heatmapUrl).
  * @param {string[]} metrics The run's metrics (from `runs`).
  * @param {number} width Pixel width of the heatmap's cells area.
+ * @param {() => boolean} [isCurrent] Whether the selection is still the one asked for: a late answer is dropped.
  * @returns {Promise<HTMLCanvasElement|null>} The track, or null for a run without loss scale.
  */
-export async function showLossScaleTrack(container, fetchJson, query, metrics, width) {
+export async function showLossScaleTrack(container, fetchJson, query, metrics, width, isCurrent = () => true) {
   const old = container.querySelector('canvas.loss-scale-track');
   if (!metrics.includes('loss_scale')) {
     if (old) old.remove();
@@ -33,6 +34,7 @@ export async function showLossScaleTrack(container, fetchJson, query, metrics, w
     ask('loss_scale', query.reduce ? 'min' : null),
     metrics.includes('refused_steps') ? ask('refused_steps', query.reduce ? 'max' : null) : null,
   ]);
+  if (!isCurrent()) return null;
   const track = lossScaleTrack(scaleResp, refusedResp);
   const canvas = old || document.createElement('canvas');
   canvas.className = 'loss-scale-track';

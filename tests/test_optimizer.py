@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import optimizer_job
-from conftest import read_events, stats_content
+from conftest import get_json, make_app, read_events, stats_content, wait_for_steps
 from tb_gradcheck import metadata
 from tb_gradcheck import summary
 from tb_gradcheck.keras import GradientCallback
@@ -126,6 +126,24 @@ def test_refused_mixed_precision_steps_have_zero_update_and_halve_the_loss_scale
         else:
             np.testing.assert_allclose(col["update_norm"], moved, rtol=UPDATE_RTOL)
             assert (col["refused_steps"] == 0).all()
+
+    # Served: the new metrics are in the run's list (no before-clip: nothing
+    # clips), the loss scale is a per-step series aligned with the heatmap's
+    # steps, and export and compare take the new metrics like any other.
+    client, _ = make_app(tmp_path, "python")
+    run = wait_for_steps(client, "train", 6)
+    assert {"update_norm", "update_to_weight", "loss_scale", "refused_steps"} <= set(run["metrics"])
+    assert "grad_norm_before_clip" not in run["metrics"]
+    heat = get_json(client, "/data/plugin/gradients/heatmap?run=train&metric=loss_scale")
+    grad = get_json(client, "/data/plugin/gradients/heatmap?run=train&metric=grad_norm")
+    assert heat["steps"] == grad["steps"] == [1, 2, 3, 4, 5, 6]
+    assert [row[0] for row in heat["values"]] == [1024.0, 1024.0, 1024.0, 512.0, 512.0, 512.0]
+    refused_heat = get_json(client, "/data/plugin/gradients/heatmap?run=train&metric=refused_steps")
+    assert [row[0] for row in refused_heat["values"]] == [0, 0, 1, 0, 0, 1]
+    csv = client.get("/data/plugin/gradients/export?run=train&metric=update_norm&granularity=variable&format=csv")
+    assert csv.status_code == 200 and b"twin/hidden/kernel" in csv.data
+    same = get_json(client, "/data/plugin/gradients/compare?run=train&other=train&metric=update_to_weight")
+    assert same["steps"] == [1, 2, 3, 4, 5, 6]
 
 
 def test_refused_steps_of_a_window_are_counted_at_its_write(tmp_path, policy):
