@@ -123,7 +123,7 @@ def _clipping(run, stats, t):
             "share_of_squared_norm": float(energy[j] / energy.sum()),
             "median_norm_before_clip": float(np.median(before[bound[:, j], j])),
             "median_applied_over_before": float(np.median(ratio)),
-            "steps_bound": int(len(steps)),
+            "steps_bound": len(steps),
             "fraction_of_steps": float(fraction),
             "first_step": int(steps[0]),
             "last_step": int(steps[-1]),

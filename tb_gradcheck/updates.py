@@ -31,8 +31,7 @@ own copy of the (mirrored) weights, which the update leaves equal.
 
 import tensorflow as tf
 
-from tb_gradcheck import metadata
-from tb_gradcheck import stats
+from tb_gradcheck import metadata, stats
 
 UPDATE_COLUMNS = ("update_norm", "update_to_weight")
 BEFORE_CLIP_COLUMN = "grad_norm_before_clip"

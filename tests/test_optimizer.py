@@ -2,17 +2,31 @@
 
 import keras
 import numpy as np
+import optimizer_job
 import pytest
 import tensorflow as tf
-
-import optimizer_job
 from conftest import get_json, make_app, read_events, stats_content, wait_for_steps
-from tb_gradcheck import metadata
+from test_keras import (
+    HAND_RTOL,
+    WeightRecorder,
+    data,
+    layer_norms,
+    mlp_gradients,
+    tanh_mlp,
+)
+
 from tb_gradcheck import summary
 from tb_gradcheck.keras import GradientCallback
-from test_keras import HAND_RTOL, WeightRecorder, data, layer_norms, mlp_gradients, policy, tanh_mlp  # noqa: F401 (policy: a fixture)
 
 LAST = 0
+
+
+@pytest.fixture
+def policy():
+    """Restores Keras' global dtype policy, so a mixed-precision test leaves float32 behind."""
+    previous = keras.mixed_precision.global_policy()
+    yield keras.mixed_precision.set_global_policy
+    keras.mixed_precision.set_global_policy(previous)
 
 
 def columns(run_dir, granularity="variable"):
@@ -212,7 +226,7 @@ def test_update_and_before_clip_under_mirrored_strategy(tmp_path):
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "optimizer_job.py"), str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-5000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     x, y = optimizer_job.arrays()
