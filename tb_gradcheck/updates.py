@@ -153,9 +153,8 @@ def _sumsq(x):
 
 
 def _value(variable):
-    """The current value of a Keras or TF variable (a tensor)."""
-    value = getattr(variable, "value", variable)
-    return tf.convert_to_tensor(value)
+    """The current value of a Keras or TF variable (a tensor), read as the writer reads weights."""
+    return tf.convert_to_tensor(variable)
 
 
 def _cond(pred, true_fn, false_fn):

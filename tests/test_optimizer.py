@@ -240,3 +240,25 @@ def test_update_and_before_clip_under_mirrored_strategy(tmp_path):
                                        rtol=HAND_RTOL, err_msg=name)
             np.testing.assert_allclose(col["update_norm"], variable_norms(diff(after, before)), rtol=UPDATE_RTOL,
                                        err_msg=name)
+
+
+def test_write_refuses_an_update_that_is_not_a_bracket(tmp_path):
+    v = tf.Variable([1.0, 2.0])
+    with summary.GradientWriter(tmp_path) as writer:
+        with pytest.raises(TypeError, match="Expected `update` to be the bracket"):
+            writer.write([tf.constant([0.1, 0.1])], [v], 1, update="not a bracket")
+        with pytest.raises(ValueError, match="Expected"):
+            writer.write([tf.constant([0.1, 0.1])], [v], 1, gradients_before_clip=[tf.constant([0.1, 0.1])] * 2)
+
+
+def test_eager_bracket_with_no_write_step_reads_nothing_and_writes_missing_at_close(tmp_path):
+    v = tf.Variable([3.0, 4.0])
+    writer = summary.GradientWriter(tmp_path, every_n_steps=5)
+    for step in (1, 2):
+        with writer.applying([v], step) as update:
+            v.assign_sub([0.3, 0.4])
+        assert update._update.numpy().tolist() == [-1.0]  # not a write step: no read, no norm
+        writer.write([tf.constant([1.0, 1.0])], [v], step, update=update)
+    writer.close()
+    (_, col), = columns(tmp_path)
+    assert col["update_norm"][0] == -1 and col["weight_norm"][0] == pytest.approx(4.0, rel=1e-6)
