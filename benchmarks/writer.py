@@ -97,7 +97,7 @@ def _steps(model, x_shape, y_shape, logdir):
         step = tf.Variable(0, dtype=tf.int64)
         directory = os.path.join(logdir, f"{record}_{every}")
         summary_writer = tf.summary.create_file_writer(directory) if record in ("histogram", "scalar") else None
-        writer = GradientWriter(directory, every_n_steps=every) if record.startswith("tb_gradcheck") else None
+        writer = GradientWriter(directory, every_n_steps=every) if (record or "").startswith("tb_gradcheck") else None
         # tb_gradcheck_update: the update bracket too (update_norm, update_to_weight).
         bracketed = record == "tb_gradcheck_update"
 
