@@ -129,7 +129,8 @@ def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
     The tensor is float32 ``[A, L + V + 1, C]``: ``A`` aggregates, then the
     ``L`` layer rows, the ``V`` variable rows and one header row whose
     column 0 counts the writes this writer has made (the M of "N of M steps"
-    when TensorBoard samples), ``C = len(STORED_STAT_COLUMNS)``. One event per
+    when TensorBoard samples), ``C = len(STORED_STAT_COLUMNS)`` plus the
+    ``optimizer_columns`` it stores. One event per
     written step keeps the per-step cost to the numbers themselves.
 
     Args:

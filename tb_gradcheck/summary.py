@@ -20,6 +20,13 @@ layout from ``metadata.stats_layout``. One event per written step:
     in every gradient column (all are non-negative when present); a cell
     with no value (an aggregate a column is not reduced over) holds -1 too.
     grad_to_weight is derived on read.
+  - Optional optimizer columns after those (``metadata.OPTIMIZER_STAT_COLUMNS``,
+    in that order, only those the layout's ``columns`` name; see
+    ``tb_gradcheck.updates``): grad_norm_before_clip, update_norm,
+    update_to_weight, loss_scale, refused_steps. Taken at the write step: the
+    value in the ``last`` slab, -1 in the others (and in every slab of a
+    partial window written at close). Writing them also sets weight_norm from
+    the weights read before the update.
   - The onset columns. ``grad_norm_finite`` is grad_norm over the steps
     whose gradient was finite, reduced like grad_norm: its ``max`` slab is
     the largest finite norm of the window, which a later NaN (grad_norm's
