@@ -95,7 +95,9 @@ def test_adam_update_is_the_weights_change(tmp_path, every_n_steps):
         np.testing.assert_allclose(col["weight_norm"], variable_norms(before), rtol=1e-6)
 
 
-@pytest.mark.parametrize("clip", [{"global_clipnorm": 0.05}, {"clipnorm": 0.02}], ids=["global_clipnorm", "clipnorm"])
+@pytest.mark.parametrize(
+    "clip", [{"global_clipnorm": 0.05}, {"clipnorm": 0.02}, {"clipvalue": 1e-3}], ids=["global_clipnorm", "clipnorm", "clipvalue"]
+)
 def test_grad_norm_before_clip_is_the_unclipped_gradient(tmp_path, clip):
     x, y = data()
     model = tanh_mlp()
