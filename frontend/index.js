@@ -18,7 +18,7 @@ import {
   renderRowMarks, renderStatus, renderTraceAxis, renderXAxis, setActiveRow, setOptions, setSegmented, showError, showProblems, showTooltip,
 } from './views.js';
 import {isTrackMetric} from './losstrack.js';
-import {showLossScaleTrack} from './losstrack_view.js';
+import {showLossScaleTrack} from './trackview.js';
 
 const STORAGE_KEY = 'tb_gradcheck.selection';
 const RESIZE_DEBOUNCE_MS = 150;
