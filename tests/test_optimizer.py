@@ -264,3 +264,39 @@ def test_eager_bracket_with_no_write_step_reads_nothing_and_writes_missing_at_cl
     writer.close()
     (_, col), = columns(tmp_path)
     assert col["update_norm"][0] == -1 and col["weight_norm"][0] == pytest.approx(4.0, rel=1e-6)
+
+
+def test_tab_draws_the_loss_scale_track_under_the_heatmap(tmp_path, policy, browser):
+    """Real Chromium over a real `tensorboard`: the track is there, column-aligned, and not a heatmap metric."""
+    from conftest import TensorBoardProcess
+    from test_browser import Tab
+
+    policy("mixed_float16")
+    x, y = data(n=24)
+    x[16, 0] = 1e30  # the third step of each epoch is refused
+    model = tanh_mlp()
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[GradientCallback(tmp_path)])
+    proc = TensorBoardProcess(tmp_path)
+    try:
+        proc.wait_for_steps("train", 6)
+        tab = Tab(browser, proc.url)
+        try:
+            tab.select("#run-select", "train")
+            tab.frame.wait_for_selector("canvas.loss-scale-track", timeout=15000)
+            options = tab.frame.eval_on_selector_all("#metric-select option", "els => els.map((e) => e.value)")
+            assert "update_to_weight" in options and "loss_scale" not in options and "refused_steps" not in options
+            # The two refused steps (3 and 6) are marked in their heatmap columns, in the track's red.
+            red = tab.frame.evaluate("""() => {
+                const c = document.querySelector('canvas.loss-scale-track');
+                const d = c.getContext('2d').getImageData(0, 0, c.width, 1).data;
+                const xs = [];
+                for (let x = 0; x < c.width; x++) if (d[4 * x] > 150 && d[4 * x + 2] < 100) xs.push(x);
+                return {width: c.width, xs};
+            }""")
+            columns = [int(x * 6 / red["width"]) for x in red["xs"]]
+            assert sorted(set(columns)) == [2, 5], red
+        finally:
+            tab.close()
+    finally:
+        proc.close()
