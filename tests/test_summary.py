@@ -345,6 +345,7 @@ def test_new_columns_reach_readers_through_tensorboard(tmp_path, data_path):
     from conftest import get_json
     from conftest import make_app
     from conftest import wait_for_steps
+    from tb_gradcheck import queries
     from tb_gradcheck import store as store_module
 
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4, name="d")], name="net")
@@ -369,7 +370,7 @@ def test_new_columns_reach_readers_through_tensorboard(tmp_path, data_path):
     deadline = time.time() + 60
     while True:
         index = reader.runs(ctx, "").get("run")
-        matrix = index and reader.matrix(ctx, "", index, metadata.KIND_STATS, "layer")
+        matrix = index and queries.matrix(reader, ctx, "", index, metadata.KIND_STATS, "layer")
         if matrix is not None and len(matrix.steps) == 2 or time.time() > deadline:
             break
         time.sleep(0.2)
