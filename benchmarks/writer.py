@@ -98,13 +98,21 @@ def _steps(model, x_shape, y_shape, logdir):
         step = tf.Variable(0, dtype=tf.int64)
         directory = os.path.join(logdir, f"{record}_{every}")
         summary_writer = tf.summary.create_file_writer(directory) if record in ("histogram", "scalar") else None
-        writer = GradientWriter(directory, every_n_steps=every) if record == "tb_gradcheck" else None
+        writer = GradientWriter(directory, every_n_steps=every) if (record or "").startswith("tb_gradcheck") else None
+        # tb_gradcheck_update: the update bracket too (update_norm, update_to_weight).
+        bracketed = record == "tb_gradcheck_update"
 
         @tf.function
         def train():
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
             grads = tape.gradient(loss, variables)
+            if bracketed:
+                with writer.applying(variables, step) as update:
+                    optimizer.apply_gradients(zip(grads, variables))
+                writer.write(grads, variables, step, update=update)
+                step.assign_add(1)
+                return
             if writer is not None:
                 writer.write(grads, variables, step)
             elif summary_writer is not None:
@@ -133,6 +141,13 @@ def _steps(model, x_shape, y_shape, logdir):
     for every in (1, 10):
         for record in ("tb_gradcheck", "histogram", "scalar"):
             ways[f"{record}_every{every}"] = make(record, every)
+    # The optimizer view's cost: at write steps (every 1), averaged (every
+    # 10), and at steps that are not written (every 1,000,000: no timed step
+    # is a write step), each against the same writer without the bracket.
+    for every in (1, 10, 1_000_000):
+        ways[f"tb_gradcheck_update_every{every}"] = make("tb_gradcheck_update", every)
+        if every not in (1, 10):
+            ways[f"tb_gradcheck_every{every}"] = make("tb_gradcheck", every)
     return ways
 
 
@@ -218,6 +233,10 @@ def run(quick=False):
                     key = f"{record}_every{every}"
                     rows.append(row(f"step time, {name}, {record}, every {every}", bare * 1e3, times[key] * 1e3,
                                     "ms", target if record == "tb_gradcheck" else None))
+            for every in (1, 10, 1_000_000):
+                rows.append(row(f"step time, {name}, update bracket vs tb_gradcheck alone, every {every}",
+                                times[f"tb_gradcheck_every{every}"] * 1e3,
+                                times[f"tb_gradcheck_update_every{every}"] * 1e3, "ms"))
             for _, _, close, _ in ways.values():
                 close()
             per_step = {}

@@ -5,6 +5,7 @@
 import {exportUrl} from './api.js';
 import {el} from './dom.js';
 import {metricLabel} from './format.js';
+import {isTrackMetric} from './losstrack.js';
 import {buildFindingsPanel} from './panel.js';
 import {aggregatesOf, granularitiesWithMetric} from './selection.js';
 import {buildPlot, showProblems} from './views.js';
@@ -206,7 +207,9 @@ export function showControls(ui, st, r, mode) {
   const sel = st.sel;
   setOptions(ui.runSelect, st.runs.map((x) => ({value: x.run, label: x.run})), sel.run);
   ui.runSelect.title = sel.run;
-  setOptions(ui.metricSelect, (r.metrics || []).map((m) => ({value: m, label: metricLabel(m)})), sel.metric);
+  // Track metrics (the loss scale) are drawn under the heatmap, not offered as heatmaps.
+  const heatmapMetrics = (r.metrics || []).filter((m) => !isTrackMetric(m));
+  setOptions(ui.metricSelect, heatmapMetrics.map((m) => ({value: m, label: metricLabel(m)})), sel.metric);
   setSegmented(ui.granularity, sel.granularity, granularitiesWithMetric(r, sel.metric));
   const aggs = aggregatesOf(r, sel.metric);
   ui.aggregateControl.hidden = aggs.length <= 1;

@@ -8,7 +8,7 @@
 // no DOM; the DOM modules (controls, views, panel, heatmap, chart, theme)
 // import pure ones, never the reverse.
 
-import {Api, checksUrl, compareUrl, findingsUrl, heatmapUrl} from './api.js';
+import {Api, checksUrl, compareUrl, fetchJson, findingsUrl, heatmapUrl} from './api.js';
 import {stepAxis} from './axes.js';
 import {LineChart} from './chart.js';
 import {alignRows, chooseAlignment} from './compare.js';
@@ -18,6 +18,7 @@ import {evidenceItems, findingKey, KIND_LABELS, layerHeadline, runNeedingAttenti
 import {stepRangeText} from './format.js';
 import {HeatmapCanvas} from './heatmap.js';
 import {makePainter} from './paint.js';
+import {showLossScaleTrack} from './trackview.js';
 import {renderFindings} from './panel.js';
 import {wirePointer} from './pointer.js';
 import {buildPlan, groupRows} from './rows.js';
@@ -393,6 +394,12 @@ export function render() {
     ui.view.hidden = false;
     renderAlignNote(mode);
     draw();
+    // The loss-scale track (mixed precision), asked with the heatmap's own
+    // query (width, binning, zoom) so its columns are the heatmap's.
+    const trackRun = sel.run;
+    showLossScaleTrack(ui.plot.canvasWrap, fetchJson, {run: sel.run, granularity: 'layer', width, reduce: a.reduce,
+      first_step: q.first_step, last_step: q.last_step}, info().metrics || [], width,
+    () => st.sel !== null && st.sel.run === trackRun).catch(() => {});
     // For benchmarks/frontend.py: when the request left, when the answer was
     // parsed, when the first complete draw ended (performance.now() times;
     // the benchmark takes the response's end from the Resource Timing API).

@@ -13,6 +13,7 @@ import dataclasses
 import unicodedata
 
 from tb_gradcheck import metadata
+from tb_gradcheck import optimizer_findings
 from tb_gradcheck import rules
 
 
@@ -145,7 +146,9 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
     for kind, verdict in verdicts(stats, checks, thresholds, sparse_rows).items():
         if verdict.evidence:
             out.append(_finding(kind, run, verdict))
-    return sorted(out, key=lambda f: (f.severity != "error", KINDS.index(f.kind)))
+    # The optimizer's findings (clipping, layers not learning) follow the rest.
+    return sorted(out, key=lambda f: (f.severity != "error", KINDS.index(f.kind))) + optimizer_findings.find(
+        run, stats, thresholds)
 
 
 def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
@@ -198,6 +201,8 @@ def describe(finding, quote=None):
     Returns:
       The sentence.
     """
+    if finding.kind not in KINDS:  # the optimizer's findings
+        return optimizer_findings.describe(finding, quote)
     quote = quote or isolate
     f, e = finding, finding.evidence
     names = _list(f.layers, quote)

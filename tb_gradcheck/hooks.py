@@ -4,6 +4,7 @@ See ``tb_gradcheck.keras`` for which gradient that is and what a step is.
 """
 
 import os
+import threading
 import weakref
 
 import keras
@@ -14,6 +15,7 @@ from tb_gradcheck import replica
 from tb_gradcheck import summary
 from tb_gradcheck import twin
 from tb_gradcheck import units
+from tb_gradcheck import updates
 
 # Steps a LossScaleOptimizer skipped, per optimizer (a host int64 variable),
 # kept across fit() calls so that the step axis never runs backwards.
@@ -22,6 +24,15 @@ _SKIPPED = weakref.WeakKeyDictionary()
 # The hooked methods (see tb_gradcheck.keras).
 APPLIED_HOOK = "_all_reduce_sum_gradients"
 FINITE_HOOK = "check_finite"
+# The optimizer-view hooks (tb_gradcheck.updates): ``apply`` of the optimizer
+# that updates the weights (the inner one under a LossScaleOptimizer, which
+# calls it only for a finite step) is bracketed to measure the update it
+# makes, and the write happens after it; ``_backend_apply_gradients`` is
+# where Keras clips (its first line), so its arguments are the gradients
+# before clipping.
+UPDATE_HOOK = "apply"
+CLIP_HOOK = "_backend_apply_gradients"
+CLIP_ATTRIBUTES = ("clipnorm", "global_clipnorm", "clipvalue")
 
 
 class Session:
@@ -66,6 +77,8 @@ class Session:
             if self.skipped is None:
                 self.skipped = replica.host_variable(0, tf.int64, "tb_gradcheck_skipped")
                 _SKIPPED[optimizer] = self.skipped
+            # The skipped count at this fit's previous write (updates.LossScale).
+            self.skipped_written = replica.host_variable(self.skipped.numpy(), tf.int64, "tb_gradcheck_skipped")
         self.last_check = None
         self.jit_compile = None
         # With XLA on, the statistics are computed inside the compiled step
@@ -87,7 +100,19 @@ class Session:
                 self.jit_compile = self.model.jit_compile
                 self.model.jit_compile = False
         self.saved = []
+        # The apply() being traced (see _update_hook), per thread: under
+        # MirroredStrategy each replica traces its step in a thread of its own.
+        self._calls = threading.local()
+        self.clips = any(getattr(target, a, None) for a in CLIP_ATTRIBUTES)
         self._attach(target, APPLIED_HOOK, self._applied_hook)
+        # Gradient accumulation updates inside a cond branch, whose tensors
+        # cannot reach a bracket outside it: there the gradients are recorded
+        # from the applied hook as before, without the optimizer columns.
+        self.has_update_hook = not getattr(target, "gradient_accumulation_steps", None)
+        if self.has_update_hook:
+            self._attach(target, UPDATE_HOOK, self._update_hook)
+            if self.clips and callable(getattr(target, CLIP_HOOK, None)):
+                self._attach(target, CLIP_HOOK, self._clip_hook)
         if self.loss_scale is not None:
             self._attach(self.loss_scale, FINITE_HOOK, self._finite_hook)
         self.attached = True
@@ -128,6 +153,28 @@ class Session:
 
         return all_reduce_sum_gradients
 
+    def _update_hook(self, original):
+        session = self
+
+        @tf.autograph.experimental.do_not_convert
+        def apply(grads, trainable_variables=None):
+            if not session.attached:
+                return original(grads, trainable_variables)
+            return session._bracketed_apply(original, grads, trainable_variables)
+
+        return apply
+
+    def _clip_hook(self, original):
+        session = self
+
+        @tf.autograph.experimental.do_not_convert
+        def backend_apply_gradients(grads, trainable_variables):
+            if session.call is not None:
+                session.call["before_clip"] = (list(grads), list(trainable_variables))
+            return original(grads, trainable_variables)
+
+        return backend_apply_gradients
+
     def _finite_hook(self, original):
         session = self
 
@@ -145,8 +192,60 @@ class Session:
     def _variables(self):
         return list(self.model.trainable_variables)
 
+    def _bracketed_apply(self, original, grads, trainable_variables):
+        """Runs the optimizer's update between the bracket's two reads, then writes this step."""
+        variables = self._variables()
+        step = self._step()
+        call = self._calls.call = {"grads": None, "before_clip": None}
+        # The scale this step's gradients were made with: read before the
+        # LossScaleOptimizer doubles it after a run of finite steps.
+        scale = None if self.loss_scale is None else tf.convert_to_tensor(self.loss_scale.dynamic_scale)
+        try:
+            with updates.UpdateBracket(variables, self.writer.due(step), compiled=self.compiled) as bracket:
+                result = original(grads, trainable_variables)
+        finally:
+            self._calls.call = None
+        before_clip = None
+        if call["before_clip"] is not None:
+            # Keras clips each replica's gradient before the all-reduce: the
+            # sum of those is what the optimizer received (every replica
+            # takes part in this all-reduce; one replica records).
+            before_clip = replica.sum_over_replicas(self._in_order(*call["before_clip"], variables))
+        if call["grads"] is None or replica.writing_replica() is False:
+            return result
+        extra = updates.Extra(update=bracket, before_clip=before_clip if self.clips else None,
+                              loss_scale=self._loss_scale_columns(scale))
+        self._write(call["grads"], variables, step, extra=extra)
+        return result
+
+    @property
+    def call(self):
+        return getattr(self._calls, "call", None)
+
+    def _loss_scale_columns(self, scale):
+        if scale is None:
+            return None
+        return updates.LossScale(scale, self.skipped, self.skipped_written)
+
+    def _step(self):
+        # Before this step's update (apply increments after the update).
+        step = _as_int64(self.optimizer.iterations) + 1
+        if self.skipped is not None:
+            step += self.skipped
+        return step
+
+    def _in_order(self, grads, grad_variables, variables):
+        """``grads`` of ``grad_variables`` as one entry per variable of ``variables`` (None where absent)."""
+        index = {self._key(v): i for i, v in enumerate(variables)}
+        out = [None] * len(variables)
+        for g, v in zip(grads, grad_variables):
+            i = index.get(self._key(v))
+            if i is not None:
+                out[i] = g
+        return out
+
     def _record_applied(self, grads_and_vars):
-        if replica.writing_replica() is False:
+        if self.call is None and replica.writing_replica() is False:
             return
         variables = self._variables()
         index = {self._key(v): i for i, v in enumerate(variables)}
@@ -161,11 +260,10 @@ class Session:
                 )
                 continue
             grads[i] = g
-        # Before this step's update (apply increments after this point).
-        step = _as_int64(self.optimizer.iterations) + 1
-        if self.skipped is not None:
-            step += self.skipped
-        self._write(grads, variables, step)
+        if self.call is not None:
+            self.call["grads"] = grads  # written after the update, by _bracketed_apply
+            return
+        self._write(grads, variables, self._step())
 
     def _record_if_skipped(self, grads, finite):
         if replica.writing_replica() is False:
@@ -179,15 +277,23 @@ class Session:
         def skipped():
             count = self.skipped.assign_add(1)
             step = _as_int64(self.optimizer.iterations) + count
-            self._write([_unscale(g, scale) for g in grads], variables, step, check_enabled=False)
+            unscaled = [_unscale(g, scale) for g in grads]
+            # The same optimizer columns as a finite step (one layout, one
+            # tag): a refused step moved no weight, and clipping never ran,
+            # so the gradient before clipping is the refused one.
+            extra = None
+            if self.has_update_hook:
+                extra = updates.Extra(update=updates.RefusedUpdate(), before_clip=unscaled if self.clips else None,
+                                      loss_scale=self._loss_scale_columns(scale))
+            self._write(unscaled, variables, step, check_enabled=False, extra=extra)
             return tf.constant(True)
 
         tf.cond(tf.logical_and(self.enabled, tf.logical_not(finite)), skipped, lambda: tf.constant(False))
 
-    def _write(self, grads, variables, step, check_enabled=True):
+    def _write(self, grads, variables, step, check_enabled=True, extra=None):
         if self.compiled:
             def stash():
-                self.writer.record_compiled(grads, variables, step)
+                self.writer.record_compiled(grads, variables, step, extra)
                 return tf.constant(True)
 
             tf.cond(self.enabled, stash, lambda: tf.constant(False))
@@ -198,7 +304,7 @@ class Session:
             # record_if whose condition is fixed when the step is traced;
             # these records follow their own every_n_steps instead.
             with tf.summary.record_if(True):
-                self.writer.record(grads, variables, step)
+                self.writer.record(grads, variables, step, extra)
             return tf.constant(True)
 
         if check_enabled:

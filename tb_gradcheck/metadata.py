@@ -54,12 +54,22 @@ GRADIENT_STAT_COLUMNS = (
     "first_nonfinite_offset",
 )
 STORED_STAT_COLUMNS = GRADIENT_STAT_COLUMNS + ("weight_norm",)
+# What the optimizer did (tb_gradcheck.updates), taken at the write step:
+# stored after the columns above, and only by layouts that have them (a
+# writer that never saw gradients before clipping has no such column).
+# loss_scale and refused_steps are facts about the step, not a row: the same
+# value in every row (a few floats per write), so they ride along the step
+# axis of the heatmap itself and bin with it.
+OPTIMIZER_STAT_COLUMNS = ("grad_norm_before_clip", "update_norm", "update_to_weight", "loss_scale", "refused_steps")
+# Per-step series the tab draws as a track along the heatmap's step axis,
+# not as a heatmap of their own (every row holds the same value).
+TRACK_METRICS = ("loss_scale", "refused_steps")
 # Derived on read: grad_to_weight is grad_norm / weight_norm in every
 # aggregate (weights are taken at the write step).
 DERIVED_STAT_COLUMNS = ("grad_to_weight",)
 # The columns of a stats matrix as a reader holds it: stored, then derived.
 # Not every column is a metric (see METRICS).
-STAT_COLUMNS = STORED_STAT_COLUMNS + DERIVED_STAT_COLUMNS
+STAT_COLUMNS = STORED_STAT_COLUMNS + OPTIMIZER_STAT_COLUMNS + DERIVED_STAT_COLUMNS
 
 # Slabs of a stats tensor. A writer that writes every step stores only "last";
 # a windowed writer (every_n_steps > 1) stores all of them, each reduced over
@@ -85,6 +95,15 @@ METRIC_AGGREGATES = {
     "dead_unit_fraction": ("last",),
     "weight_norm": ("last",),
     "grad_to_weight": ("last", "mean", "max", "min"),
+    # Taken at the write step only (tb_gradcheck.updates).
+    "grad_norm_before_clip": ("last",),
+    "update_norm": ("last",),
+    "update_to_weight": ("last",),
+    # Under a dynamic loss scale: the scale this step's gradient was made
+    # with, and the steps since the previous write that the optimizer refused
+    # (non-finite gradient: no update, scale halved).
+    "loss_scale": ("last",),
+    "refused_steps": ("last",),
 }
 METRICS = tuple(METRIC_AGGREGATES)
 
@@ -108,13 +127,14 @@ class ContentError(ValueError):
     """Metadata content that this version of tb_gradcheck cannot read."""
 
 
-def stats_layout(layers, variables, aggregates, window):
+def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
     """The layout of a stats tensor, which holds both granularities.
 
     The tensor is float32 ``[A, L + V + 1, C]``: ``A`` aggregates, then the
     ``L`` layer rows, the ``V`` variable rows and one header row whose
     column 0 counts the writes this writer has made (the M of "N of M steps"
-    when TensorBoard samples), ``C = len(STORED_STAT_COLUMNS)``. One event per
+    when TensorBoard samples), ``C = len(STORED_STAT_COLUMNS)`` plus the
+    ``optimizer_columns`` it stores. One event per
     written step keeps the per-step cost to the numbers themselves.
 
     Args:
@@ -125,6 +145,8 @@ def stats_layout(layers, variables, aggregates, window):
       variables: The same for the variable rows.
       aggregates: Slab names, in stored order.
       window: Training steps one write summarises (1: every step is written).
+      optimizer_columns: Names from ``OPTIMIZER_STAT_COLUMNS`` this layout
+        stores after the others, in that order; default none.
 
     Returns:
       A JSON-able dict; ``encode`` turns it into content bytes.
@@ -132,7 +154,7 @@ def stats_layout(layers, variables, aggregates, window):
     return {
         "version": CONTENT_VERSION,
         "kind": KIND_STATS,
-        "columns": list(STORED_STAT_COLUMNS),
+        "columns": list(STORED_STAT_COLUMNS) + [c for c in OPTIMIZER_STAT_COLUMNS if c in optimizer_columns],
         "aggregates": list(aggregates),
         "window": int(window),
         "layer": _granularity_block(**layers),
@@ -246,7 +268,7 @@ def parse(content_bytes):
     # Columns this version does not know are skipped when reading, so a
     # newer writer's extra statistic does not hide the rest; a layout with
     # nothing readable is no layout at all.
-    known = STORED_STAT_COLUMNS if kind == KIND_STATS else CHECK_COLUMNS
+    known = STORED_STAT_COLUMNS + OPTIMIZER_STAT_COLUMNS if kind == KIND_STATS else CHECK_COLUMNS
     if not set(content["columns"]) & set(known):
         raise ContentError(f"columns {_short(content['columns'])} include none of {list(known)}")
     return content

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tb_gradcheck import metadata
 from tb_gradcheck import stash
 from tb_gradcheck import stats
+from tb_gradcheck import updates
 from tb_gradcheck import window
 
 
@@ -24,9 +25,11 @@ class Recording:
       every_n_steps: The writer's window length.
       unit_axes: Unit-axis overrides (``units.unit_axes``).
       events: The writer's ``events.Events``.
+      optimizer_columns: The optimizer columns (``tb_gradcheck.updates``)
+        this layout stores after the others, in stored order.
     """
 
-    def __init__(self, variables, sparse, every_n_steps, unit_axes, events):
+    def __init__(self, variables, sparse, every_n_steps, unit_axes, events, optimizer_columns=()):
         self.rows = stats.Rows(variables, unit_axes)
         self.every_n_steps = every_n_steps
         self._events = events
@@ -39,7 +42,9 @@ class Recording:
             {"rows": self.rows.variable_names, "sizes": self.rows.variable_sizes, "sparse_rows": sparse_variables},
             aggregates,
             every_n_steps,
+            optimizer_columns,
         )
+        self.optimizer_columns = tuple(optimizer_columns)
         self.window = None
         if every_n_steps > 1:
             self.window = window.Window(len(self.rows.layer_names), len(self.rows.variable_names))
@@ -62,25 +67,43 @@ class Recording:
         layer, variable = stats.compute(gradients, self.rows, weights=False, full=False)
         return layer, variable, stats.weight_norms(self.rows)
 
-    def record(self, measured, gradients, step):
-        """Writes (or, windowed, accumulates and every N steps writes) the measured statistics."""
+    def record(self, measured, gradients, step, extra=None):
+        """Writes (or, windowed, accumulates and every N steps writes) the measured statistics.
+
+        ``extra`` (an ``updates.Extra``) gives the optimizer columns of the write step.
+        """
         layer, variable = measured[:2]
         if self.every_n_steps == 1:
-            self._events.stats(self.content, layer[None], variable[None], step)
+            layer, variable = self._fill(layer[None], variable[None], extra)
+            self._events.stats(self.content, layer, variable, step)
             return tf.constant(True)
         self.window.add(layer, variable, step)
         tf.cond(
             tf.equal(step % self.every_n_steps, 0),
-            lambda: self.flush_window(step, measured[2], stats.compute(gradients, self.rows, weights=False)),
+            lambda: self.flush_window(step, measured[2], stats.compute(gradients, self.rows, weights=False), extra),
             lambda: tf.constant(False),
         )
         return tf.constant(True)
 
-    def stash(self, gradients, step):
-        """Inside an XLA-compiled step: this step's statistics into variables (``stash.Stash``)."""
+    def _fill(self, layer, variable, extra=None, values=None):
+        """``[A, R, C]`` stats with this layout's optimizer columns appended (MISSING without ``extra``)."""
+        if not self.optimizer_columns:
+            return layer, variable
+        if values is None and extra is not None:
+            values = extra.columns(self.rows)
+        return updates.fill(layer, variable, self.optimizer_columns, values)
+
+    def stash(self, gradients, step, extra=None):
+        """Inside an XLA-compiled step: this step's statistics into variables (``stash.Stash``).
+
+        With ``extra`` (an ``updates.Extra``), its optimizer columns (and the
+        weight norm it measured) are kept too, computed at write steps only.
+        """
         if self._stash is None:
-            self._stash = stash.Stash(self.rows)
+            self._stash = stash.Stash(self.rows, self._extra_names())
         measured = self.measure(gradients)
+        if self._stash.extra:
+            self._stash.store_extra(self._extra_values(extra, step))
         if self.every_n_steps == 1:
             self._stash.store(step, *measured)
             return
@@ -94,6 +117,32 @@ class Recording:
             lambda: (layer, variable),
         )
         self._stash.store(step, *last, weights=weights)
+
+    def _extra_names(self):
+        """The stashed optimizer values: the layout's optimizer columns, and weight_norm with an update bracket."""
+        names = list(self.optimizer_columns)
+        if any(n in updates.UPDATE_COLUMNS for n in names):
+            names.append("weight_norm")
+        return tuple(names)
+
+    def _extra_values(self, extra, step):
+        """``{name: (layer [L], variable [V])}`` of the stashed names: computed at a write step, MISSING between."""
+        names = self._stash.extra
+        n_l, n_v = len(self.rows.layer_names), len(self.rows.variable_names)
+
+        def missing():
+            return {n: (tf.fill([n_l], tf.constant(stats.MISSING, tf.float32)),
+                        tf.fill([n_v], tf.constant(stats.MISSING, tf.float32))) for n in names}
+
+        def compute():
+            values = {} if extra is None else extra.columns(self.rows)
+            out = missing()
+            out.update({n: values[n] for n in names if n in values})
+            return out
+
+        if self.every_n_steps == 1:
+            return compute()
+        return tf.cond(tf.equal(step % self.every_n_steps, 0), compute, missing)
 
     def write_stashed(self, writer):
         """After the compiled step, eagerly: writes what ``stash`` stored through ``writer``, if new (and due)."""
@@ -110,14 +159,17 @@ class Recording:
         held = self._stash
         # Leaving as_default() flushes the events (see summary.py's flush policy).
         with writer.as_default():
+            values = held.extra_values() if held.extra else None
             if self.every_n_steps == 1:
-                self._events.stats(self.content, held.layer[None], held.variable[None], step)
+                layer, variable = self._fill(held.layer[None], held.variable[None], values=values)
+                self._events.stats(self.content, layer, variable, step)
             else:
-                self.flush_window(step, held.weights, (held.layer, held.variable))
+                self.flush_window(step, held.weights, (held.layer, held.variable), values=values)
 
-    def flush_window(self, step, weight_norms, last=None):
+    def flush_window(self, step, weight_norms, last=None, extra=None, values=None):
         """Writes the window; with this step's full statistics ``last``, its ``last`` slab has every statistic."""
         layer, variable = self.window.aggregates(step, weight_norms, last)
+        layer, variable = self._fill(layer, variable, extra, values)
         self._events.stats(self.content, layer, variable, step)
         self.window.reset()
         return tf.constant(True)

@@ -23,9 +23,10 @@ class Stash:
       layer: float32 ``[L, C]`` variable: the step's layer statistics.
       variable: float32 ``[V, C]`` variable: the step's variable statistics.
       weights: ``(layer, variable)`` float32 weight-norm variables (windows).
+      extra: Names of the optimizer values kept (``store_extra``).
     """
 
-    def __init__(self, rows):
+    def __init__(self, rows, extra=()):
         c = stats.GRADIENT_COLUMNS + 1
         n_l, n_v = len(rows.layer_names), len(rows.variable_names)
         self.step = replica.host_variable(-1, tf.int64, "tb_gradcheck_stash_step")
@@ -36,6 +37,24 @@ class Stash:
             replica.host_variable(np.zeros(n_v, np.float32), tf.float32, "tb_gradcheck_stash"),
         )
         self._written = -1  # the last step taken, on the host
+        # Optional optimizer values of the write step (tb_gradcheck.updates):
+        # {name: (layer [L], variable [V])} float32 variables.
+        self.extra = tuple(extra)
+        self._extra = {
+            name: (replica.host_variable(np.zeros(n_l, np.float32), tf.float32, "tb_gradcheck_stash"),
+                   replica.host_variable(np.zeros(n_v, np.float32), tf.float32, "tb_gradcheck_stash"))
+            for name in self.extra
+        }
+
+    def store_extra(self, values):
+        """Inside the compiled step: keeps the optimizer values ``{name: (layer, variable)}`` of this step."""
+        for name, (layer, variable) in values.items():
+            self._extra[name][0].assign(layer)
+            self._extra[name][1].assign(variable)
+
+    def extra_values(self):
+        """The kept optimizer values as ``{name: (layer, variable)}`` tensors (for ``updates.fill``)."""
+        return {name: (lv.read_value(), vv.read_value()) for name, (lv, vv) in self._extra.items()}
 
     def store(self, step, layer, variable, weights=None):
         """Inside the compiled step: keeps this step's statistics (and weight norms) for ``take``."""

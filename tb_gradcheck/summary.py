@@ -20,6 +20,13 @@ layout from ``metadata.stats_layout``. One event per written step:
     in every gradient column (all are non-negative when present); a cell
     with no value (an aggregate a column is not reduced over) holds -1 too.
     grad_to_weight is derived on read.
+  - Optional optimizer columns after those (``metadata.OPTIMIZER_STAT_COLUMNS``,
+    in that order, only those the layout's ``columns`` name; see
+    ``tb_gradcheck.updates``): grad_norm_before_clip, update_norm,
+    update_to_weight, loss_scale, refused_steps. Taken at the write step: the
+    value in the ``last`` slab, -1 in the others (and in every slab of a
+    partial window written at close). Writing them also sets weight_norm from
+    the weights read before the update.
   - The onset columns. ``grad_norm_finite`` is grad_norm over the steps
     whose gradient was finite, reduced like grad_norm: its ``max`` slab is
     the largest finite norm of the window, which a later NaN (grad_norm's
@@ -65,6 +72,7 @@ from tb_gradcheck import metadata
 from tb_gradcheck import recording
 from tb_gradcheck import replica
 from tb_gradcheck import stats
+from tb_gradcheck import updates
 from tb_gradcheck import validate
 
 # Flush policy. Every write() ends by flushing its events to the operating
@@ -158,7 +166,7 @@ class GradientWriter:
     # -- public API ---------------------------------------------------------
 
     @tf.autograph.experimental.do_not_convert
-    def write(self, gradients, variables, step):
+    def write(self, gradients, variables, step, *, gradients_before_clip=None, update=None):
         """Records this step's gradient statistics.
 
         Under ``tf.distribute``, call it inside ``strategy.run`` with this
@@ -178,6 +186,14 @@ class GradientWriter:
             ``model.trainable_variables``).
           step: Integer training step: a Python int, an integer tensor, or
             a variable such as ``optimizer.iterations``.
+          gradients_before_clip: Optional, one per variable like
+            ``gradients``: the gradients before your clipping, when
+            ``gradients`` are the clipped ones the optimizer applies. Their
+            norms are recorded as ``grad_norm_before_clip`` at write steps.
+          update: Optional, the bracket from ``applying`` that was around
+            this step's optimizer update: records ``update_norm`` and
+            ``update_to_weight`` at write steps, and ``weight_norm`` of the
+            weights before the update. Call ``write`` after the bracket.
 
         Returns:
           None. Inside ``tf.function`` the writes are ops of the graph.
@@ -193,7 +209,50 @@ class GradientWriter:
         variables = validate.variables(variables)
         gradients = validate.gradients(gradients, variables)
         step = validate.step(step)
-        self.record(replica.sum_over_replicas(gradients), variables, step)
+        if gradients_before_clip is not None:
+            gradients_before_clip = replica.sum_over_replicas(validate.gradients(gradients_before_clip, variables))
+        if update is not None and not isinstance(update, updates.UpdateBracket):
+            raise TypeError(
+                "Expected `update` to be the bracket from GradientWriter.applying(). "
+                f"Received: {type(update).__name__}"
+            )
+        extra = None
+        if gradients_before_clip is not None or update is not None:
+            extra = updates.Extra(update=update, before_clip=gradients_before_clip)
+        self.record(replica.sum_over_replicas(gradients), variables, step, extra)
+
+    def applying(self, variables, step):
+        """A context manager around one optimizer update, to record the update it applied.
+
+        Example (eagerly or inside ``tf.function``; under ``tf.distribute``
+        inside ``strategy.run``):
+
+            with writer.applying(model.trainable_variables, step) as update:
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            writer.write(grads, model.trainable_variables, step, update=update)
+
+        At a step that is not written it does nothing; at a write step it
+        reads the weights before the update and the norm of their change
+        after it (see ``tb_gradcheck.updates`` for the cost).
+
+        Args:
+          variables: The variables the update changes, as given to ``write``.
+          step: The step given to ``write``.
+
+        Returns:
+          An ``updates.UpdateBracket`` to pass to ``write(..., update=...)``.
+        """
+        self._check_open("applying")
+        variables = validate.variables(variables)
+        step = validate.step(step)
+        return updates.UpdateBracket(variables, self.due(step))
+
+    def due(self, step):
+        """Whether ``step`` (an int64 tensor) is a write step: a bool tensor (a Python True when every step is)."""
+        if self.every_n_steps == 1:
+            return True
+        return tf.equal(step % self.every_n_steps, 0)
+
 
     @tf.autograph.experimental.do_not_convert
     def stash(self, gradients, variables, step):
@@ -233,7 +292,7 @@ class GradientWriter:
     # summed over replicas (tb_gradcheck.keras: the gradients a Keras
     # optimizer applies). Nothing is validated again below this line.
 
-    def record(self, gradients, variables, step):
+    def record(self, gradients, variables, step, extra=None):
         """Records one step's gradients, which are the same on every replica, once per step.
 
         Args:
@@ -242,13 +301,14 @@ class GradientWriter:
             ``validate.gradients`` returns), already summed over replicas.
           variables: The variables (what ``validate.variables`` returns).
           step: A scalar int64 tensor (what ``validate.step`` returns).
+          extra: An ``updates.Extra`` (the optimizer columns), or None.
 
         Returns:
           None. On a replica or worker that does not write, nothing is
           computed (the statistics would only be thrown away).
         """
         self._check_open("write")
-        layout = self._layout_for(variables, gradients)
+        layout = self._layout_for(variables, gradients, () if extra is None else extra.names)
         writing = replica.writing_replica()
         if writing is False:
             return
@@ -258,18 +318,18 @@ class GradientWriter:
             # they would wait for every gradient and run alone (that doubled
             # the cost on a 20-layer MLP). Only the writes are conditional.
             measured = layout.measure(gradients)
-            self._while_open(lambda: self._record(layout, measured, gradients, step), step)
+            self._while_open(lambda: self._record(layout, measured, gradients, step, extra), step)
             return
         # Replica id known only at run time (e.g. TPU): the same decision as a cond.
         tf.cond(
             writing,
             lambda: self._while_open(
-                lambda: self._record(layout, layout.measure(gradients), gradients, step), step
+                lambda: self._record(layout, layout.measure(gradients), gradients, step, extra), step
             ),
             lambda: tf.constant(False),
         )
 
-    def record_compiled(self, gradients, variables, step):
+    def record_compiled(self, gradients, variables, step, extra=None):
         """Like ``record``, inside an XLA-compiled step: statistics into variables, no summary op.
 
         Call ``write_compiled`` after the step, outside XLA, to write them
@@ -277,7 +337,7 @@ class GradientWriter:
         distribution strategy, where replica 0 is the only replica.
         """
         self._check_open("write")
-        self._layout_for(variables, gradients).stash(gradients, step)
+        self._layout_for(variables, gradients, () if extra is None else extra.names).stash(gradients, step, extra)
 
     def write_compiled(self):
         """Writes, eagerly, what ``record_compiled`` stored since the last call (every N steps with a window)."""
@@ -302,11 +362,11 @@ class GradientWriter:
             self._warned = replica.host_variable(False, tf.bool, "tb_gradcheck_warned")
         return tf.cond(self._open, record, lambda: self._skip_closed(step))
 
-    def _record(self, layout, measured, gradients, step):
+    def _record(self, layout, measured, gradients, step, extra=None):
         # Leaving as_default() flushes the writer: this is what makes every
         # written step survive a SIGKILL (see the flush policy above).
         with self._writer.as_default():
-            return layout.record(measured, gradients, step)
+            return layout.record(measured, gradients, step, extra)
 
     def _skip_closed(self, step):
         def warn():
@@ -416,12 +476,13 @@ class GradientWriter:
         if self._closed:
             raise ValueError(f"Cannot {what}: this GradientWriter is closed. Create a new one to keep writing.")
 
-    def _layout_for(self, variables, gradients):
+    def _layout_for(self, variables, gradients, optimizer_columns=()):
         sparse = tuple(isinstance(g, tf.IndexedSlices) for g in gradients)
-        key = (tuple(id(v) for v in variables), sparse)
+        key = (tuple(id(v) for v in variables), sparse, tuple(optimizer_columns))
         layout = self._layouts.get(key)
         if layout is None:
-            layout = recording.Recording(variables, sparse, self.every_n_steps, self._unit_axes, self._events)
+            layout = recording.Recording(variables, sparse, self.every_n_steps, self._unit_axes, self._events,
+                                         optimizer_columns)
             self._layouts[key] = layout
         return layout
 

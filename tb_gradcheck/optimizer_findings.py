@@ -1,0 +1,212 @@
+"""Findings about what the optimizer did: clipping that binds, layers that do not learn; numpy only.
+
+Rules over the optimizer columns (``tb_gradcheck.updates``) of a run's
+layer-granularity stats matrix, called by ``diagnose.find``. A run without
+those columns gets no finding from here.
+"""
+
+import dataclasses
+import warnings
+
+import numpy as np
+
+from tb_gradcheck import diagnose
+
+KINDS = ("clipping", "not_learning")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerThresholds:
+    """When the optimizer's behaviour becomes a finding. ``diagnose.Thresholds`` fields of the same names win.
+
+    Attributes:
+      clip_tolerance: A layer's applied gradient norm below
+        ``(1 - clip_tolerance)`` x its norm before clipping means clipping
+        bound it at that step. 1e-3: clipping rescales in float32, which
+        moves a norm by a few 1e-7 relative when nothing binds, and a bound
+        that trims less than 0.1% of the gradient changes nothing worth
+        reporting.
+      clip_fraction: Clipping bound in at least this fraction of the written
+        steps is a finding. 0.1: a clipping norm is meant to catch the rare
+        outlier step (people set it near a high quantile of the norms seen
+        in a healthy run); binding in one step in ten or more means the
+        bound sits inside the ordinary range of norms, where it silently
+        lowers the learning rate and hides a growing gradient as the clip
+        norm.
+      clip_drivers: The layers named as driving the norm over the bound are
+        the fewest whose squared norms before clipping make up this share of
+        the total over the bound steps. 0.5: those layers alone put the
+        global norm over the bound more than the rest together.
+      not_learning_floor: An update_to_weight below this moves (almost) no
+        weight. 1e-7: float32 resolves a weight to about 2**-24 = 6e-8 of its
+        magnitude, so an update of relative size below ~1e-7 rounds away in
+        most elements (the measured update, w_after - w_before, is then 0 or
+        a few scattered ulps).
+      not_learning_orders: A layer whose update_to_weight sits this many
+        orders of magnitude below the median of the other layers' at the same
+        step does not learn at their pace. 3: the usual healthy ratio is near
+        1e-3 per step, and layers of one healthy network stay within one or
+        two orders of each other; a thousandfold gap means the layer's
+        weights are effectively frozen while the rest train.
+      not_learning_persistence: Fraction of a layer's steps (those in which
+        some layer moved: a refused loss-scale step moves none) a condition
+        must hold. 0.5: "most steps", as for vanishing gradients.
+    """
+
+    clip_tolerance: float = 1e-3
+    clip_fraction: float = 0.1
+    clip_drivers: float = 0.5
+    not_learning_floor: float = 1e-7
+    not_learning_orders: float = 3.0
+    not_learning_persistence: float = 0.5
+
+
+def find(run, stats, thresholds=None):
+    """The optimizer findings of one run.
+
+    Args:
+      run: Run name.
+      stats: ``store.Matrix`` of kind stats at layer granularity.
+      thresholds: ``diagnose.Thresholds`` or ``OptimizerThresholds`` (fields
+        this module knows are read by name), or None for the defaults.
+
+    Returns:
+      A list of ``diagnose.Finding`` (kinds ``clipping``, ``not_learning``).
+    """
+    t = _thresholds(thresholds)
+    if stats is None or not len(stats.steps):
+        return []
+    return _clipping(run, stats, t) + _not_learning(run, stats, t)
+
+
+def _thresholds(given):
+    if isinstance(given, OptimizerThresholds):
+        return given
+    names = [f.name for f in dataclasses.fields(OptimizerThresholds)]
+    return OptimizerThresholds(**{n: getattr(given, n) for n in names if given is not None and hasattr(given, n)})
+
+
+def _column(stats, name):
+    if name not in stats.columns or "last" not in stats.aggregates:
+        return None, None
+    values, missing = stats.slab(name, "last")
+    return values.astype(np.float64), missing
+
+
+def _clipping(run, stats, t):
+    before, before_missing = _column(stats, "grad_norm_before_clip")
+    applied, applied_missing = _column(stats, "grad_norm")
+    if before is None:
+        return []
+    here = ~before_missing & ~applied_missing & np.isfinite(before) & np.isfinite(applied)
+    bound = here & (applied < before * (1.0 - t.clip_tolerance))
+    steps_here = here.any(axis=1)
+    steps_bound = bound.any(axis=1)
+    if not steps_here.any():
+        return []
+    fraction = steps_bound.sum() / steps_here.sum()
+    if fraction < t.clip_fraction:
+        return []
+    # The layers that put the norm over the bound: the fewest whose squared
+    # norms before clipping hold most of the total over the bound steps.
+    energy = np.where(bound, before**2, 0.0).sum(axis=0)
+    order = np.argsort(-energy)
+    share = np.cumsum(energy[order]) / max(energy.sum(), np.finfo(float).tiny)
+    drivers = sorted(order[: int(np.searchsorted(share, t.clip_drivers)) + 1])
+    evidence = {}
+    for j in drivers:
+        steps = stats.steps[bound[:, j]]
+        if not len(steps):
+            continue
+        ratio = applied[bound[:, j], j] / before[bound[:, j], j]
+        evidence[stats.rows[j]] = {
+            "share_of_squared_norm": float(energy[j] / energy.sum()),
+            "median_norm_before_clip": float(np.median(before[bound[:, j], j])),
+            "median_applied_over_before": float(np.median(ratio)),
+            "steps_bound": len(steps),
+            "fraction_of_steps": float(fraction),
+            "first_step": int(steps[0]),
+            "last_step": int(steps[-1]),
+        }
+    if not evidence:
+        return []
+    names = list(evidence)
+    for e in evidence.values():
+        e["run_steps_bound"] = int(steps_bound.sum())
+        e["run_steps_written"] = int(steps_here.sum())
+    steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
+    f = diagnose.Finding("clipping", "warning", run, names, steps, "grad_norm_before_clip", "last", "", evidence)
+    f.message = describe(f)
+    return [f]
+
+
+def _not_learning(run, stats, t):
+    ratio, missing = _column(stats, "update_to_weight")
+    if ratio is None:
+        return []
+    here = ~missing & np.isfinite(ratio)
+    # A step in which nothing moved (a refused loss-scale step, a zero
+    # learning rate) says nothing about any one layer.
+    moving = (here & (ratio > 0)).any(axis=1)
+    here &= moving[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_ratio = np.where(here, np.log10(ratio), np.nan)  # 0 -> -inf: no update at all
+    evidence = {}
+    n = len(stats.rows)
+    for j, name in enumerate(stats.rows):
+        present = here[:, j]
+        if not present.any():
+            continue
+        below_floor = present & (ratio[:, j] < t.not_learning_floor)
+        behind = np.zeros_like(present)
+        gap = np.full(len(present), np.nan)
+        if n > 1:
+            others = np.delete(log_ratio, j, axis=1)
+            others = np.where(np.isfinite(others), others, np.nan)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN step: no others to compare
+                typical = np.nanmedian(others, axis=1)
+            gap = typical - log_ratio[:, j]
+            behind = present & np.isfinite(typical) & (gap > t.not_learning_orders)
+        sick = below_floor | behind
+        fraction = sick.sum() / present.sum()
+        if fraction < t.not_learning_persistence:
+            continue
+        steps = stats.steps[sick]
+        finite_gap = gap[behind][np.isfinite(gap[behind])]
+        evidence[name] = {
+            "median_update_to_weight": float(np.median(ratio[present, j])),
+            "median_orders_below_other_layers": float(np.median(finite_gap)) if len(finite_gap) else None,
+            "fraction_of_steps": float(fraction),
+            "first_step": int(steps[0]),
+            "last_step": int(steps[-1]),
+            "reason": "below what moves float32 weights" if below_floor.sum() >= behind.sum()
+            else "orders of magnitude below the other layers",
+        }
+    if not evidence:
+        return []
+    names = list(evidence)
+    steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
+    f = diagnose.Finding("not_learning", "warning", run, names, steps, "update_to_weight", "last", "", evidence)
+    f.message = describe(f)
+    return [f]
+
+
+def describe(finding, quote=None):
+    """The sentence of a ``clipping`` or ``not_learning`` finding, names passed through ``quote`` (``diagnose.describe``)."""
+    quote = quote or diagnose.isolate
+    e = finding.evidence
+    names = diagnose._list(finding.layers, quote)
+    if finding.kind == "clipping":
+        first = next(iter(e.values()))
+        return (
+            f"Clipping bound in {first['fraction_of_steps']:.0%} of steps ({first['run_steps_bound']} of "
+            f"{first['run_steps_written']}); {names} drove the norm over the bound (applied/before median "
+            f"{min(x['median_applied_over_before'] for x in e.values()):.2g})."
+        )
+    medians = [x["median_update_to_weight"] for x in e.values()]
+    return (
+        f"{names} not learning: ||update|| / ||weights|| {min(medians):.2g}"
+        + (f"-{max(medians):.2g}" if len(medians) > 1 else "")
+        + f" in most steps ({'; '.join(sorted({x['reason'] for x in e.values()}))})."
+    )
