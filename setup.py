@@ -8,8 +8,9 @@ import setuptools
 HERE = pathlib.Path(__file__).parent
 # The version lives in one place, the package; read it without importing the
 # package (its dependencies may not be installed yet).
-VERSION = re.search(r'^__version__ = "([^"]+)"$', (HERE / "tb_gradcheck" / "__init__.py").read_text(encoding="utf-8"),
-                    re.MULTILINE).group(1)
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"$', (HERE / "tb_gradcheck" / "__init__.py").read_text(encoding="utf-8"), re.MULTILINE
+).group(1)
 
 setuptools.setup(
     name="tb_gradcheck",

@@ -29,15 +29,17 @@ def print_table(rows, out=sys.stdout):
         goal = "" if target is None else sign + _num(target)
         if r.get("limit") is not None:
             goal = (goal + ", " if goal else "") + f"value {sign}{_num(r['limit'])} {r.get('unit', '')}".rstrip()
-        lines.append([
-            r["name"],
-            _num(r.get("baseline")),
-            _num(r.get("value")),
-            r.get("unit", ""),
-            _num(r.get("ratio")),
-            goal,
-            "" if met is None else ("yes" if met else "NO"),
-        ])
+        lines.append(
+            [
+                r["name"],
+                _num(r.get("baseline")),
+                _num(r.get("value")),
+                r.get("unit", ""),
+                _num(r.get("ratio")),
+                goal,
+                "" if met is None else ("yes" if met else "NO"),
+            ]
+        )
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(headers)]
     print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |", file=out)
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|", file=out)

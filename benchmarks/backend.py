@@ -126,19 +126,46 @@ def run(quick=False):
         for label, flags in (("rust", []), ("python", ["--load_fast", "false"])):
             first, binned, as_json, full, tags, sizes, rss = _serve(logdir, steps, flags, requests)
             base = statistics.median(tags) * 1e3
-            rows.append(row(f"backend {label}: first complete heatmap after start ({LAYERS}x{steps})",
-                            None, first, "s"))
-            rows.append(row(f"backend {label}: heatmap p50, width=1200 f32 (the tab's request), vs scalars/tags",
-                            base, statistics.median(binned) * 1e3, "ms", limit=TARGET_P50_MS))
+            rows.append(
+                row(f"backend {label}: first complete heatmap after start ({LAYERS}x{steps})", None, first, "s")
+            )
+            rows.append(
+                row(
+                    f"backend {label}: heatmap p50, width=1200 f32 (the tab's request), vs scalars/tags",
+                    base,
+                    statistics.median(binned) * 1e3,
+                    "ms",
+                    limit=TARGET_P50_MS,
+                )
+            )
             rows.append(row(f"backend {label}: heatmap p99, width=1200 f32", base, _p(binned, 0.99) * 1e3, "ms"))
-            rows.append(row(f"backend {label}: heatmap p50, width=1200 json", base,
-                            statistics.median(as_json) * 1e3, "ms"))
-            rows.append(row(f"backend {label}: heatmap p50, unbinned json ({steps} columns)", base,
-                            statistics.median(full) * 1e3, "ms"))
-            rows.append(row(f"backend {label}: response bytes, width=1200 f32 vs unbinned json", sizes["full"],
-                            sizes["binned"], "B"))
-            rows.append(row(f"backend {label}: response bytes, width=1200 json vs unbinned json", sizes["full"],
-                            sizes["json"], "B"))
+            rows.append(
+                row(f"backend {label}: heatmap p50, width=1200 json", base, statistics.median(as_json) * 1e3, "ms")
+            )
+            rows.append(
+                row(
+                    f"backend {label}: heatmap p50, unbinned json ({steps} columns)",
+                    base,
+                    statistics.median(full) * 1e3,
+                    "ms",
+                )
+            )
+            rows.append(
+                row(
+                    f"backend {label}: response bytes, width=1200 f32 vs unbinned json",
+                    sizes["full"],
+                    sizes["binned"],
+                    "B",
+                )
+            )
+            rows.append(
+                row(
+                    f"backend {label}: response bytes, width=1200 json vs unbinned json",
+                    sizes["full"],
+                    sizes["json"],
+                    "B",
+                )
+            )
             rows.append(row(f"backend {label}: TensorBoard resident memory", None, rss / 1024, "MiB"))
     return rows
 

@@ -38,8 +38,14 @@ BATCH = 64
 WRONG_LAYER = 1
 # Timed with compute_gradient: the first layer's kernel (32 x 256), the
 # output kernel (128 x 1) and every bias: 8,961 parameters, 8% of the model.
-TIMED_VARIABLES = ("mlp/dense_0/kernel", "mlp/dense_0/bias", "mlp/dense_1/bias", "mlp/dense_2/bias",
-                   "mlp/dense_3/kernel", "mlp/dense_3/bias")
+TIMED_VARIABLES = (
+    "mlp/dense_0/kernel",
+    "mlp/dense_0/bias",
+    "mlp/dense_1/bias",
+    "mlp/dense_2/bias",
+    "mlp/dense_3/kernel",
+    "mlp/dense_3/bias",
+)
 # The default mode's evaluations on this model before thorough mode, the
 # zero-set probe and bisection existed: 1 + 8 + 4 * 3 probes * 4 layers.
 DEFAULT_EVALUATIONS_BEFORE = 57
@@ -70,8 +76,11 @@ def run(quick=False):
     def twin_loss_fn():
         return twin_loss_of([tf.convert_to_tensor(v) for v in twin.trainable_variables])
 
-    modes = {"default": (loss_fn, variables, {}), "thorough": (loss_fn, variables, {"thorough": True}),
-             "float64 twin": (twin_loss_fn, twin.trainable_variables, {})}
+    modes = {
+        "default": (loss_fn, variables, {}),
+        "thorough": (loss_fn, variables, {"thorough": True}),
+        "float64 twin": (twin_loss_fn, twin.trainable_variables, {}),
+    }
     times, reports = {}, {}
     for mode, (fn, checked, kwargs) in modes.items():
         if mode != "thorough":  # thorough reuses the default's trace
@@ -129,24 +138,69 @@ def run(quick=False):
     label = f"{n_params:,} params, {len(report.layers)} layers, float32"
     return [
         # Ratios are value / baseline, as in every benchmark here: 0.01 is 100x fewer.
-        row(f"loss evaluations, check_gradients vs tf.test.compute_gradient ({label})",
-            baseline_evaluations, report.evaluations, "evaluations", target=1 / 100),
-        row(f"wall time, check_gradients vs tf.test.compute_gradient ({label}; compute_gradient timed on "
-            f"{timed_params:,} params and extrapolated per parameter)", baseline_time, check_time, "s"),
-        row("loss evaluations, default mode now vs before thorough mode, zero-set probe and bisection",
-            DEFAULT_EVALUATIONS_BEFORE, report.evaluations, "evaluations", target=1.0),
-        row(f"loss evaluations, check_gradients(thorough=True) vs tf.test.compute_gradient ({label})",
-            baseline_evaluations, reports["thorough"].evaluations, "evaluations", target=1 / 10),
-        row(f"wall time, check_gradients(thorough=True) vs tf.test.compute_gradient ({label})",
-            baseline_time, times["thorough"], "s"),
-        row(f"loss evaluations, check_gradients on float64_twin vs tf.test.compute_gradient ({label} model)",
-            baseline_evaluations, reports["float64 twin"].evaluations, "evaluations", target=1 / 100),
-        row(f"wall time, check_gradients on float64_twin vs tf.test.compute_gradient ({label} model)",
-            baseline_time, times["float64 twin"], "s"),
-        row(f"detection: the 3%-wrong layer {wrong_name} is the only mismatch (flagged: {flagged})",
-            None, float(flagged == [wrong_name]), "1 = yes", lower_is_better=False, limit=1.0),
-        row("detection: the correct model has no mismatch, in every mode", None, float(correct_clean), "1 = yes",
-            lower_is_better=False, limit=1.0),
+        row(
+            f"loss evaluations, check_gradients vs tf.test.compute_gradient ({label})",
+            baseline_evaluations,
+            report.evaluations,
+            "evaluations",
+            target=1 / 100,
+        ),
+        row(
+            f"wall time, check_gradients vs tf.test.compute_gradient ({label}; compute_gradient timed on "
+            f"{timed_params:,} params and extrapolated per parameter)",
+            baseline_time,
+            check_time,
+            "s",
+        ),
+        row(
+            "loss evaluations, default mode now vs before thorough mode, zero-set probe and bisection",
+            DEFAULT_EVALUATIONS_BEFORE,
+            report.evaluations,
+            "evaluations",
+            target=1.0,
+        ),
+        row(
+            f"loss evaluations, check_gradients(thorough=True) vs tf.test.compute_gradient ({label})",
+            baseline_evaluations,
+            reports["thorough"].evaluations,
+            "evaluations",
+            target=1 / 10,
+        ),
+        row(
+            f"wall time, check_gradients(thorough=True) vs tf.test.compute_gradient ({label})",
+            baseline_time,
+            times["thorough"],
+            "s",
+        ),
+        row(
+            f"loss evaluations, check_gradients on float64_twin vs tf.test.compute_gradient ({label} model)",
+            baseline_evaluations,
+            reports["float64 twin"].evaluations,
+            "evaluations",
+            target=1 / 100,
+        ),
+        row(
+            f"wall time, check_gradients on float64_twin vs tf.test.compute_gradient ({label} model)",
+            baseline_time,
+            times["float64 twin"],
+            "s",
+        ),
+        row(
+            f"detection: the 3%-wrong layer {wrong_name} is the only mismatch (flagged: {flagged})",
+            None,
+            float(flagged == [wrong_name]),
+            "1 = yes",
+            lower_is_better=False,
+            limit=1.0,
+        ),
+        row(
+            "detection: the correct model has no mismatch, in every mode",
+            None,
+            float(correct_clean),
+            "1 = yes",
+            lower_is_better=False,
+            limit=1.0,
+        ),
     ]
 
 

@@ -29,9 +29,17 @@ from benchmarks.common import row
 MODES = ("default", "thorough", "float64")
 # The modes each planted kind is documented to be caught by at >= 95% of seeds.
 CAUGHT_BY = {
-    "scale": MODES, "sign": MODES, "transpose": MODES, "row": MODES, "column": MODES, "stop_gradient": MODES,
-    "layer_norm": MODES, "attention": MODES,
-    "element": ("thorough", "float64"), "bias_mean": ("thorough", "float64"), "leaky_relu": ("thorough", "float64"),
+    "scale": MODES,
+    "sign": MODES,
+    "transpose": MODES,
+    "row": MODES,
+    "column": MODES,
+    "stop_gradient": MODES,
+    "layer_norm": MODES,
+    "attention": MODES,
+    "element": ("thorough", "float64"),
+    "bias_mean": ("thorough", "float64"),
+    "leaky_relu": ("thorough", "float64"),
 }
 
 
@@ -48,12 +56,28 @@ def run(quick=False):
         for mode in MODES:
             found, evaluations = _detect(cases[mode], wrong, bug_seeds, thorough=mode == "thorough")
             claimed = mode in CAUGHT_BY[kind]
-            rows.append(row(f"planted {kind}: caught, {mode} ({evaluations:.0f} evaluations per check)", None,
-                            found, "fraction of seeds", lower_is_better=False, limit=0.95 if claimed else None))
+            rows.append(
+                row(
+                    f"planted {kind}: caught, {mode} ({evaluations:.0f} evaluations per check)",
+                    None,
+                    found,
+                    "fraction of seeds",
+                    lower_is_better=False,
+                    limit=0.95 if claimed else None,
+                )
+            )
     case, wrong = check_models.planted("element", width=64)
     found, evaluations = _detect(case, wrong, bug_seeds, thorough=True)
-    rows.append(row(f"planted element in a 64x64 kernel: caught, thorough float32 ({evaluations:.0f} evaluations)",
-                    None, found, "fraction of seeds", lower_is_better=False, limit=0.95))
+    rows.append(
+        row(
+            f"planted element in a 64x64 kernel: caught, thorough float32 ({evaluations:.0f} evaluations)",
+            None,
+            found,
+            "fraction of seeds",
+            lower_is_better=False,
+            limit=0.95,
+        )
+    )
 
     for mode in MODES:
         total, false, started = 0, 0, time.time()
@@ -65,9 +89,16 @@ def run(quick=False):
                 report = _check(case.reseed(seed), seed, thorough=mode == "thorough", granularity="variable")
                 total += len(report.rows)
                 false += len(report.failures)
-        rows.append(row(f"false mismatches, {mode}, over {total:,} rows of {len(check_models.CLEAN_KINDS)} correct "
-                        f"models x {len(clean_seeds)} seeds ({time.time() - started:.0f} s)", None, false,
-                        "rows", limit=0))
+        rows.append(
+            row(
+                f"false mismatches, {mode}, over {total:,} rows of {len(check_models.CLEAN_KINDS)} correct "
+                f"models x {len(clean_seeds)} seeds ({time.time() - started:.0f} s)",
+                None,
+                false,
+                "rows",
+                limit=0,
+            )
+        )
         rows[-1]["met"] = rows[-1]["met"] and (quick or total >= 5000)
     return rows
 
@@ -87,7 +118,8 @@ def _detect(case, wrong, seeds, thorough):
         report = _check(case.reseed(seed), seed, thorough=thorough)
         status = {r.name: r.status for r in report.layers}
         hits += any(status[n] == "mismatch" for n in wrong) and all(
-            s != "mismatch" for n, s in status.items() if n not in wrong)
+            s != "mismatch" for n, s in status.items() if n not in wrong
+        )
         evaluations += report.evaluations
     return hits / len(seeds), evaluations / len(seeds)
 

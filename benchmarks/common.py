@@ -60,8 +60,17 @@ def row(name, baseline, value, unit, target=None, lower_is_better=True, limit=No
         met = ratio <= target if lower_is_better else ratio >= target
     if limit is not None:
         met = (met is not False) and (value <= limit if lower_is_better else value >= limit)
-    return {"name": name, "baseline": baseline, "value": value, "ratio": ratio, "unit": unit,
-            "target": target, "limit": limit, "lower_is_better": lower_is_better, "met": met}
+    return {
+        "name": name,
+        "baseline": baseline,
+        "value": value,
+        "ratio": ratio,
+        "unit": unit,
+        "target": target,
+        "limit": limit,
+        "lower_is_better": lower_is_better,
+        "met": met,
+    }
 
 
 def free_port():
@@ -80,6 +89,8 @@ def launch_tensorboard(logdir, extra_flags=()):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
         ["tensorboard", "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port), *extra_flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
     )
     return proc, f"http://127.0.0.1:{port}"

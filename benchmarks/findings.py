@@ -31,8 +31,12 @@ HEAVY = ("resnet50_fit", "mobilenetv2_fit")
 def _baseline_rules():
     """The findings rules as they were before issue #10, or None when git cannot show them."""
     try:
-        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASELINE_COMMIT}:tb_gradcheck/diagnose.py"],
-                                capture_output=True, text=True, check=True).stdout
+        source = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{BASELINE_COMMIT}:tb_gradcheck/diagnose.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     path = pathlib.Path(tempfile.mkdtemp(prefix="old_rules_")) / "old_diagnose.py"
@@ -75,8 +79,12 @@ def _totals(corpus, results, found):
 
 
 def _describe(findings):
-    return "; ".join(f"{f['severity']} {f['kind']} {','.join(f['layers'])} @{f['steps'][0]}-{f['steps'][1]}"
-                     for f in findings) or "none"
+    return (
+        "; ".join(
+            f"{f['severity']} {f['kind']} {','.join(f['layers'])} @{f['steps'][0]}-{f['steps'][1]}" for f in findings
+        )
+        or "none"
+    )
 
 
 def run(quick=False):
@@ -94,7 +102,9 @@ def run(quick=False):
     for name in names:
         scenario, result = corpus.SCENARIOS[name], results[name]
         expected = "; ".join(f"{e.severity or ''} {e.kind} {','.join(e.layers)}".strip() for e in scenario.expect)
-        print(f"{name} ({result.seconds:.0f} s){' PREMISE BROKEN: ' + str(result.broken_premises) if result.broken_premises else ''}")
+        print(
+            f"{name} ({result.seconds:.0f} s){' PREMISE BROKEN: ' + str(result.broken_premises) if result.broken_premises else ''}"
+        )
         print(f"  expected: {expected or 'none (healthy)'}")
         print(f"  reported: {_describe(new[name])}")
         if old:
@@ -103,14 +113,25 @@ def run(quick=False):
     rows = []
     if old:
         p0, r0, e0, _ = _totals(corpus, results, old)
-        rows += [row("findings precision (before: old rules)", p0, p, "fraction", target=None, lower_is_better=False,
-                     limit=0.95),
-                 row("findings recall (before: old rules)", r0, r, "fraction", lower_is_better=False, limit=1.0),
-                 row("error findings on healthy runs (before: old rules)", e0, e, "findings", limit=0)]
+        rows += [
+            row(
+                "findings precision (before: old rules)",
+                p0,
+                p,
+                "fraction",
+                target=None,
+                lower_is_better=False,
+                limit=0.95,
+            ),
+            row("findings recall (before: old rules)", r0, r, "fraction", lower_is_better=False, limit=1.0),
+            row("error findings on healthy runs (before: old rules)", e0, e, "findings", limit=0),
+        ]
     else:
-        rows += [row("findings precision", None, p, "fraction", lower_is_better=False, limit=0.95),
-                 row("findings recall", None, r, "fraction", lower_is_better=False, limit=1.0),
-                 row("error findings on healthy runs", None, e, "findings", limit=0)]
+        rows += [
+            row("findings precision", None, p, "fraction", lower_is_better=False, limit=0.95),
+            row("findings recall", None, r, "fraction", lower_is_better=False, limit=1.0),
+            row("error findings on healthy runs", None, e, "findings", limit=0),
+        ]
     if wrong:
         print("false alarms:", wrong)
     broken = [n for n in names if results[n].broken_premises]

@@ -25,8 +25,14 @@ import time
 from benchmarks.common import row
 
 TARGET_REDRAW_MS = 100
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 _BARE_DRAW = """([w, h]) => {
   const src = document.createElement('canvas'); src.width = w; src.height = h;
@@ -102,7 +108,7 @@ def write_transformer(logdir, steps, rows=BIG_ROWS):
     with writer.as_default():
         for step in range(steps):
             wave = 1 + 0.5 * np.sin(step / 50 + np.arange(n) / 80)
-            arr[0, :n, norm] = arr[0, n:2 * n, norm] = scale * wave
+            arr[0, :n, norm] = arr[0, n : 2 * n, norm] = scale * wave
             arr[0, -1, :] = 0
             arr[0, -1, 0] = step + 1
             tf.summary.write(tag, arr, step=step, metadata=md_bytes(content) if step == 0 else md_bytes(b""))
@@ -167,10 +173,20 @@ def run_big(quick=False):
     med = lambda key: statistics.median(x[key] for x in loads)  # noqa: E731
     return [
         row(f"frontend: heatmap request, {label}, {loads[-1]['bytes'] / 1e6:.1f} MB", None, med("request"), "ms"),
-        row(f"frontend: first complete draw after the data arrived, {label}, vs bare canvas blit", bare,
-            med("firstDraw"), "ms", limit=TARGET_FIRST_DRAW_MS),
-        row(f"frontend: redraw p50 (scale toggle, whole repaint), {label}", bare, statistics.median(paints), "ms",
-            limit=TARGET_REDRAW_MS),
+        row(
+            f"frontend: first complete draw after the data arrived, {label}, vs bare canvas blit",
+            bare,
+            med("firstDraw"),
+            "ms",
+            limit=TARGET_FIRST_DRAW_MS,
+        ),
+        row(
+            f"frontend: redraw p50 (scale toggle, whole repaint), {label}",
+            bare,
+            statistics.median(paints),
+            "ms",
+            limit=TARGET_REDRAW_MS,
+        ),
         row(f"frontend: redraw max, {label}", bare, max(paints), "ms", limit=TARGET_REDRAW_MS),
     ]
 
@@ -223,13 +239,33 @@ def run_small(quick=False):
             proc.terminate()
             proc.wait(30)
     label = f"{LAYERS}x{steps}"
-    rows.append(row(f"frontend: first draw of {label} ({state['columns']} columns sent) vs bare canvas blit",
-                    bare, first, "ms", limit=TARGET_REDRAW_MS))
-    rows.append(row(f"frontend: redraw p50 (scale toggle), {label}, vs bare canvas blit", bare,
-                    statistics.median(draws), "ms", limit=TARGET_REDRAW_MS))
+    rows.append(
+        row(
+            f"frontend: first draw of {label} ({state['columns']} columns sent) vs bare canvas blit",
+            bare,
+            first,
+            "ms",
+            limit=TARGET_REDRAW_MS,
+        )
+    )
+    rows.append(
+        row(
+            f"frontend: redraw p50 (scale toggle), {label}, vs bare canvas blit",
+            bare,
+            statistics.median(draws),
+            "ms",
+            limit=TARGET_REDRAW_MS,
+        )
+    )
     rows.append(row(f"frontend: redraw max, {label}", bare, max(draws), "ms", limit=TARGET_REDRAW_MS))
-    rows.append(row("frontend: mousemove handler over the heatmap (tooltip update) vs an element without handlers",
-                    idle, hover, "ms"))
+    rows.append(
+        row(
+            "frontend: mousemove handler over the heatmap (tooltip update) vs an element without handlers",
+            idle,
+            hover,
+            "ms",
+        )
+    )
     return rows
 
 

@@ -183,15 +183,22 @@ def rows(loaded, alone, clients=16):
     from benchmarks.common import row
 
     lat, base = loaded["latencies"], alone["latencies"]
-    errors = row(f"load {clients}x: errors (non-200 or dropped)", len(alone["errors"]), len(loaded["errors"]), "responses")
+    errors = row(
+        f"load {clients}x: errors (non-200 or dropped)", len(alone["errors"]), len(loaded["errors"]), "responses"
+    )
     errors["met"] = not loaded["errors"] and not alone["errors"]
     return [
         row(f"load {clients}x: requests", alone["requests"], loaded["requests"], "requests"),
         errors,
         row(f"load {clients}x: p50 latency", percentile(base, 50) * 1000, percentile(lat, 50) * 1000, "ms"),
         row(f"load {clients}x: p99 latency", percentile(base, 99) * 1000, percentile(lat, 99) * 1000, "ms"),
-        row(f"load {clients}x: throughput", alone["requests"] / alone["wall_s"], loaded["requests"] / loaded["wall_s"],
-            "requests/s", lower_is_better=False),
+        row(
+            f"load {clients}x: throughput",
+            alone["requests"] / alone["wall_s"],
+            loaded["requests"] / loaded["wall_s"],
+            "requests/s",
+            lower_is_better=False,
+        ),
     ]
 
 

@@ -185,7 +185,9 @@ def _fit_rows(quick, logdir):
     models = {}
     for jit in (False, True):
         tf.keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((256,))] + [keras.layers.Dense(256, activation="relu") for _ in range(20)])
+        model = keras.Sequential(
+            [keras.Input((256,))] + [keras.layers.Dense(256, activation="relu") for _ in range(20)]
+        )
         model.compile(keras.optimizers.SGD(1e-4), "mse", jit_compile=jit)
         models[jit] = model
     samples = {(jit, cb): [] for jit in (False, True) for cb in (False, True)}
@@ -209,10 +211,23 @@ def _fit_rows(quick, logdir):
     out = []
     for jit in (False, True):
         label = "XLA on" if jit else "XLA off"
-        out.append(row(f"fit step, mlp20_w256_b64, {label}, with GradientCallback vs without", times[jit, False] * 1e3,
-                       times[jit, True] * 1e3, "ms", TARGET_FIT if jit else None))
-    out.append(row("fit step, mlp20_w256_b64, bare, XLA off vs XLA on", times[True, False] * 1e3,
-                   times[False, False] * 1e3, "ms"))
+        out.append(
+            row(
+                f"fit step, mlp20_w256_b64, {label}, with GradientCallback vs without",
+                times[jit, False] * 1e3,
+                times[jit, True] * 1e3,
+                "ms",
+                TARGET_FIT if jit else None,
+            )
+        )
+    out.append(
+        row(
+            "fit step, mlp20_w256_b64, bare, XLA off vs XLA on",
+            times[True, False] * 1e3,
+            times[False, False] * 1e3,
+            "ms",
+        )
+    )
     return out
 
 
@@ -231,12 +246,24 @@ def run(quick=False):
             for every, target in ((1, TARGET_EVERY_STEP), (10, TARGET_EVERY_10)):
                 for record in ("tb_gradcheck", "histogram", "scalar"):
                     key = f"{record}_every{every}"
-                    rows.append(row(f"step time, {name}, {record}, every {every}", bare * 1e3, times[key] * 1e3,
-                                    "ms", target if record == "tb_gradcheck" else None))
+                    rows.append(
+                        row(
+                            f"step time, {name}, {record}, every {every}",
+                            bare * 1e3,
+                            times[key] * 1e3,
+                            "ms",
+                            target if record == "tb_gradcheck" else None,
+                        )
+                    )
             for every in (1, 10, 1_000_000):
-                rows.append(row(f"step time, {name}, update bracket vs tb_gradcheck alone, every {every}",
-                                times[f"tb_gradcheck_every{every}"] * 1e3,
-                                times[f"tb_gradcheck_update_every{every}"] * 1e3, "ms"))
+                rows.append(
+                    row(
+                        f"step time, {name}, update bracket vs tb_gradcheck alone, every {every}",
+                        times[f"tb_gradcheck_every{every}"] * 1e3,
+                        times[f"tb_gradcheck_update_every{every}"] * 1e3,
+                        "ms",
+                    )
+                )
             for _, _, close, _ in ways.values():
                 close()
             per_step = {}
@@ -244,8 +271,15 @@ def run(quick=False):
                 directory, step = ways[f"{record}_every1"][1], ways[f"{record}_every1"][3]
                 per_step[record] = _event_bytes(directory) / int(step.numpy())
             hist = per_step["histogram"]
-            rows.append(row(f"bytes per written step, {name}, tb_gradcheck vs histograms", hist,
-                            per_step["tb_gradcheck"], "B", TARGET_STORAGE))
+            rows.append(
+                row(
+                    f"bytes per written step, {name}, tb_gradcheck vs histograms",
+                    hist,
+                    per_step["tb_gradcheck"],
+                    "B",
+                    TARGET_STORAGE,
+                )
+            )
             rows.append(row(f"bytes per written step, {name}, scalars vs histograms", hist, per_step["scalar"], "B"))
     with tempfile.TemporaryDirectory() as logdir:
         rows += _fit_rows(quick, logdir)

@@ -46,12 +46,15 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
     x = tf.constant(rng.normal(size=(args.batch, 10)), tf.float32)
     y = tf.constant(rng.normal(size=(args.batch, 1)), tf.float32)
-    model = tf.keras.Sequential([
-        tf.keras.Input((10,)),
-        tf.keras.layers.Dense(10, activation="relu", name="dense_0"),
-        tf.keras.layers.Dense(10, activation="relu", name="dense_1"),
-        tf.keras.layers.Dense(1, name="output"),
-    ], name="relu_net")
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((10,)),
+            tf.keras.layers.Dense(10, activation="relu", name="dense_0"),
+            tf.keras.layers.Dense(10, activation="relu", name="dense_1"),
+            tf.keras.layers.Dense(1, name="output"),
+        ],
+        name="relu_net",
+    )
     variables = model.trainable_variables
     optimizer = tf.keras.optimizers.SGD(learning_rate=0.01)
 

@@ -129,8 +129,9 @@ def _buggy_dense_class():
             self.kernel_initializer = kernel_initializer
 
         def build(self, input_shape):
-            self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], self.units),
-                                          initializer=self.kernel_initializer)
+            self.kernel = self.add_weight(
+                name="kernel", shape=(input_shape[-1], self.units), initializer=self.kernel_initializer
+            )
             self.bias = self.add_weight(name="bias", shape=(self.units,), initializer="zeros")
 
         def call(self, inputs):
@@ -139,9 +140,11 @@ def _buggy_dense_class():
             @tf.custom_gradient
             def affine(a, w, b):
                 def grad(dy):
-                    return (tf.matmul(dy, w, transpose_b=True),
-                            scale * tf.matmul(a, dy, transpose_a=True),  # the bug
-                            tf.reduce_sum(dy, axis=0))
+                    return (
+                        tf.matmul(dy, w, transpose_b=True),
+                        scale * tf.matmul(a, dy, transpose_a=True),  # the bug
+                        tf.reduce_sum(dy, axis=0),
+                    )
 
                 return tf.matmul(a, w) + b, grad
 

@@ -40,6 +40,7 @@ def locate(prober, row, direction, probe):
             break  # every axis splits it: the fault is spread over this region
     return _describe(row, region)
 
+
 def _split(prober, row, direction, kind, discrepancy, part):
     """``(side, share of D in part)`` for one candidate split (see check_verdict.split)."""
     masks = _masks(row.theta, part)
@@ -51,14 +52,23 @@ def _split(prober, row, direction, kind, discrepancy, part):
         return "part", discrepancy
     a_part = row.dot(d_part)
     # Step for the share the part would carry if it held all of D.
-    m = check_probes.measure(prober.evaluator, row, [x / width for x in d_part], kind, prober.f0, prober.sigma, None,
-                reference=abs(discrepancy) / width)
+    m = check_probes.measure(
+        prober.evaluator,
+        row,
+        [x / width for x in d_part],
+        kind,
+        prober.f0,
+        prober.sigma,
+        None,
+        reference=abs(discrepancy) / width,
+    )
     judged = check_verdict.judge(m, prober.sigma, prober.tolerance)
     if judged.reason.startswith("the loss has a kink"):
         return None, 0.0
     share = (judged.analytic - judged.numeric) * width
-    side = check_verdict.split(discrepancy, share, judged.error_bound * width, a_part,
-                               row.dot(direction) - a_part, prober.tolerance)
+    side = check_verdict.split(
+        discrepancy, share, judged.error_bound * width, a_part, row.dot(direction) - a_part, prober.tolerance
+    )
     return side, share
 
 
@@ -75,7 +85,7 @@ def _halves(region):
     if len(region) > 1:
         k = len(region) // 2
         return [(region[:k], region[k:])]
-    (i, r0, r1, c0, c1), = region
+    ((i, r0, r1, c0, c1),) = region
     out = []
     if r1 - r0 > 1:
         mid = (r0 + r1) // 2
@@ -100,7 +110,7 @@ def _describe(row, region):
         return ""
     if len(region) > 1:
         return ", ".join(row.names[i] for i, *_ in region)
-    (i, r0, r1, c0, c1), = region
+    ((i, r0, r1, c0, c1),) = region
     t = row.theta[i]
 
     def span(a, b, n):

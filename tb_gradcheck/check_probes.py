@@ -301,8 +301,9 @@ class Prober:
         or at smooth curvature (which shrinks 4096-fold at h/8): the verdict
         at h/8 tells them apart (check_verdict.blocked_by_kink).
         """
-        m = measure(self.evaluator, row, direction, probe.direction, self.f0, self.sigma, None,
-                    probe.step / _CONFIRM_RATIO)
+        m = measure(
+            self.evaluator, row, direction, probe.direction, self.f0, self.sigma, None, probe.step / _CONFIRM_RATIO
+        )
         again = check_verdict.judge(m, self.sigma, self.tolerance, reference)
         if again.status == MISMATCH:
             why = "smooth at h/8: curvature, not a kink" if probe.status != MISMATCH else "confirmed at step h/8"
@@ -310,7 +311,8 @@ class Prober:
         if probe.status != MISMATCH:
             return probe
         return dataclasses.replace(
-            probe, status=INCONCLUSIVE,
+            probe,
+            status=INCONCLUSIVE,
             reason=f"disagrees at step h but not at h/{_CONFIRM_RATIO:g}: the loss is not smooth on the scale of the step",
         )
 
@@ -337,6 +339,7 @@ class Prober:
         if second.status == MISMATCH:
             first = dataclasses.replace(first, reason="confirmed at step h/8 and along a second direction")
         else:
-            first = dataclasses.replace(first, status=INCONCLUSIVE,
-                                        reason="one direction over these elements disagrees, a second one does not")
+            first = dataclasses.replace(
+                first, status=INCONCLUSIVE, reason="one direction over these elements disagrees, a second one does not"
+            )
         return [(first, first_direction), (second, second_direction)]

@@ -196,7 +196,6 @@ class GradientCheckReport:
         return "\n".join(lines)
 
 
-
 def _percent(x):
     if not math.isfinite(x):
         return "-"

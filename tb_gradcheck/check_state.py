@@ -69,8 +69,9 @@ class Evaluator:
     def _undo_writes(self):
         if self._written is None:
             # First call: find what loss_fn wrote by comparing with the snapshot.
-            self._written = [v for v in self._all
-                             if id(v) not in self._checked_ids and not _same(_read(v), self._saved[id(v)])]
+            self._written = [
+                v for v in self._all if id(v) not in self._checked_ids and not _same(_read(v), self._saved[id(v)])
+            ]
         for v in self._written:
             self._changed.add(display_name(v))
             v.assign(self._saved[id(v)])
@@ -110,9 +111,7 @@ def trace(loss_fn):
 
 def _check_output(out):
     if not isinstance(out, tf.Tensor):
-        raise TypeError(
-            f"Expected `loss_fn` to return a scalar floating-point tensor. Received: {type(out).__name__}"
-        )
+        raise TypeError(f"Expected `loss_fn` to return a scalar floating-point tensor. Received: {type(out).__name__}")
     if not out.dtype.is_floating:
         raise TypeError(f"Expected `loss_fn` to return a floating-point loss. Received: dtype {out.dtype.name}")
     if out.shape.is_fully_defined() and out.shape.num_elements() != 1:
@@ -135,9 +134,7 @@ def tf_variable(v):
     inner = getattr(v, "value", None)
     if isinstance(inner, tf.Variable):
         return inner
-    raise TypeError(
-        f"Expected tf.Variable or Keras variables backed by TensorFlow. Received: {type(v).__name__}"
-    )
+    raise TypeError(f"Expected tf.Variable or Keras variables backed by TensorFlow. Received: {type(v).__name__}")
 
 
 def _read(v):
@@ -163,4 +160,3 @@ _UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24,
 
 def unit_roundoff(dtype):
     return _UNIT_ROUNDOFF[tf.as_dtype(dtype).name]
-

@@ -85,11 +85,27 @@ def judge(m, sigma, tolerance, reference=0.0):
     """
     a, n = m["a"], m["n"]
     if not m["finite"]:
-        return Probe(m["direction"], m["h"], a, n, math.inf, math.nan, INCONCLUSIVE,
-                     "the loss is not finite at a perturbed point")
+        return Probe(
+            m["direction"],
+            m["h"],
+            a,
+            n,
+            math.inf,
+            math.nan,
+            INCONCLUSIVE,
+            "the loss is not finite at a perturbed point",
+        )
     if not m["gradient_finite"]:
-        return Probe(m["direction"], m["h"], math.nan, n, math.nan, math.nan, MISMATCH,
-                     "the analytic gradient is not finite where the loss is")
+        return Probe(
+            m["direction"],
+            m["h"],
+            math.nan,
+            n,
+            math.nan,
+            math.nan,
+            MISMATCH,
+            "the analytic gradient is not finite where the loss is",
+        )
     if m["unmoved"] and m["no_gradient"]:
         # No evaluation moved the loss by a single bit and the analytic
         # derivative is exactly zero: both sides agree that the loss does not
@@ -120,8 +136,10 @@ def judge(m, sigma, tolerance, reference=0.0):
         else:
             # The derivative is resolved, but its error bar is wider than
             # the tolerance allows: a different cause from the one above.
-            reason = (f"the error bound ({bound / max(scale, reference):.2g} of the derivative) "
-                      f"exceeds the tolerance ({tolerance:g})")
+            reason = (
+                f"the error bound ({bound / max(scale, reference):.2g} of the derivative) "
+                f"exceeds the tolerance ({tolerance:g})"
+            )
     return Probe(m["direction"], m["h"], a, n, bound, rel, status, reason)
 
 
@@ -174,16 +192,29 @@ def row_verdict(name, granularity, size, judged, tolerance, location=""):
     by_status = {s: [p for p in judged if p.status == s] for s in STATUSES}
     gradient = next((p for p in judged if p.direction == GRADIENT), None)
     detectable = power(gradient, tolerance)
-    convicting = [p for p in by_status[MISMATCH]
-                  if p.direction == GRADIENT or p.direction in BLIND_SPOT or not math.isfinite(p.analytic)]
+    convicting = [
+        p
+        for p in by_status[MISMATCH]
+        if p.direction == GRADIENT or p.direction in BLIND_SPOT or not math.isfinite(p.analytic)
+    ]
     random_hits = [p for p in by_status[MISMATCH] if not any(p is c for c in convicting)]
     if convicting or len(random_hits) >= _RANDOM_CONVICTIONS:
         status, pick = MISMATCH, max(convicting or random_hits, key=_severity)
     elif random_hits:
         pick = random_hits[0]
-        return CheckRow(name, granularity, size, pick.analytic, pick.numeric, pick.relative_error, pick.error_bound,
-                        INCONCLUSIVE, "only one random direction disagrees (confirmed at two steps)", tuple(judged),
-                        detectable)
+        return CheckRow(
+            name,
+            granularity,
+            size,
+            pick.analytic,
+            pick.numeric,
+            pick.relative_error,
+            pick.error_bound,
+            INCONCLUSIVE,
+            "only one random direction disagrees (confirmed at two steps)",
+            tuple(judged),
+            detectable,
+        )
     elif by_status[OK] and (gradient.status == OK if gradient is not None else all(p.status == OK for p in judged)):
         # "ok" needs the most sensitive probe, the one along the gradient,
         # to confirm (every probe, in a row without a usable gradient): a
@@ -198,8 +229,14 @@ def row_verdict(name, granularity, size, judged, tolerance, location=""):
         # tightest error bar relative to its derivative), with its reason.
         status = INCONCLUSIVE
         undecided = by_status[INCONCLUSIVE] or judged
-        pick = min(undecided, key=lambda p: p.error_bound / max(abs(p.analytic), abs(p.numeric), 1e-300)
-                   if math.isfinite(p.error_bound) else math.inf)
+        pick = min(
+            undecided,
+            key=lambda p: (
+                p.error_bound / max(abs(p.analytic), abs(p.numeric), 1e-300)
+                if math.isfinite(p.error_bound)
+                else math.inf
+            ),
+        )
     return CheckRow(
         name=name,
         granularity=granularity,

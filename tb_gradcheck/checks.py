@@ -90,8 +90,17 @@ DEFAULT_PROBES = 3
 DEFAULT_TOLERANCE = 1e-2
 
 
-def check_gradients(loss_fn, variables, *, probes=DEFAULT_PROBES, epsilon=None, seed=None,
-                    granularity="layer", tolerance=None, thorough=False):
+def check_gradients(
+    loss_fn,
+    variables,
+    *,
+    probes=DEFAULT_PROBES,
+    epsilon=None,
+    seed=None,
+    granularity="layer",
+    tolerance=None,
+    thorough=False,
+):
     """Checks the analytic gradient of ``loss_fn`` against central differences, per layer.
 
     Example:
@@ -195,8 +204,9 @@ def check_gradients(loss_fn, variables, *, probes=DEFAULT_PROBES, epsilon=None, 
     try:
         evaluator = check_state.Evaluator(loss_fn, checked)
         try:
-            layers, per_variable, f0, sigma, tolerance = _run(evaluator, checked, rows, probes, epsilon, seed,
-                                                              granularity, tolerance, thorough)
+            layers, per_variable, f0, sigma, tolerance = _run(
+                evaluator, checked, rows, probes, epsilon, seed, granularity, tolerance, thorough
+            )
         finally:
             changed = evaluator.restore_all()
     finally:
@@ -232,8 +242,21 @@ def _run(evaluator, checked, rows, probes, epsilon, seed, granularity, tolerance
     if not math.isfinite(f0):
         # Nothing to difference: every row is undecided, at the cost of one evaluation.
         def undecided(names, kind, sizes):
-            return [CheckRow(n, kind, size, math.nan, math.nan, math.nan, math.nan, INCONCLUSIVE,
-                             "the loss is not finite at this point", ()) for n, size in zip(names, sizes)]
+            return [
+                CheckRow(
+                    n,
+                    kind,
+                    size,
+                    math.nan,
+                    math.nan,
+                    math.nan,
+                    math.nan,
+                    INCONCLUSIVE,
+                    "the loss is not finite at this point",
+                    (),
+                )
+                for n, size in zip(names, sizes)
+            ]
 
         layers = undecided(rows.layer_names, "layer", rows.layer_sizes)
         per_variable = undecided(rows.variable_names, "variable", rows.variable_sizes)
@@ -247,8 +270,13 @@ def _run(evaluator, checked, rows, probes, epsilon, seed, granularity, tolerance
     sigma = max(check_probes.measure_noise(evaluator, checked, theta, grads, units, f0, rng), loss_unit * abs(f0))
     prober = check_probes.Prober(evaluator, f0, sigma, tolerance, epsilon, rng)
 
-    groups = [("layer", [[i for i, layer in enumerate(rows.layer_of) if layer == j]
-                         for j in range(len(rows.layer_names))], rows.layer_names)]
+    groups = [
+        (
+            "layer",
+            [[i for i, layer in enumerate(rows.layer_of) if layer == j] for j in range(len(rows.layer_names))],
+            rows.layer_names,
+        )
+    ]
     if granularity == "variable":
         groups.append(("variable", [[i] for i in range(len(checked))], rows.variable_names))
     sizes = sum(t.size for t in theta)
@@ -257,9 +285,15 @@ def _run(evaluator, checked, rows, probes, epsilon, seed, granularity, tolerance
     out = {"layer": [], "variable": []}
     for kind, members, names in groups:
         for index, name in zip(members, names):
-            row = check_probes.RowParams([checked[i] for i in index], [rows.variable_names[i] for i in index],
-                                         [theta[i] for i in index], [grads[i] for i in index],
-                                         max(units[i] for i in index), typical, typical_gradient)
+            row = check_probes.RowParams(
+                [checked[i] for i in index],
+                [rows.variable_names[i] for i in index],
+                [theta[i] for i in index],
+                [grads[i] for i in index],
+                max(units[i] for i in index),
+                typical,
+                typical_gradient,
+            )
             try:
                 out[kind].append(_check_row(prober, row, name, kind, probes, thorough))
             finally:
@@ -288,7 +322,9 @@ def _check_row(prober, row, name, kind, probes, thorough):
     convicted = [(p, d) for p, d in judged if p.status == MISMATCH and math.isfinite(p.analytic)]
     if not convicted:
         return verdict
-    probe, direction = max(convicted, key=lambda pd: abs(pd[0].analytic - pd[0].numeric) / max(pd[0].error_bound, 1e-300))
+    probe, direction = max(
+        convicted, key=lambda pd: abs(pd[0].analytic - pd[0].numeric) / max(pd[0].error_bound, 1e-300)
+    )
     return dataclasses.replace(verdict, location=check_locate.locate(prober, row, direction, probe))
 
 

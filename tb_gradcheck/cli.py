@@ -148,6 +148,8 @@ def _plain_finding(finding):
     for plain names and escapes such characters visibly instead (``_visible``).
     """
     return finding.to_dict(quote=str)
+
+
 # Characters that change how the text around them is shown, or are not
 # shown at all: controls (Cc), format characters including every bidi
 # override, embedding, isolate and mark (Cf), line and paragraph separators.

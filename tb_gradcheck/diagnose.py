@@ -87,8 +87,13 @@ KINDS = ("non_finite", "check_failure", "exploding", "vanishing", "dead")
 
 # How sure each kind is, for the README and the tab's help: see README
 # "Findings and the command line".
-_METRICS = {"non_finite": "grad_nonfinite", "check_failure": metadata.CHECK_METRIC, "exploding": "grad_norm",
-            "vanishing": "grad_norm", "dead": rules.DEAD_UNITS}
+_METRICS = {
+    "non_finite": "grad_nonfinite",
+    "check_failure": metadata.CHECK_METRIC,
+    "exploding": "grad_norm",
+    "vanishing": "grad_norm",
+    "dead": rules.DEAD_UNITS,
+}
 
 
 @dataclasses.dataclass
@@ -148,7 +153,8 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
             out.append(_finding(kind, run, verdict))
     # The optimizer's findings (clipping, layers not learning) follow the rest.
     return sorted(out, key=lambda f: (f.severity != "error", KINDS.index(f.kind))) + optimizer_findings.find(
-        run, stats, thresholds)
+        run, stats, thresholds
+    )
 
 
 def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
@@ -211,8 +217,10 @@ def describe(finding, quote=None):
         before = [x["max_finite_norm_before"] for x in e.values() if x.get("max_finite_norm_before") is not None]
         firsts = [n for n in f.layers if e[n]["first_step"] == first]
         where = "" if len(firsts) == len(f.layers) else f" in {_list(firsts, quote)}"
-        text = (f"NaN/Inf gradients in {names}, first at step {first}{where} "
-                f"({sum(x['steps_with_nonfinite'] for x in e.values())} layer-steps affected)")
+        text = (
+            f"NaN/Inf gradients in {names}, first at step {first}{where} "
+            f"({sum(x['steps_with_nonfinite'] for x in e.values())} layer-steps affected)"
+        )
         if before:
             text += f"; the largest finite norm before it was {max(before):.3g}"
         return text + "."
@@ -225,19 +233,29 @@ def describe(finding, quote=None):
             detail.append(f"grew {worst['growth_orders_half_window']:.1f} orders in half a baseline window")
         outcomes = {x["outcome"] for x in e.values()}
         detail.append(next(o for o in ("ends in NaN/Inf", "sustained", "recovered") if o in outcomes))
-        return (f"Exploding gradients in {names}: norm up to {worst['max_norm']:.3g} "
-                f"({', '.join(detail)}), steps {first}-{last}.")
+        return (
+            f"Exploding gradients in {names}: norm up to {worst['max_norm']:.3g} "
+            f"({', '.join(detail)}), steps {first}-{last}."
+        )
     if f.kind == "vanishing":
-        orders = [x["median_orders_below_later_layers"] for x in e.values()
-                  if x["median_orders_below_later_layers"] is not None]
-        detail = (f"{min(orders):.1f}-{max(orders):.1f} orders of magnitude below the layers after them"
-                  if orders else "too small against its weights to change them in float32")
+        orders = [
+            x["median_orders_below_later_layers"]
+            for x in e.values()
+            if x["median_orders_below_later_layers"] is not None
+        ]
+        detail = (
+            f"{min(orders):.1f}-{max(orders):.1f} orders of magnitude below the layers after them"
+            if orders
+            else "too small against its weights to change them in float32"
+        )
         return f"Vanishing gradients in {names}: gradient norm {detail}, steps {first}-{last}."
     if f.kind == "dead":
         share = [x["median_dead_unit_fraction"] for x in e.values()]
         lo, hi = f"{min(share):.0%}", f"{max(share):.0%}"
-        return (f"Dead units in {names}: {lo if lo == hi else lo + '-' + hi} of the units get an exactly zero "
-                f"gradient on whole batches, steps {first}-{last}.")
+        return (
+            f"Dead units in {names}: {lo if lo == hi else lo + '-' + hi} of the units get an exactly zero "
+            f"gradient on whole batches, steps {first}-{last}."
+        )
     worst = max(x["max_relative_error"] for x in e.values())
     return f"Gradient check failed for {names}: analytic and numeric gradients differ by up to {worst:.2%}."
 

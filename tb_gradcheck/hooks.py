@@ -50,8 +50,19 @@ class Session:
       warn_once: ``warn_once(key, message)``, the callback's once-per-key warning.
     """
 
-    def __init__(self, model, optimizer, target, *, log_dir, every_n_steps, check_every_n_steps, check_data,
-                 warn_once, check_dtype=None):
+    def __init__(
+        self,
+        model,
+        optimizer,
+        target,
+        *,
+        log_dir,
+        every_n_steps,
+        check_every_n_steps,
+        check_data,
+        warn_once,
+        check_dtype=None,
+    ):
         self.model = model
         self.check_every_n_steps = check_every_n_steps
         self.check_data = check_data
@@ -213,8 +224,9 @@ class Session:
             before_clip = replica.sum_over_replicas(self._in_order(*call["before_clip"], variables))
         if call["grads"] is None or replica.writing_replica() is False:
             return result
-        extra = updates.Extra(update=bracket, before_clip=before_clip if self.clips else None,
-                              loss_scale=self._loss_scale_columns(scale))
+        extra = updates.Extra(
+            update=bracket, before_clip=before_clip if self.clips else None, loss_scale=self._loss_scale_columns(scale)
+        )
         self._write(call["grads"], variables, step, extra=extra)
         return result
 
@@ -283,8 +295,11 @@ class Session:
             # so the gradient before clipping is the refused one.
             extra = None
             if self.has_update_hook:
-                extra = updates.Extra(update=updates.RefusedUpdate(), before_clip=unscaled if self.clips else None,
-                                      loss_scale=self._loss_scale_columns(scale))
+                extra = updates.Extra(
+                    update=updates.RefusedUpdate(),
+                    before_clip=unscaled if self.clips else None,
+                    loss_scale=self._loss_scale_columns(scale),
+                )
             self._write(unscaled, variables, step, check_enabled=False, extra=extra)
             return tf.constant(True)
 
@@ -292,6 +307,7 @@ class Session:
 
     def _write(self, grads, variables, step, check_enabled=True, extra=None):
         if self.compiled:
+
             def stash():
                 self.writer.record_compiled(grads, variables, step, extra)
                 return tf.constant(True)
@@ -390,8 +406,9 @@ def _unscale(gradient, scale):
     if gradient is None:
         return None
     if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(gradient.values / tf.cast(scale, gradient.values.dtype), gradient.indices,
-                                gradient.dense_shape)
+        return tf.IndexedSlices(
+            gradient.values / tf.cast(scale, gradient.values.dtype), gradient.indices, gradient.dense_shape
+        )
     return gradient / tf.cast(scale, gradient.dtype)
 
 

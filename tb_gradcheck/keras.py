@@ -55,7 +55,6 @@ from tb_gradcheck.twin import sync_twin  # noqa: F401
 _ATTACHED = weakref.WeakKeyDictionary()
 
 
-
 class GradientCallback(keras.callbacks.Callback):
     """Writes per-layer statistics of the gradients ``model.fit`` applies, for the Gradients tab.
 

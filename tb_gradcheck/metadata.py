@@ -246,8 +246,10 @@ def parse(content_bytes):
                 raise ContentError(f"stats content has no {granularity!r} block")
             _require_names(block, "rows", granularity)
             sizes = block.get("sizes")
-            if not isinstance(sizes, list) or len(sizes) != len(block["rows"]) or not all(
-                isinstance(s, int) and not isinstance(s, bool) for s in sizes
+            if (
+                not isinstance(sizes, list)
+                or len(sizes) != len(block["rows"])
+                or not all(isinstance(s, int) and not isinstance(s, bool) for s in sizes)
             ):
                 raise ContentError(f"{granularity} sizes must be one integer per row")
             sparse = block.get("sparse_rows", [])

@@ -180,7 +180,8 @@ def _not_learning(run, stats, t):
             "fraction_of_steps": float(fraction),
             "first_step": int(steps[0]),
             "last_step": int(steps[-1]),
-            "reason": "below what moves float32 weights" if below_floor.sum() >= behind.sum()
+            "reason": "below what moves float32 weights"
+            if below_floor.sum() >= behind.sum()
             else "orders of magnitude below the other layers",
         }
     if not evidence:

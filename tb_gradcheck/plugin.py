@@ -118,7 +118,12 @@ class GradientsPlugin(base_plugin.TBPlugin):
         ctx, eid = _context(request)
         args = request.args
         body = self.heatmap_impl(
-            ctx, eid, _required(args, "run"), _required(args, "metric"), *_selection(args), *_binning(args),
+            ctx,
+            eid,
+            _required(args, "run"),
+            _required(args, "metric"),
+            *_selection(args),
+            *_binning(args),
             window=_window(args),
         )
         return _respond_json(request, body)
@@ -128,8 +133,14 @@ class GradientsPlugin(base_plugin.TBPlugin):
         ctx, eid = _context(request)
         args = request.args
         body = self.compare_impl(
-            ctx, eid, _required(args, "run"), _required(args, "other"), _required(args, "metric"),
-            *_selection(args), *_binning(args), window=_window(args),
+            ctx,
+            eid,
+            _required(args, "run"),
+            _required(args, "other"),
+            _required(args, "metric"),
+            *_selection(args),
+            *_binning(args),
+            window=_window(args),
             align=_choice(args, "align", wire.ALIGNMENTS, "name"),
         )
         return _respond_json(request, body)
@@ -144,7 +155,9 @@ class GradientsPlugin(base_plugin.TBPlugin):
         ctx, eid = _context(request)
         args = request.args
         fmt = _choice(args, "format", export.FORMATS, "csv")
-        body, name = self.export_impl(ctx, eid, _required(args, "run"), _required(args, "metric"), *_selection(args), fmt)
+        body, name = self.export_impl(
+            ctx, eid, _required(args, "run"), _required(args, "metric"), *_selection(args), fmt
+        )
         headers = [("Content-Disposition", export.content_disposition(name))]
         if fmt == "json":
             return _respond_json(request, body, headers=headers)
@@ -162,7 +175,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         # TensorBoard's middleware has already moved --path_prefix and
         # /experiment/<id> into SCRIPT_NAME, so the path starts with the
         # route itself; what follows must be one of our file names exactly.
-        name = request.path[len(_STATIC_ROUTE):] if request.path.startswith(_STATIC_ROUTE) else request.path
+        name = request.path[len(_STATIC_ROUTE) :] if request.path.startswith(_STATIC_ROUTE) else request.path
         path = self._static.get(name)
         if path is None:
             raise errors.NotFoundError(f"no static file {name!r}")
@@ -174,14 +187,38 @@ class GradientsPlugin(base_plugin.TBPlugin):
         """The body of ``GET runs`` (see docs/http_api.md)."""
         return {"runs": queries.runs(self._store, ctx, experiment_id), "samples_per_plugin": self._samples}
 
-    def heatmap_impl(self, ctx, experiment_id, run, metric, granularity="layer", aggregate="last", width=None,
-                     reduce="max", encoding="json", window=None):
+    def heatmap_impl(
+        self,
+        ctx,
+        experiment_id,
+        run,
+        metric,
+        granularity="layer",
+        aggregate="last",
+        width=None,
+        reduce="max",
+        encoding="json",
+        window=None,
+    ):
         """The body of ``GET heatmap`` (built by ``wire.heatmap_body``)."""
         heat = queries.heatmap(self._store, ctx, experiment_id, run, metric, granularity, aggregate)
         return wire.heatmap_body(heat, width, reduce, encoding, window)
 
-    def compare_impl(self, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last",
-                     width=None, reduce="max", encoding="json", window=None, align="name"):
+    def compare_impl(
+        self,
+        ctx,
+        experiment_id,
+        run,
+        other,
+        metric,
+        granularity="layer",
+        aggregate="last",
+        width=None,
+        reduce="max",
+        encoding="json",
+        window=None,
+        align="name",
+    ):
         """The body of ``GET compare``: ``run`` over ``other``, rows aligned by name or by structure."""
         a, b = queries.compare(self._store, ctx, experiment_id, run, other, metric, granularity, aggregate)
         return wire.compare_body(a, b, align, width, reduce, encoding, window)

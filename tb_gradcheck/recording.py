@@ -34,8 +34,11 @@ class Recording:
         self.every_n_steps = every_n_steps
         self._events = events
         sparse_variables = [n for n, s in zip(self.rows.variable_names, sparse) if s]
-        sparse_layers = [n for i, n in enumerate(self.rows.layer_names)
-                         if any(s and self.rows.layer_of[v] == i for v, s in enumerate(sparse))]
+        sparse_layers = [
+            n
+            for i, n in enumerate(self.rows.layer_names)
+            if any(s and self.rows.layer_of[v] == i for v, s in enumerate(sparse))
+        ]
         aggregates = metadata.SINGLE_STEP_AGGREGATES if every_n_steps == 1 else metadata.AGGREGATES
         self.content = metadata.stats_layout(
             {"rows": self.rows.layer_names, "sizes": self.rows.layer_sizes, "sparse_rows": sparse_layers},
@@ -131,8 +134,13 @@ class Recording:
         n_l, n_v = len(self.rows.layer_names), len(self.rows.variable_names)
 
         def missing():
-            return {n: (tf.fill([n_l], tf.constant(stats.MISSING, tf.float32)),
-                        tf.fill([n_v], tf.constant(stats.MISSING, tf.float32))) for n in names}
+            return {
+                n: (
+                    tf.fill([n_l], tf.constant(stats.MISSING, tf.float32)),
+                    tf.fill([n_v], tf.constant(stats.MISSING, tf.float32)),
+                )
+                for n in names
+            }
 
         def compute():
             values = {} if extra is None else extra.columns(self.rows)

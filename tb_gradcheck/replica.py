@@ -35,9 +35,7 @@ def host_variable(initial_value, dtype, name):
     creator. It is not tracked by any model or checkpoint.
     """
     with tf.init_scope():
-        return resource_variable_ops.ResourceVariable(
-            tf.constant(initial_value, dtype), trainable=False, name=name
-        )
+        return resource_variable_ops.ResourceVariable(tf.constant(initial_value, dtype), trainable=False, name=name)
 
 
 def writing_replica():

@@ -106,7 +106,7 @@ def _trailing(values, length, reduce):
     chunk = max(1, (1 << 20) // max(1, s * length))
     with np.errstate(all="ignore"), _quiet():
         for j in range(0, n_rows, chunk):
-            out[:, j:j + chunk] = reduce(windows[:, j:j + chunk], axis=-1)
+            out[:, j : j + chunk] = reduce(windows[:, j : j + chunk], axis=-1)
     return out
 
 
@@ -213,7 +213,9 @@ def exploding(v, t):
                 continue  # inside the previous rise
             level = base[i, j] + t.rise_orders
             with np.errstate(invalid="ignore"):
-                held = bad[i + 1:, j] | (lt[i + 1:, j] >= level) | ((lp[i + 1:, j] >= level) & np.isnan(lt[i + 1:, j]))
+                held = (
+                    bad[i + 1 :, j] | (lt[i + 1 :, j] >= level) | ((lp[i + 1 :, j] >= level) & np.isnan(lt[i + 1 :, j]))
+                )
             end = i + 1 + (int(np.argmin(held)) if not held.all() else len(held))
             ends_bad = bool(bad[i:end, j].any() or (end < s and bad[end, j]))
             events.append((i, end, ends_bad))
@@ -320,7 +322,9 @@ def dead(v, t, sparse):
     dead_share = np.where(here, v.dead, np.nan)
     shifted = np.concatenate([dead_share[1:], np.full((1, n_rows), np.nan)])
     lowest = _trailing(shifted, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
-    count = _trailing(np.concatenate([here[1:], np.zeros((1, n_rows), bool)]).astype(float), t.baseline_writes, np.nansum)
+    count = _trailing(
+        np.concatenate([here[1:], np.zeros((1, n_rows), bool)]).astype(float), t.baseline_writes, np.nansum
+    )
     with np.errstate(invalid="ignore"):
         flags = here & (count >= t.min_writes) & (lowest >= t.dead_units) & ~exempt[None, :]
     evidence = {}
@@ -386,7 +390,8 @@ def vanishing(v, t, exclude=()):
             "fraction_of_steps": float(f.sum() / finite[:, j].sum()),
             "first_step": int(steps[0]),
             "last_step": int(steps[-1]),
-            "reason": "decays across depth" if (f & decayed[:, j]).sum() >= (f & tiny[:, j]).sum()
+            "reason": "decays across depth"
+            if (f & decayed[:, j]).sum() >= (f & tiny[:, j]).sum()
             else "too small to move its weights",
         }
     return Verdict(flags, {name: "warning" for name in evidence}, evidence, v.typical)

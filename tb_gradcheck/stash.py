@@ -41,8 +41,10 @@ class Stash:
         # {name: (layer [L], variable [V])} float32 variables.
         self.extra = tuple(extra)
         self._extra = {
-            name: (replica.host_variable(np.zeros(n_l, np.float32), tf.float32, "tb_gradcheck_stash"),
-                   replica.host_variable(np.zeros(n_v, np.float32), tf.float32, "tb_gradcheck_stash"))
+            name: (
+                replica.host_variable(np.zeros(n_l, np.float32), tf.float32, "tb_gradcheck_stash"),
+                replica.host_variable(np.zeros(n_v, np.float32), tf.float32, "tb_gradcheck_stash"),
+            )
             for name in self.extra
         }
 

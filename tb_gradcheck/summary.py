@@ -130,13 +130,10 @@ class GradientWriter:
         ``tb_gradcheck.units``).
     """
 
-    def __init__(
-        self, logdir=None, *, writer=None, every_n_steps=1, flush_millis=DEFAULT_FLUSH_MILLIS, unit_axes=None
-    ):
+    def __init__(self, logdir=None, *, writer=None, every_n_steps=1, flush_millis=DEFAULT_FLUSH_MILLIS, unit_axes=None):
         if (logdir is None) == (writer is None):
             raise ValueError(
-                "Expected exactly one of `logdir` and `writer`. "
-                f"Received: logdir={logdir!r}, writer={writer!r}"
+                f"Expected exactly one of `logdir` and `writer`. Received: logdir={logdir!r}, writer={writer!r}"
             )
         if writer is not None and not isinstance(writer, tf.summary.SummaryWriter):
             raise TypeError(
@@ -213,8 +210,7 @@ class GradientWriter:
             gradients_before_clip = replica.sum_over_replicas(validate.gradients(gradients_before_clip, variables))
         if update is not None and not isinstance(update, updates.UpdateBracket):
             raise TypeError(
-                "Expected `update` to be the bracket from GradientWriter.applying(). "
-                f"Received: {type(update).__name__}"
+                f"Expected `update` to be the bracket from GradientWriter.applying(). Received: {type(update).__name__}"
             )
         extra = None
         if gradients_before_clip is not None or update is not None:
@@ -252,7 +248,6 @@ class GradientWriter:
         if self.every_n_steps == 1:
             return True
         return tf.equal(step % self.every_n_steps, 0)
-
 
     @tf.autograph.experimental.do_not_convert
     def stash(self, gradients, variables, step):
@@ -371,7 +366,8 @@ class GradientWriter:
     def _skip_closed(self, step):
         def warn():
             tf.print(
-                "WARNING: tb_gradcheck: GradientWriter.write() ran at step", step,
+                "WARNING: tb_gradcheck: GradientWriter.write() ran at step",
+                step,
                 "after close(), from a tf.function traced before close(); gradient statistics are not "
                 "recorded from this step on (this warning is printed once).",
                 output_stream=sys.stderr,
@@ -481,8 +477,9 @@ class GradientWriter:
         key = (tuple(id(v) for v in variables), sparse, tuple(optimizer_columns))
         layout = self._layouts.get(key)
         if layout is None:
-            layout = recording.Recording(variables, sparse, self.every_n_steps, self._unit_axes, self._events,
-                                         optimizer_columns)
+            layout = recording.Recording(
+                variables, sparse, self.every_n_steps, self._unit_axes, self._events, optimizer_columns
+            )
             self._layouts[key] = layout
         return layout
 

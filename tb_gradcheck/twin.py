@@ -63,8 +63,9 @@ def float64_twin(model):
     try:
         inputs = [keras.Input(batch_shape=tuple(i.shape), dtype=_float64(i.dtype), name=_name(i)) for i in model.inputs]
         try:
-            twin = keras.models.clone_model(model, input_tensors=inputs if len(inputs) > 1 else inputs[0],
-                                            clone_function=_float64_layer)
+            twin = keras.models.clone_model(
+                model, input_tensors=inputs if len(inputs) > 1 else inputs[0], clone_function=_float64_layer
+            )
         except (TypeError, ValueError, NotImplementedError) as e:
             raise TypeError(
                 f"Expected a model keras.models.clone_model can rebuild from layer configs. Received: "

@@ -122,25 +122,28 @@ def fractions(top, bottom, where, rows):
     # layer's unit count; every other unit goes to one spare slot at the end.
     offsets = np.concatenate([[0], np.cumsum(rows.layer_units)])
     spare = int(offsets[-1])
-    slots = np.concatenate([
-        offsets[rows.layer_of[i]] + np.arange(u) if u == rows.layer_units[rows.layer_of[i]] else np.full(u, spare)
-        for i, u in zip(where, units)
-    ]).astype(np.int32)
+    slots = np.concatenate(
+        [
+            offsets[rows.layer_of[i]] + np.arange(u) if u == rows.layer_units[rows.layer_of[i]] else np.full(u, spare)
+            for i, u in zip(where, units)
+        ]
+    ).astype(np.int32)
     all_dead = tf.math.unsorted_segment_min(dead, tf.constant(slots), spare + 1)[:spare]
     # A slot no present variable covers reduces to +inf; its layer's value is
     # blanked by the caller, so clamp only to keep the sum finite.
     all_dead = tf.minimum(all_dead, 1.0)
     slot_layer = tf.constant(np.repeat(np.arange(len(rows.layer_units)), rows.layer_units), tf.int32)
-    dead_l = tf.math.unsorted_segment_sum(all_dead, slot_layer, len(rows.layer_units)) / np.maximum(
-        rows.layer_units, 1
-    )
+    dead_l = tf.math.unsorted_segment_sum(all_dead, slot_layer, len(rows.layer_units)) / np.maximum(rows.layer_units, 1)
     return max_abs, dead_v, dead_l
 
 
 def layers_without_units(rows, present):
     """Layers none of whose present variables has the layer's unit count."""
-    covered = {rows.layer_of[i] for i, p in enumerate(present)
-               if p and rows.variable_units[i] == rows.layer_units[rows.layer_of[i]]}
+    covered = {
+        rows.layer_of[i]
+        for i, p in enumerate(present)
+        if p and rows.variable_units[i] == rows.layer_units[rows.layer_of[i]]
+    }
     return [j for j in range(len(rows.layer_names)) if j not in covered]
 
 
@@ -148,5 +151,3 @@ def segment_max(values, segments, n):
     """unsorted_segment_max that propagates NaN (the op itself keeps or drops a NaN depending on order)."""
     has_nan = tf.math.unsorted_segment_max(tf.cast(tf.math.is_nan(values), tf.int32), segments, n) > 0
     return tf.where(has_nan, tf.constant(np.nan, values.dtype), tf.math.unsorted_segment_max(values, segments, n))
-
-

@@ -146,8 +146,7 @@ def gradients(values, variables_, name="gradients"):
     values = non_empty_list(values, name)
     if len(values) != len(variables_):
         raise ValueError(
-            "Expected one gradient per variable. "
-            f"Received: len({name})={len(values)}, len(variables)={len(variables_)}"
+            f"Expected one gradient per variable. Received: len({name})={len(values)}, len(variables)={len(variables_)}"
         )
     out = []
     for i, (g, v) in enumerate(zip(values, variables_)):

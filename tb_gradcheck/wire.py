@@ -150,14 +150,15 @@ def compare_body(a, b, align="name", width=None, reduce="max", encoding="json", 
             values[:, k] = va / vb
         missing[:, k] = a.missing[ia, i] | b.missing[ib, j]
     rows = [a.rows[i] if i is not None else b.rows[j] for i, j in pairs]
-    ratio = dataclasses.replace(a, rows=rows, steps=steps, values=values, missing=missing, status=None,
-                                status_missing=None, total_steps=None)
+    ratio = dataclasses.replace(
+        a, rows=rows, steps=steps, values=values, missing=missing, status=None, status_missing=None, total_steps=None
+    )
     body = heatmap_body(ratio, width, reduce, encoding, window)
     start = body["row_start"]
     body.update(
         other=b.run,
         alignment=align,
-        other_layers=[None if j is None else b.rows[j] for _, j in pairs][start:start + len(body["layers"])],
+        other_layers=[None if j is None else b.rows[j] for _, j in pairs][start : start + len(body["layers"])],
         only_in_run=[a.rows[i] for i, j in pairs if i is not None and j is None],
         only_in_other=[b.rows[j] for i, j in pairs if i is None],
     )

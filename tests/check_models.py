@@ -35,8 +35,11 @@ class ScaledGradient(tf.keras.layers.Layer):
         @tf.custom_gradient
         def affine(x, w, b):
             def grad(dy):
-                return (tf.matmul(dy, w, transpose_b=True), factor * tf.matmul(x, dy, transpose_a=True),
-                        factor * tf.reduce_sum(dy, axis=0))
+                return (
+                    tf.matmul(dy, w, transpose_b=True),
+                    factor * tf.matmul(x, dy, transpose_a=True),
+                    factor * tf.reduce_sum(dy, axis=0),
+                )
 
             return tf.matmul(x, w) + b, grad
 
@@ -50,8 +53,9 @@ class Case:
         """``loss_scale`` multiplies the loss; ``vocab`` draws integer inputs below it; ``train_steps`` SGD steps
         (learning rate 0.1) run after every reseed, so the check sees a trained model."""
         self.model = model
-        self.settings = dict(batch=batch, loss=loss, bias_scale=bias_scale, loss_scale=loss_scale, vocab=vocab,
-                             train_steps=train_steps)
+        self.settings = dict(
+            batch=batch, loss=loss, bias_scale=bias_scale, loss_scale=loss_scale, vocab=vocab, train_steps=train_steps
+        )
         self.dtype = tf.as_dtype(model.outputs[0].dtype)
         self.in_dtype = tf.as_dtype(model.inputs[0].dtype)
         self.bias_scale = bias_scale
@@ -68,8 +72,14 @@ class Case:
         else:
             self.y = tf.Variable(tf.zeros((batch,), tf.int32), trainable=False, name="y")
             self.classes = out_shape[-1]
-            self.loss = tf.function(lambda: scale * tf.reduce_mean(
-                tf.keras.losses.sparse_categorical_crossentropy(self.y, self.model(self.x), from_logits=True)))
+            self.loss = tf.function(
+                lambda: (
+                    scale
+                    * tf.reduce_mean(
+                        tf.keras.losses.sparse_categorical_crossentropy(self.y, self.model(self.x), from_logits=True)
+                    )
+                )
+            )
 
     @property
     def variables(self):
@@ -125,13 +135,16 @@ def mlp(sizes, activation="tanh", dtype="float32", batch=16, wrong_layer=None, f
 
 def cnn(dtype="float32", batch=8):
     """Two 3x3 tanh convolutions and a dense softmax head on 8x8x2 inputs, cross-entropy."""
-    model = tf.keras.Sequential([
-        tf.keras.Input((8, 8, 2), dtype=dtype),
-        tf.keras.layers.Conv2D(4, 3, activation="tanh", name="conv_0", dtype=dtype),
-        tf.keras.layers.Conv2D(4, 3, activation="tanh", name="conv_1", dtype=dtype),
-        tf.keras.layers.Flatten(dtype=dtype),
-        tf.keras.layers.Dense(3, name="logits", dtype=dtype),
-    ], name="cnn")
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((8, 8, 2), dtype=dtype),
+            tf.keras.layers.Conv2D(4, 3, activation="tanh", name="conv_0", dtype=dtype),
+            tf.keras.layers.Conv2D(4, 3, activation="tanh", name="conv_1", dtype=dtype),
+            tf.keras.layers.Flatten(dtype=dtype),
+            tf.keras.layers.Dense(3, name="logits", dtype=dtype),
+        ],
+        name="cnn",
+    )
     return Case(model, batch, loss="xent")
 
 
@@ -158,10 +171,10 @@ def _kernel_bug(kind, element=(0, 0)):
         return lambda g: tf.tensor_scatter_nd_add(g, [[i, j]], [g[i, j]])
     if kind == "row":
         # One input's row of the kernel gradient lost (zero).
-        return lambda g: tf.concat([g[:i], tf.zeros_like(g[i:i + 1]), g[i + 1:]], axis=0)
+        return lambda g: tf.concat([g[:i], tf.zeros_like(g[i : i + 1]), g[i + 1 :]], axis=0)
     if kind == "column":
         # One unit's column doubled.
-        return lambda g: g + tf.one_hot(j, tf.shape(g)[1], dtype=g.dtype)[None, :] * g[:, j:j + 1]
+        return lambda g: g + tf.one_hot(j, tf.shape(g)[1], dtype=g.dtype)[None, :] * g[:, j : j + 1]
     return None
 
 
@@ -256,8 +269,11 @@ class PlantedLayerNorm(tf.keras.layers.Layer):
                 if wrong:
                     dx = dxhat * inv
                 else:
-                    dx = inv * (dxhat - tf.reduce_mean(dxhat, axis=-1, keepdims=True)
-                                - xhat * tf.reduce_mean(dxhat * xhat, axis=-1, keepdims=True))
+                    dx = inv * (
+                        dxhat
+                        - tf.reduce_mean(dxhat, axis=-1, keepdims=True)
+                        - xhat * tf.reduce_mean(dxhat * xhat, axis=-1, keepdims=True)
+                    )
                 return dx, tf.reduce_sum(dy * xhat, axis=0), tf.reduce_sum(dy, axis=0)
 
             return xhat * gamma + beta, grad
@@ -335,8 +351,19 @@ def planted(kind, width=16, dtype="float32", batch=16, seed_element=None):
     return Case(tf.keras.Model(inputs, out, name="planted"), batch), ("dense_1",)
 
 
-PLANTED_KINDS = ("scale", "sign", "transpose", "element", "row", "column", "bias_mean", "stop_gradient",
-                 "leaky_relu", "layer_norm", "attention")
+PLANTED_KINDS = (
+    "scale",
+    "sign",
+    "transpose",
+    "element",
+    "row",
+    "column",
+    "bias_mean",
+    "stop_gradient",
+    "leaky_relu",
+    "layer_norm",
+    "attention",
+)
 
 
 # -- correct models that must never mismatch ------------------------------------------------
@@ -348,13 +375,16 @@ def clean(kind, dtype="float32", batch=16):
         model = mlp((10, 32, 32, 1), activation="relu", dtype=dtype, batch=batch).model
         return Case(model, batch, bias_scale=0.0, train_steps=20 if kind == "relu_trained" else 0)
     if kind == "max_pool":
-        model = tf.keras.Sequential([
-            tf.keras.Input((8, 8, 2), dtype=dtype),
-            tf.keras.layers.Conv2D(4, 3, activation="relu", name="conv", dtype=dtype),
-            tf.keras.layers.MaxPooling2D(2, dtype=dtype),
-            tf.keras.layers.Flatten(dtype=dtype),
-            tf.keras.layers.Dense(3, name="logits", dtype=dtype),
-        ], name="pool")
+        model = tf.keras.Sequential(
+            [
+                tf.keras.Input((8, 8, 2), dtype=dtype),
+                tf.keras.layers.Conv2D(4, 3, activation="relu", name="conv", dtype=dtype),
+                tf.keras.layers.MaxPooling2D(2, dtype=dtype),
+                tf.keras.layers.Flatten(dtype=dtype),
+                tf.keras.layers.Dense(3, name="logits", dtype=dtype),
+            ],
+            name="pool",
+        )
         return Case(model, batch, loss="xent")
     if kind == "abs_maximum":
         inputs = tf.keras.Input((8,), dtype=dtype)
@@ -363,22 +393,28 @@ def clean(kind, dtype="float32", batch=16):
         out = tf.keras.layers.Dense(1, name="head", dtype=dtype)(h)
         return Case(tf.keras.Model(inputs, out, name="absmax"), batch)
     if kind == "batch_norm":
-        model = tf.keras.Sequential([
-            tf.keras.Input((8,), dtype=dtype),
-            tf.keras.layers.Dense(16, activation="tanh", name="dense_0", dtype=dtype),
-            tf.keras.layers.BatchNormalization(name="bn", dtype=dtype),  # inference mode: moving statistics
-            tf.keras.layers.Dense(1, name="head", dtype=dtype),
-        ], name="bn_net")
+        model = tf.keras.Sequential(
+            [
+                tf.keras.Input((8,), dtype=dtype),
+                tf.keras.layers.Dense(16, activation="tanh", name="dense_0", dtype=dtype),
+                tf.keras.layers.BatchNormalization(name="bn", dtype=dtype),  # inference mode: moving statistics
+                tf.keras.layers.Dense(1, name="head", dtype=dtype),
+            ],
+            name="bn_net",
+        )
         return Case(model, batch)
     if kind == "float16":
         return mlp((8, 16, 16, 1), dtype="float16", batch=batch)
     if kind == "embedding":
-        model = tf.keras.Sequential([
-            tf.keras.Input((5,), dtype="int32"),
-            tf.keras.layers.Embedding(50, 8, name="embed", dtype=dtype),
-            tf.keras.layers.Flatten(dtype=dtype),
-            tf.keras.layers.Dense(1, name="head", dtype=dtype),
-        ], name="emb")
+        model = tf.keras.Sequential(
+            [
+                tf.keras.Input((5,), dtype="int32"),
+                tf.keras.layers.Embedding(50, 8, name="embed", dtype=dtype),
+                tf.keras.layers.Flatten(dtype=dtype),
+                tf.keras.layers.Dense(1, name="head", dtype=dtype),
+            ],
+            name="emb",
+        )
         return Case(model, batch, vocab=50)
     if kind in ("loss_1e-8", "loss_1e6"):
         case = mlp((8, 16, 16, 1), dtype=dtype, batch=batch)
@@ -386,5 +422,14 @@ def clean(kind, dtype="float32", batch=16):
     raise ValueError(f"Expected one of {CLEAN_KINDS}. Received: {kind!r}")
 
 
-CLEAN_KINDS = ("relu", "relu_trained", "max_pool", "abs_maximum", "batch_norm", "float16", "embedding", "loss_1e-8",
-               "loss_1e6")
+CLEAN_KINDS = (
+    "relu",
+    "relu_trained",
+    "max_pool",
+    "abs_maximum",
+    "batch_norm",
+    "float16",
+    "embedding",
+    "loss_1e-8",
+    "loss_1e6",
+)

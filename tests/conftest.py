@@ -189,14 +189,12 @@ def synthetic_run(logdir, steps, every_n_steps=1, names=("dense", "dense_1", "de
 
     from tb_gradcheck import GradientWriter
 
-    model = tf.keras.Sequential(
-        [tf.keras.Input((4,))] + [tf.keras.layers.Dense(3, name=n) for n in names], name="net"
-    )
+    model = tf.keras.Sequential([tf.keras.Input((4,))] + [tf.keras.layers.Dense(3, name=n) for n in names], name="net")
     variables = model.trainable_variables
     sizes = [int(np.prod(model.get_layer(n).kernel.shape)) + 3 for n in names]
 
     def scale(j, step):
-        return (step + 1) * 10.0 ** -j
+        return (step + 1) * 10.0**-j
 
     with GradientWriter(logdir, every_n_steps=every_n_steps, **(writer_kwargs or {})) as writer:
 

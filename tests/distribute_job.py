@@ -62,7 +62,9 @@ def global_batches(strategy):
         per_replica = context.get_per_replica_batch_size(GLOBAL_BATCH)
         share = GLOBAL_BATCH // context.num_input_pipelines  # this worker's rows of each global batch
         first = context.input_pipeline_id * share
-        rows = np.concatenate([np.arange(k * GLOBAL_BATCH + first, k * GLOBAL_BATCH + first + share) for k in range(STEPS)])
+        rows = np.concatenate(
+            [np.arange(k * GLOBAL_BATCH + first, k * GLOBAL_BATCH + first + share) for k in range(STEPS)]
+        )
         return tf.data.Dataset.from_tensor_slices((x[rows], y[rows])).batch(per_replica)
 
     return strategy.distribute_datasets_from_function(dataset_fn)
@@ -141,7 +143,9 @@ def fit(strategy, run_dir, mixed=False):
         inputs = x if mixed else tokens
         # Checks too (they run once tb_gradcheck.checks exists; until then the
         # callback warns): the step bookkeeping must work on mirrored variables.
-        callback = GradientCallback(run_dir, check_every_n_steps=3, check_data=(inputs[:GLOBAL_BATCH], y[:GLOBAL_BATCH]))
+        callback = GradientCallback(
+            run_dir, check_every_n_steps=3, check_data=(inputs[:GLOBAL_BATCH], y[:GLOBAL_BATCH])
+        )
         model.fit(inputs, y, batch_size=GLOBAL_BATCH, shuffle=False, verbose=0, callbacks=[callback])
     finally:
         keras.mixed_precision.set_global_policy(previous)

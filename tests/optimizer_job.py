@@ -50,8 +50,10 @@ def custom(strategy, logdir):
     writer = summary.GradientWriter(logdir)
     variables = model.trainable_variables
     halves = strategy.experimental_distribute_values_from_function(
-        lambda ctx: (x[ctx.replica_id_in_sync_group * 8 : (ctx.replica_id_in_sync_group + 1) * 8],
-                     y[ctx.replica_id_in_sync_group * 8 : (ctx.replica_id_in_sync_group + 1) * 8])
+        lambda ctx: (
+            x[ctx.replica_id_in_sync_group * 8 : (ctx.replica_id_in_sync_group + 1) * 8],
+            y[ctx.replica_id_in_sync_group * 8 : (ctx.replica_id_in_sync_group + 1) * 8],
+        )
     )
 
     def replica_step(batch, step):

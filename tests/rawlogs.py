@@ -49,8 +49,10 @@ def stats_content(rows, window=1, aggregates=None, variables=None, **extra):
     aggregates = aggregates or (metadata.SINGLE_STEP_AGGREGATES if window == 1 else metadata.AGGREGATES)
     variables = list(rows) if variables is None else variables
     content = metadata.stats_layout(
-        {"rows": list(rows), "sizes": [1] * len(rows)}, {"rows": variables, "sizes": [1] * len(variables)},
-        aggregates, window,
+        {"rows": list(rows), "sizes": [1] * len(rows)},
+        {"rows": variables, "sizes": [1] * len(variables)},
+        aggregates,
+        window,
     )
     content.update(extra)
     return content

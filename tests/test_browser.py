@@ -34,8 +34,9 @@ def write_growing(path, first, count, name="small", steps=None, every_n_steps=1)
     from tb_gradcheck import GradientWriter
 
     tf.keras.utils.set_random_seed(1)
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3, name="a"),
-                                 tf.keras.layers.Dense(2, name="b")], name=name)
+    model = tf.keras.Sequential(
+        [tf.keras.Input((4,)), tf.keras.layers.Dense(3, name="a"), tf.keras.layers.Dense(2, name="b")], name=name
+    )
     x = tf.random.normal([8, 4], seed=1)
     with GradientWriter(str(path), every_n_steps=every_n_steps) as writer:
         for step in steps if steps is not None else range(first, first + count):
@@ -71,8 +72,14 @@ def write_checks(path):
     col = {c: i for i, c in enumerate(metadata.CHECK_COLUMNS)}
 
     def record(error, status):
-        cells = {"analytic": 1.0, "numeric": 1.0, "relative_error": error, "noise_floor": 1e-6, "min_detectable_error": 0.02,
-                 "status": status}
+        cells = {
+            "analytic": 1.0,
+            "numeric": 1.0,
+            "relative_error": error,
+            "noise_floor": 1e-6,
+            "min_detectable_error": 0.02,
+            "status": status,
+        }
         return [cells[c] for c in metadata.CHECK_COLUMNS]
 
     with tf.summary.create_file_writer(str(path)).as_default():
@@ -110,12 +117,12 @@ def write_big(path):
     base[..., nonfinite] = 0
     for b in VANISHING_BLOCKS:
         for k in (0, n):  # the layer row and its variable row
-            base[0, k + 8 * b:k + 8 * (b + 1), norm] = 1e-9
+            base[0, k + 8 * b : k + 8 * (b + 1), norm] = 1e-9
     points = []
     for step in range(BIG_STEPS):
         arr = base.copy()
         arr[0, :n, norm] *= 1 + 0.3 * np.sin(step / 5 + np.arange(n) / 40)
-        arr[0, n:2 * n, norm] = arr[0, :n, norm]
+        arr[0, n : 2 * n, norm] = arr[0, :n, norm]
         arr[0, :, col("grad_norm_finite")] = arr[0, :, norm]
         arr[0, -1, :] = 0
         arr[0, -1, 0] = step + 1
@@ -155,8 +162,14 @@ def tb(logdir):
         proc.wait_for_steps("relu_he", 200)
         proc.wait_for_steps("growing", GROWING_STEPS)
         proc.wait_for_steps("checked", 100)
-        for run, steps in [("aaa_healthy", 10), ("renamed", GROWING_STEPS), ("windowed", 10), ("gappy", len(GAPPY_STEPS)),
-                           (LONG_RUN, 5), ("transformer", BIG_STEPS)]:
+        for run, steps in [
+            ("aaa_healthy", 10),
+            ("renamed", GROWING_STEPS),
+            ("windowed", 10),
+            ("gappy", len(GAPPY_STEPS)),
+            (LONG_RUN, 5),
+            ("transformer", BIG_STEPS),
+        ]:
             proc.wait_for_steps(run, steps)
         yield proc
     finally:
@@ -255,10 +268,12 @@ class Tab:
         self.page.mouse.move(x, y, steps=2)
         self.frame.wait_for_function("() => !document.getElementById('tooltip').hidden", timeout=5000)
         self.frame.wait_for_timeout(50)  # one animation frame: the tooltip follows the last move
-        return dict(self.frame.evaluate(
-            """() => [...document.querySelectorAll('#tooltip .tip-row')].map(
+        return dict(
+            self.frame.evaluate(
+                """() => [...document.querySelectorAll('#tooltip .tip-row')].map(
                 (r) => [r.querySelector('.tip-key').textContent, r.querySelector('.tip-value').textContent])"""
-        ))
+            )
+        )
 
     def client_point(self, x, y):
         """Page point -> the iframe's client coordinates (what cellAt takes)."""
@@ -443,7 +458,9 @@ def test_findings_panel_lists_vanishing_and_a_click_highlights_its_cells(tab, tb
     assert tab.state()["highlight"] == []
 
     tab.select("#run-select", "relu_he")
-    tab.frame.wait_for_function("() => window.tbGradcheck.state().findingsRun === 'relu_he' && window.tbGradcheck.state().findings !== null")
+    tab.frame.wait_for_function(
+        "() => window.tbGradcheck.state().findingsRun === 'relu_he' && window.tbGradcheck.state().findings !== null"
+    )
     assert "No findings: gradients look healthy" in panel.inner_text()
     assert tab.frame.locator("#row-marks .row-mark").count() == 0
 
@@ -577,7 +594,10 @@ def test_the_tab_opens_on_the_run_with_the_most_severe_findings(tab, tb):
     worst = {}
     for run in runs:
         severities = [f["severity"] for f in api(tb, "findings", run=run)["findings"]]
-        worst[run] = (2 if "error" in severities else 1 if severities else 0, severities.count("error") or len(severities))
+        worst[run] = (
+            2 if "error" in severities else 1 if severities else 0,
+            severities.count("error") or len(severities),
+        )
     assert runs[0] == "aaa_healthy" and worst["aaa_healthy"] == (0, 0)
     expected = max(runs, key=lambda r: (worst[r], -runs.index(r)))
     assert worst[expected][0] == 2
@@ -627,7 +647,9 @@ def test_the_tab_follows_tensorboards_dark_mode(tab, browser, tb, artifacts):
     tab.page.evaluate("() => document.body.classList.add('dark-mode')")
     tab.frame.wait_for_function("() => window.tbGradcheck.state().dark")
     assert tab.frame.evaluate(background) == "rgb(48, 48, 48)"  # TensorBoard's #303030
-    assert tab.frame.evaluate("() => getComputedStyle(document.querySelector('.row-label')).color").startswith("rgba(255, 255, 255")
+    assert tab.frame.evaluate("() => getComputedStyle(document.querySelector('.row-label')).color").startswith(
+        "rgba(255, 255, 255"
+    )
     tab.page.screenshot(path=str(artifacts / "gradients_tab_dark.png"))
     tab.page.evaluate("() => document.body.classList.remove('dark-mode')")
     tab.frame.wait_for_function("() => !window.tbGradcheck.state().dark")
@@ -670,7 +692,9 @@ def test_a_sampled_series_has_a_linear_step_axis(tab):
     positions = {}
     for k in range(ticks.count()):
         b = ticks.nth(k).bounding_box()
-        positions[int(ticks.nth(k).inner_text().replace(",", ""))] = (b["x"] + b["width"] / 2 - axis["x"]) / axis["width"]
+        positions[int(ticks.nth(k).inner_text().replace(",", ""))] = (b["x"] + b["width"] / 2 - axis["x"]) / axis[
+            "width"
+        ]
     # Step 50 lies halfway along 0..99 (with equal columns it would sit at 30/40).
     assert abs(positions[50] - 0.505) < 0.02, positions
     # The cell under the middle of the plot is step 29's, stretched over the gap to step 90.
@@ -694,7 +718,11 @@ def test_compare_aligns_runs_whose_models_were_named_differently(tab, tb, artifa
     # Ratio by structure: the server aligns the same way.
     tab.click("#compare-mode button[data-value=ratio]")
     ratio = api(tb, "compare", run="growing", other="renamed", metric="grad_norm", align="structure")
-    assert ratio["alignment"] == "structure" and ratio["only_in_run"] == [] and ratio["other_layers"] == ["other_net/a", "other_net/b"]
+    assert (
+        ratio["alignment"] == "structure"
+        and ratio["only_in_run"] == []
+        and ratio["other_layers"] == ["other_net/a", "other_net/b"]
+    )
     assert tab.state()["drawn"]
     # By name stays available, and then nothing lines up.
     tab.click("#compare-mode button[data-value=side]")

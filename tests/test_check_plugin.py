@@ -89,8 +89,13 @@ def test_heatmap_check_error_serves_the_written_errors_and_statuses(logdir, data
     steps = sorted(wrong)
     rows = [r.name for r in (wrong[0].layers if granularity == "layer" else wrong[0].variables)]
     assert body["steps"] == steps and body["layers"] == rows
-    expected = [[float(np.float32(r.relative_error)) for r in (wrong[s].layers if granularity == "layer"
-                                                              else wrong[s].variables)] for s in steps]
+    expected = [
+        [
+            float(np.float32(r.relative_error))
+            for r in (wrong[s].layers if granularity == "layer" else wrong[s].variables)
+        ]
+        for s in steps
+    ]
     assert body["values"] == expected  # float32 storage, exact round trip
     assert body["status"] == _statuses(wrong, granularity)
     # The layer with the wrong gradient is the one the tab marks, at every check.
@@ -132,8 +137,9 @@ def test_checks_route_gives_latest_rows_failures_and_history(logdir, data_path):
         for j, name in enumerate(c["name"] for c in body["rows"]):
             seen = [s[j] for s in _statuses(wrong, granularity)]
             assert by_name[name]["checks"] == len(seen)
-            assert {k: by_name[name][k] for k in ("ok", "inconclusive", "mismatch")} == \
-                {k: seen.count(k) for k in ("ok", "inconclusive", "mismatch")}
+            assert {k: by_name[name][k] for k in ("ok", "inconclusive", "mismatch")} == {
+                k: seen.count(k) for k in ("ok", "inconclusive", "mismatch")
+            }
             hits = [s for s, status in zip(sorted(wrong), seen) if status == "mismatch"]
             assert by_name[name]["last_mismatch_step"] == (hits[-1] if hits else None)
     right = get_json(client, f"{BASE}/checks?run=right")

@@ -19,8 +19,18 @@ NOISE = 6 * SIGMA / (math.sqrt(2) * H)
 
 
 def m(a, n, direction=GRADIENT, odd=0.0, even=0.0, h=H, finite=True, unmoved=False, gradient_finite=True):
-    return {"direction": direction, "h": h, "a": a, "n": n, "odd": odd, "even": even, "finite": finite,
-            "unmoved": unmoved, "no_gradient": a == 0, "gradient_finite": gradient_finite}
+    return {
+        "direction": direction,
+        "h": h,
+        "a": a,
+        "n": n,
+        "odd": odd,
+        "even": even,
+        "finite": finite,
+        "unmoved": unmoved,
+        "no_gradient": a == 0,
+        "gradient_finite": gradient_finite,
+    }
 
 
 # Each case: measurement, tolerance, reference, expected status, a word the reason must hold ("" for none).

@@ -130,7 +130,9 @@ def test_agrees_with_tf_test_compute_gradient_on_a_tiny_layer(dtype, factor):
 
     report = check_gradients(
         lambda: f(tf.convert_to_tensor(layer.kernel), tf.convert_to_tensor(layer.bias)),
-        layer.trainable_variables, seed=0)
+        layer.trainable_variables,
+        seed=0,
+    )
     (row,) = report.layers
     probe = row.probes[0]
     assert probe.direction == "gradient"  # along g = J_t / |J_t|, so both sides are known exactly
@@ -165,12 +167,15 @@ def test_agrees_with_tf_test_compute_gradient_on_a_tiny_layer(dtype, factor):
 
 def _bn_model():
     tf.keras.utils.set_random_seed(3)
-    model = tf.keras.Sequential([
-        tf.keras.Input((4,)),
-        tf.keras.layers.Dense(8, activation="tanh", name="dense"),
-        tf.keras.layers.BatchNormalization(name="bn"),
-        tf.keras.layers.Dense(1, name="out"),
-    ], name="net")
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((4,)),
+            tf.keras.layers.Dense(8, activation="tanh", name="dense"),
+            tf.keras.layers.BatchNormalization(name="bn"),
+            tf.keras.layers.Dense(1, name="out"),
+        ],
+        name="net",
+    )
     x = tf.random.stateless_normal((16, 4), seed=[1, 2])
     y = tf.random.stateless_normal((16, 1), seed=[3, 4])
     # Non-default moving statistics, so restoring "to the initial values" by
@@ -188,8 +193,12 @@ def test_every_variable_is_bit_identical_after_a_check_and_nothing_warns_in_infe
     before = _bits(model.variables)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning fails the test
-        report = check_gradients(lambda: tf.reduce_mean((model(x, training=False) - y) ** 2),
-                                 model.trainable_variables, seed=0, granularity="variable")
+        report = check_gradients(
+            lambda: tf.reduce_mean((model(x, training=False) - y) ** 2),
+            model.trainable_variables,
+            seed=0,
+            granularity="variable",
+        )
     assert _bits(model.variables) == before
     assert [r.name for r in report.layers] == ["net/dense", "net/bn", "net/out"]
 
@@ -198,8 +207,9 @@ def test_batchnorm_in_training_mode_is_undone_and_warned_at_the_callers_line():
     model, x, y = _bn_model()
     before = _bits(model.variables)
     with pytest.warns(UserWarning, match="moving_mean.*moving_variance.*restored them bit for bit") as record:
-        report = check_gradients(lambda: tf.reduce_mean((model(x, training=True) - y) ** 2),
-                                 model.trainable_variables, seed=0)
+        report = check_gradients(
+            lambda: tf.reduce_mean((model(x, training=True) - y) ** 2), model.trainable_variables, seed=0
+        )
     assert record[0].filename == __file__  # stacklevel=2: the warning points at this call
     assert _bits(model.variables) == before
     # Each evaluation saw the same moving statistics (they are put back after
@@ -381,8 +391,14 @@ def test_nondeterministic_loss_is_never_a_mismatch():
     # Dropout in training mode draws a new mask at every evaluation: the
     # "noise" is enormous, so the check must say it cannot tell.
     tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8, activation="tanh"),
-                                 tf.keras.layers.Dropout(0.5), tf.keras.layers.Dense(1)])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((4,)),
+            tf.keras.layers.Dense(8, activation="tanh"),
+            tf.keras.layers.Dropout(0.5),
+            tf.keras.layers.Dense(1),
+        ]
+    )
     x = tf.random.stateless_normal((16, 4), seed=[0, 1])
     loss = tf.function(lambda: tf.reduce_mean(model(x, training=True) ** 2))
     for seed in range(5):
@@ -413,8 +429,11 @@ def test_bad_arguments_raise_clear_errors():
         (dict(loss_fn=good, variables=[v], seed=1.5), ValueError, r"`seed`.*Received: 1.5"),
         (dict(loss_fn=good, variables=[v], granularity="neuron"), ValueError, r"'neuron'"),
         (dict(loss_fn=tf.function(lambda: v * 2), variables=[v]), ValueError, r"scalar loss. Received: shape \(2,\)"),
-        (dict(loss_fn=tf.function(lambda: tf.constant(3)), variables=[v]), TypeError,
-         r"floating-point loss. Received: dtype int32"),
+        (
+            dict(loss_fn=tf.function(lambda: tf.constant(3)), variables=[v]),
+            TypeError,
+            r"floating-point loss. Received: dtype int32",
+        ),
         (dict(loss_fn=tf.function(lambda: (v[0], v[1])), variables=[v]), TypeError, r"Received: tuple"),
     ]
     for kwargs, error, message in cases:
@@ -423,4 +442,3 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="called eagerly, outside tf.function"):
         tf.function(lambda: check_gradients(good, [v]))()
     assert v.numpy().tolist() == [1.0, 2.0]
-

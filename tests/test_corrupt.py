@@ -27,7 +27,10 @@ R = ["m/a", "m/b"]
 STEPS = range(3)
 BASE = "/data/plugin/gradients/"
 # A check layout as tb_gradcheck wrote it before min_detectable_error: readers take columns by name.
-CHECK = {**metadata.check_layout("layer", R), "columns": ["analytic", "numeric", "relative_error", "noise_floor", "status"]}
+CHECK = {
+    **metadata.check_layout("layer", R),
+    "columns": ["analytic", "numeric", "relative_error", "noise_floor", "status"],
+}
 SHAPE = (1, 2 + 2 + 1, C)  # one slab; two layers, two variables and the header row; the stored columns
 
 
@@ -88,12 +91,15 @@ CASES = {
         "include none of ['grad_norm'",
     ),
     "check_without_status": (
-        lambda d: write_raw(d, [(s, np.ones((2, 1), np.float32)) for s in STEPS], content=dict(CHECK, columns=["analytic"])),
+        lambda d: write_raw(
+            d, [(s, np.ones((2, 1), np.float32)) for s in STEPS], content=dict(CHECK, columns=["analytic"])
+        ),
         "needs a 'status' column",
     ),
     "check_status_out_of_range": (
-        lambda d: write_raw(d, [(s, np.array([[1, 1, 0.1, 1e-3, 7], [1, 1, 0.1, 1e-3, 0]], np.float32)) for s in STEPS],
-                            content=CHECK),
+        lambda d: write_raw(
+            d, [(s, np.array([[1, 1, 0.1, 1e-3, 7], [1, 1, 0.1, 1e-3, 0]], np.float32)) for s in STEPS], content=CHECK
+        ),
         "3 of 3 points have an unknown check status code",
     ),
     "nan_write_counter": (
@@ -137,10 +143,15 @@ def logdir(tmp_path_factory):
     for run, (write, _) in CASES.items():
         write(root / run)
     # Stored oddly but readable: must be served, with no problem.
-    write_raw(root / "only_mean_aggregate", stats_points(2, STEPS, value=2.0), content=stats_content(R, aggregates=["mean"]))
+    write_raw(
+        root / "only_mean_aggregate", stats_points(2, STEPS, value=2.0), content=stats_content(R, aggregates=["mean"])
+    )
     reordered = dict(CHECK, columns=["status", "relative_error", "analytic", "numeric"])
-    write_raw(root / "check_columns_reordered", [(s, np.array([[2, 0.5, 1, 1], [np.nan, 0, 0, 0]], np.float32)) for s in STEPS],
-              content=reordered)
+    write_raw(
+        root / "check_columns_reordered",
+        [(s, np.array([[2, 0.5, 1, 1], [np.nan, 0, 0, 0]], np.float32)) for s in STEPS],
+        content=reordered,
+    )
     write_raw(root / "all_nan", stats_points(2, range(30), value=np.nan), content=stats_content(R))
     return root
 

@@ -21,8 +21,20 @@ STEPS = 150
 def demo_logdir(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("demo")
     out = subprocess.run(
-        [sys.executable, "-m", "tb_gradcheck.cli", "demo", "--no-serve", "--steps", str(STEPS), "--logdir", str(logdir)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "tb_gradcheck.cli",
+            "demo",
+            "--no-serve",
+            "--steps",
+            str(STEPS),
+            "--logdir",
+            str(logdir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Wrote 2 runs" in out.stdout
@@ -48,9 +60,23 @@ def test_sigmoid_run_vanishes_toward_the_input_and_relu_he_does_not(demo_logdir)
 def test_demo_starts_tensorboard_and_prints_the_tab_url(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tb_gradcheck.cli", "demo", "--steps", "20", "--logdir", str(tmp_path),
-         "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tb_gradcheck.cli",
+            "demo",
+            "--steps",
+            "20",
+            "--logdir",
+            str(tmp_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         url = None

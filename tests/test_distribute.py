@@ -44,10 +44,16 @@ def run_processes(kind, out, n=1):
     for i in range(n):
         if n > 1:
             env = dict(env, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
-        procs.append(subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "distribute_job.py"), kind, str(out)],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "distribute_job.py"), kind, str(out)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outputs = []
     try:
         for p in procs:
@@ -153,7 +159,9 @@ def test_mirrored_fit_with_mixed_precision_shows_the_skipped_step(mirrored):
             # LossScaleOptimizer checked), hidden layer overflowed.
             assert (a[0, :2, COL["grad_nonfinite"]] > 0).all() and (b[0, :2, COL["grad_nonfinite"]] > 0).all()
             continue
-        np.testing.assert_allclose(a[..., GRAD_COLUMNS], b[..., GRAD_COLUMNS], rtol=FLOAT16_RTOL, err_msg=f"step {step}")
+        np.testing.assert_allclose(
+            a[..., GRAD_COLUMNS], b[..., GRAD_COLUMNS], rtol=FLOAT16_RTOL, err_msg=f"step {step}"
+        )
 
 
 def test_multi_worker_only_the_chief_writes_and_matches_one_process(tmp_path):
@@ -164,7 +172,10 @@ def test_multi_worker_only_the_chief_writes_and_matches_one_process(tmp_path):
     for scenario in ("writer", "callback"):
         run = tmp_path / "cluster" / scenario
         run = run / "train" if scenario == "callback" else run
-        files = [os.path.basename(p) for p in glob.glob(str(tmp_path / "cluster" / scenario / "**" / "events.out.tfevents.*"), recursive=True)]
+        files = [
+            os.path.basename(p)
+            for p in glob.glob(str(tmp_path / "cluster" / scenario / "**" / "events.out.tfevents.*"), recursive=True)
+        ]
         assert len(files) == 1 and f".{chief['pid']}." in files[0], files  # none from the other worker
 
         weights, _ = job.custom_loop(single, str(tmp_path / "single" / scenario), scenario)

@@ -18,8 +18,14 @@ BASE = "/data/plugin/gradients"
 def run_example(name, *args):
     # PYTHONPATH: this checkout's tb_gradcheck, not whichever one is installed.
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / name), *map(str, args)],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -42,7 +48,9 @@ def test_vanishing_or_wrong_writes_norms_and_per_variable_checks_the_tab_shows(v
         assert entry["check_granularities"] == ["layer", "variable"]
         heat = get_json(client, f"{BASE}/heatmap?run={run}&metric=check_error&granularity=variable")
         assert heat["steps"] == [0, 20, 40]
-        assert heat["layers"] == [f"{run}/{v}" for v in ("hidden/kernel", "hidden/bias", "output/kernel", "output/bias")]
+        assert heat["layers"] == [
+            f"{run}/{v}" for v in ("hidden/kernel", "hidden/bias", "output/kernel", "output/bias")
+        ]
 
     def norms(run):
         return np.array(get_json(client, f"{BASE}/heatmap?run={run}&metric=grad_norm")["values"], float)
@@ -72,8 +80,14 @@ def test_vanishing_or_wrong_reasons_name_the_real_cause(vanishing_or_wrong):
     # tolerance says so (the small_init/output/bias: 2.37e-1 against
     # a floor of 3.24e-3 was called "below the noise floor").
     _, stdout = vanishing_or_wrong
-    rows = [line.split() for line in stdout.splitlines() if line.split()[:1] and "/" in line.split()[0]
-            and len(line.split()) >= 8 and line.split()[7] in ("ok", "inconclusive", "mismatch")]
+    rows = [
+        line.split()
+        for line in stdout.splitlines()
+        if line.split()[:1]
+        and "/" in line.split()[0]
+        and len(line.split()) >= 8
+        and line.split()[7] in ("ok", "inconclusive", "mismatch")
+    ]
     assert len(rows) >= 18  # 3 runs x (2 layers + 4 variables)
     for row in rows:
         analytic, numeric, floor = float(row[1]), float(row[2]), float(row[5])

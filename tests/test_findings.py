@@ -108,7 +108,9 @@ def test_max_aggregate_shows_the_spike_window(logdir):
 def report(logdir, *args):
     out = subprocess.run(
         [sys.executable, "-m", "tb_gradcheck.cli", "report", str(logdir), *args],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     return out.returncode, out.stdout, out.stderr
 
@@ -135,8 +137,9 @@ def test_report_cli_usage_and_data_errors_exit_2(logdir, tmp_path):
         ((str(logdir), "--threshold", "persistence"), "NAME=VALUE"),
         ((str(logdir), "--threshold", "persistence=lots"), "must be a number"),
     ]:
-        out = subprocess.run([sys.executable, "-m", "tb_gradcheck.cli", "report", *args],
-                             capture_output=True, text=True, timeout=180)
+        out = subprocess.run(
+            [sys.executable, "-m", "tb_gradcheck.cli", "report", *args], capture_output=True, text=True, timeout=180
+        )
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert message in out.stderr, (args, out.stderr)
 
@@ -144,16 +147,31 @@ def test_report_cli_usage_and_data_errors_exit_2(logdir, tmp_path):
 def test_threshold_override_changes_the_verdict(logdir):
     code, out, _ = report(logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12")
     assert code == 1 and "too small against its weights" in out  # the ratio floor still holds
-    code, out, _ = report(logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12",
-                          "--threshold", "vanishing_ratio=0")
+    code, out, _ = report(
+        logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12", "--threshold", "vanishing_ratio=0"
+    )
     assert code == 0, out
 
 
 def test_export_cli_and_route_agree(logdir, tmp_path):
     target = tmp_path / "m.csv"
     out = subprocess.run(
-        [sys.executable, "-m", "tb_gradcheck.cli", "export", str(logdir), "--run", "nan", "--metric", "grad_nonfinite",
-         "-o", str(target)], capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "tb_gradcheck.cli",
+            "export",
+            str(logdir),
+            "--run",
+            "nan",
+            "--metric",
+            "grad_nonfinite",
+            "-o",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert out.returncode == 0, out.stderr
     lines = target.read_text().splitlines()

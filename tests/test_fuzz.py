@@ -42,8 +42,11 @@ KEYS = ("run", "other", "metric", "granularity", "aggregate", "width", "reduce",
 HOSTILE_RUN = "<img src=x onerror=alert(1)> \"q\" 'q' &a=b%20+#?"
 UNICODE_RUN = "日本語 \u202eرن"
 HOSTILE_LAYERS = ("<img src=x onerror=alert(1)>", "a\"b'c", "\u202eevil\u200f", "日本語/層", "x" * 300)
-FUZZ = settings(max_examples=int(os.environ.get("TB_GRADCHECK_FUZZ_EXAMPLES", "300")), deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=int(os.environ.get("TB_GRADCHECK_FUZZ_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def write_logdir(root):
@@ -63,12 +66,20 @@ def write_logdir(root):
         for step in range(5):
             writer.write([tf.constant([1e-12 if i == 0 else 1.0]) for i in range(len(hostile))], hostile, step)
     check = metadata.check_layout("layer", ["c/a", "c/b"])
-    write_raw(root / "check_only", [(s, np.array([[1, 1, 0.0, 0], [1, 2, 0.5, 2]], np.float32)) for s in range(4)],
-              content=check)
+    write_raw(
+        root / "check_only",
+        [(s, np.array([[1, 1, 0.0, 0], [1, 2, 0.5, 2]], np.float32)) for s in range(4)],
+        content=check,
+    )
     write_raw(root / "problems_only", stats_points(2, range(3)), content=dict(stats_content(["p/a", "p/b"]), version=7))
-    write_raw(root / "no_readable_points", [(s, np.ones((1, 5, C))) for s in range(3)], content=stats_content(["n/a", "n/b"]))
-    write_raw(root / "variable_check_only", [(s, np.array([[1, 1, 0.0, 0]], np.float32)) for s in range(3)],
-              content=metadata.check_layout("variable", ["v/x"]))
+    write_raw(
+        root / "no_readable_points", [(s, np.ones((1, 5, C))) for s in range(3)], content=stats_content(["n/a", "n/b"])
+    )
+    write_raw(
+        root / "variable_check_only",
+        [(s, np.array([[1, 1, 0.0, 0]], np.float32)) for s in range(3)],
+        content=metadata.check_layout("variable", ["v/x"]),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +94,31 @@ def app(logdir):
     client, _ = make_app(logdir, "python")
     wait_for_steps(client, "good", 30)
     runs = {e["run"]: e for e in get_json(client, BASE + "runs")["runs"]}
-    assert set(runs) == {"good", UNICODE_RUN, "windowed", HOSTILE_RUN, "check_only", "problems_only", "no_readable_points",
-                         "variable_check_only"}, sorted(runs)
+    assert set(runs) == {
+        "good",
+        UNICODE_RUN,
+        "windowed",
+        HOSTILE_RUN,
+        "check_only",
+        "problems_only",
+        "no_readable_points",
+        "variable_check_only",
+    }, sorted(runs)
     return client, runs
 
 
 # -- strategies --------------------------------------------------------------------
 
-RUN_NAMES = ["good", UNICODE_RUN, "windowed", HOSTILE_RUN, "check_only", "problems_only", "no_readable_points", "variable_check_only"]
+RUN_NAMES = [
+    "good",
+    UNICODE_RUN,
+    "windowed",
+    HOSTILE_RUN,
+    "check_only",
+    "problems_only",
+    "no_readable_points",
+    "variable_check_only",
+]
 KNOWN = {
     "run": RUN_NAMES,
     "other": RUN_NAMES,
@@ -102,8 +130,27 @@ KNOWN = {
     "format": ["csv", "json"],
     "encoding": ["json", "f32"],
 }
-odd_numbers = st.sampled_from(["0", "-1", "-0", "100001", "1e3", "2.5", "NaN", "inf", " 5", "5 ", "1_000", "\u0663",
-                               "0x10", "9" * 30, "+3", "", "-"])
+odd_numbers = st.sampled_from(
+    [
+        "0",
+        "-1",
+        "-0",
+        "100001",
+        "1e3",
+        "2.5",
+        "NaN",
+        "inf",
+        " 5",
+        "5 ",
+        "1_000",
+        "\u0663",
+        "0x10",
+        "9" * 30,
+        "+3",
+        "",
+        "-",
+    ]
+)
 odd_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40) | st.sampled_from(
     ["", " ", "\x00", "..", "../good", "%", "%00", "\u202e", "\ufeff", "good\x00", "GOOD", "good ", "a" * 5000]
 )
@@ -146,8 +193,12 @@ def check_answer(url, response):
 
 
 @FUZZ
-@given(route=st.sampled_from(ROUTES), pairs=queries(), raw=st.binary(max_size=12) | st.just(b""),
-       prefix=st.sampled_from(["", "/experiment/123", "/experiment/%E2%80%AE"]))
+@given(
+    route=st.sampled_from(ROUTES),
+    pairs=queries(),
+    raw=st.binary(max_size=12) | st.just(b""),
+    prefix=st.sampled_from(["", "/experiment/123", "/experiment/%E2%80%AE"]),
+)
 def test_any_query_on_any_route_answers_200_400_or_404(app, route, pairs, raw, prefix):
     client, _ = app
     url = f"{prefix}{BASE}{route}?{encode(pairs, raw)}"
@@ -155,8 +206,12 @@ def test_any_query_on_any_route_answers_200_400_or_404(app, route, pairs, raw, p
 
 
 @FUZZ
-@given(path=st.lists(odd_text | st.sampled_from(["index.js", "..", ".", "static", "style.css", ""]), min_size=1, max_size=4),
-       encoded=st.booleans())
+@given(
+    path=st.lists(
+        odd_text | st.sampled_from(["index.js", "..", ".", "static", "style.css", ""]), min_size=1, max_size=4
+    ),
+    encoded=st.booleans(),
+)
 def test_static_paths_serve_only_the_tabs_own_files(app, path, encoded):
     client, _ = app
     joined = "/".join(path)
@@ -190,8 +245,13 @@ def test_valid_selections_always_answer_well_formed_200(app):
     @given(selection=valid_selections(runs))
     def check(selection):
         run, metric, granularity, aggregate, width, reduce, encoding = selection
-        pairs = [("run", run), ("metric", metric), ("granularity", granularity), ("aggregate", aggregate),
-                 ("reduce", reduce)] + ([("width", str(width))] if width else [])
+        pairs = [
+            ("run", run),
+            ("metric", metric),
+            ("granularity", granularity),
+            ("aggregate", aggregate),
+            ("reduce", reduce),
+        ] + ([("width", str(width))] if width else [])
         body = get_json(client, BASE + "heatmap?" + encode(pairs))
         assert body["run"] == run and body["layers"] == runs[run]["granularities"][granularity]["rows"]
         assert len(body["values"]) == len(body["steps"]) and all(len(r) == len(body["layers"]) for r in body["values"])
@@ -237,7 +297,10 @@ def test_unknown_runs_answer_404_on_every_route(app, run, metric):
 
 
 @FUZZ
-@given(width=odd_numbers.filter(lambda w: w != ""), key=st.sampled_from(["width", "granularity", "reduce", "run", "metric"]))
+@given(
+    width=odd_numbers.filter(lambda w: w != ""),
+    key=st.sampled_from(["width", "granularity", "reduce", "run", "metric"]),
+)
 def test_malformed_or_repeated_parameters_answer_400(app, width, key):
     client, _ = app
     base = [("run", "good"), ("metric", "grad_norm")]

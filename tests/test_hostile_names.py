@@ -55,8 +55,12 @@ def tb(tmp_path_factory):
             writer.write([tf.fill(v.shape, s) for v, s in zip(variables, scale)], variables, step)
     write_raw(logdir / RUN, stats_points(1, range(2)), tag=TAG, content=b"not json")  # a problem with a hostile tag
     # A run with nothing readable: the tab must say why it shows nothing.
-    write_raw(logdir / UNREADABLE, stats_points(1, range(2)), tag="gradients/stats/future",
-              content=b'{"version": 99, "kind": "stats"}')
+    write_raw(
+        logdir / UNREADABLE,
+        stats_points(1, range(2)),
+        tag="gradients/stats/future",
+        content=b'{"version": 99, "kind": "stats"}',
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = TensorBoardProcess(logdir, env=env)
     try:
@@ -98,7 +102,9 @@ def test_hostile_names_show_as_literal_text_and_run_no_script(browser, tb):
         assert state["run"] == RUN and state["rows"] == ROWS and state["drawn"]
 
         # The run selector: the name, as text, and as the value it sends back.
-        option = frame.evaluate("() => { const o = document.querySelector('#run-select option'); return [o.textContent, o.value]; }")
+        option = frame.evaluate(
+            "() => { const o = document.querySelector('#run-select option'); return [o.textContent, o.value]; }"
+        )
         assert option == [RUN, RUN]
 
         # Row labels: the full name in the title and the text (long names are
@@ -132,7 +138,9 @@ def test_hostile_names_show_as_literal_text_and_run_no_script(browser, tb):
             return [x(at + 2), x(at + 11)];
         }""")
         assert order[0] < order[1], order
-        chips = frame.evaluate("() => [...document.querySelectorAll('.layer-chip .layer-name')].map((n) => n.textContent)")
+        chips = frame.evaluate(
+            "() => [...document.querySelectorAll('.layer-chip .layer-name')].map((n) => n.textContent)"
+        )
         assert f"m/{IMG}" in chips, chips
 
         # The problems box lists the unreadable tag by its name.
@@ -147,24 +155,26 @@ def test_hostile_names_show_as_literal_text_and_run_no_script(browser, tb):
             page.mouse.move(x, y, steps=2)
             frame.wait_for_function("() => !document.getElementById('tooltip').hidden", timeout=5000)
             frame.wait_for_timeout(50)
-            tip = dict(frame.evaluate(
-                "() => [...document.querySelectorAll('#tooltip .tip-row')].map("
-                "(r) => [r.querySelector('.tip-key').textContent, r.querySelector('.tip-value').textContent])"
-            ))
+            tip = dict(
+                frame.evaluate(
+                    "() => [...document.querySelectorAll('#tooltip .tip-row')].map("
+                    "(r) => [r.querySelector('.tip-key').textContent, r.querySelector('.tip-value').textContent])"
+                )
+            )
             assert tip["layer"] == name and tip["run"] == RUN, tip
 
         # The download link carries the hostile run name through the URL and back.
         href = frame.evaluate("() => document.getElementById('download').href")
         assert urllib.parse.parse_qs(urllib.parse.urlparse(href).query)["run"] == [RUN]
-        fetched = frame.evaluate("async (u) => { const r = await fetch(u); return [r.status, (await r.text()).split('\\n')[0]]; }", href)
+        fetched = frame.evaluate(
+            "async (u) => { const r = await fetch(u); return [r.status, (await r.text()).split('\\n')[0]]; }", href
+        )
         assert fetched[0] == 200 and next(csv.reader([fetched[1]])) == ["step"] + ROWS, fetched
 
         # Nothing ran and nothing became markup.
         for where in (page, frame):
             assert where.evaluate("() => window.__pwned") is None
-        markup = frame.evaluate(
-            "() => document.querySelectorAll('img, svg, [onerror], [onload]').length"
-        )
+        markup = frame.evaluate("() => document.querySelectorAll('img, svg, [onerror], [onload]').length")
         # The only script is TensorBoard's own entry script, which imports index.js and calls render().
         scripts = frame.evaluate("() => [...document.querySelectorAll('script')].map((n) => n.textContent)")
         assert markup == 0 and len(scripts) == 1 and "m.render()" in scripts[0], (markup, scripts)
@@ -192,7 +202,9 @@ def test_a_run_with_only_unreadable_tags_shows_why(browser, tb):
         assert problems.is_visible()
         text = problems.text_content()
         assert "gradients/stats/future" in text and "written by a newer tb_gradcheck (content version 99" in text, text
-        error = frame.evaluate("() => { const e = document.getElementById('error'); return e.hidden ? null : e.textContent; }")
+        error = frame.evaluate(
+            "() => { const e = document.getElementById('error'); return e.hidden ? null : e.textContent; }"
+        )
         assert error == f"Nothing in run {UNREADABLE} can be read; see the problems above.", error
         assert heatmap_requests == [], heatmap_requests  # nothing to ask for, so nothing asked
         assert errors == [], errors

@@ -96,15 +96,11 @@ def test_logged_norms_are_the_hand_computed_gradients_sgd_applied(tmp_path, run_
     for (_, layer, _), (_, var, _), before, after in zip(layers, variables, recorder.before, recorder.after):
         grads = mlp_gradients(before, x, y)
         np.testing.assert_allclose(layer[LAST, :, COL["grad_norm"]], layer_norms(grads), rtol=HAND_RTOL)
-        np.testing.assert_allclose(
-            var[LAST, :, COL["grad_max_abs"]], [np.abs(g).max() for g in grads], rtol=HAND_RTOL
-        )
+        np.testing.assert_allclose(var[LAST, :, COL["grad_max_abs"]], [np.abs(g).max() for g in grads], rtol=HAND_RTOL)
         # Weight columns are of the weights the gradient was taken at.
         np.testing.assert_allclose(layer[LAST, :, COL["weight_norm"]], layer_norms(before), rtol=1e-6)
         # And it is what SGD applied: w_after = w_before - 0.1 * g.
-        np.testing.assert_allclose(
-            [a - 0.1 * g for a, g in zip(before[0], grads[0])], after[0], rtol=1e-5, atol=1e-7
-        )
+        np.testing.assert_allclose([a - 0.1 * g for a, g in zip(before[0], grads[0])], after[0], rtol=1e-5, atol=1e-7)
 
 
 def test_clipped_gradients_are_recorded_as_applied(tmp_path):

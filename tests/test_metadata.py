@@ -11,9 +11,12 @@ from tb_gradcheck import metadata
 
 def stats_layout(rows=("a", "b")):
     variables = [f"{r}/kernel" for r in rows]
-    return metadata.stats_layout({"rows": rows, "sizes": [3] * len(rows)},
-                                 {"rows": variables, "sizes": [3] * len(rows), "sparse_rows": variables[:1]},
-                                 aggregates=("last",), window=1)
+    return metadata.stats_layout(
+        {"rows": rows, "sizes": [3] * len(rows)},
+        {"rows": variables, "sizes": [3] * len(rows), "sparse_rows": variables[:1]},
+        aggregates=("last",),
+        window=1,
+    )
 
 
 def test_round_trip_shape_and_row_slices():
@@ -43,22 +46,60 @@ def test_tag_fingerprint_follows_the_layout():
         (b"{}", "no integer version"),
         (json.dumps({"version": 99, "kind": "stats"}).encode(), "newer tb_gradcheck"),
         (json.dumps({"version": 1, "kind": "histogram"}).encode(), "unknown kind"),
-        (json.dumps({"version": 1, "kind": "check", "granularity": "neuron", "columns": ["x"]}).encode(),
-         "unknown granularity"),
-        (json.dumps({"version": 1, "kind": "check", "granularity": "layer", "columns": ["x"], "rows": []}).encode(),
-         "rows must be"),
-        (json.dumps({"version": 1, "kind": "check", "granularity": "layer", "rows": ["a", "a"],
-                     "columns": ["x"]}).encode(), "duplicates"),
-        (json.dumps({"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["median"], "window": 1}).encode(),
-         "unknown aggregates"),
-        (json.dumps({"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["last"], "window": 0}).encode(),
-         "window must be"),
-        (json.dumps({"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["last"], "window": 1}).encode(),
-         "no 'layer' block"),
-        (json.dumps({"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["last"], "window": 1,
-                     "layer": {"rows": ["a"], "sizes": [1, 2]}}).encode(), "one integer per row"),
-        (json.dumps({"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["last"], "window": 1,
-                     "layer": {"rows": ["a"], "sizes": [1], "sparse_rows": ["z"]}}).encode(), "sparse_rows"),
+        (
+            json.dumps({"version": 1, "kind": "check", "granularity": "neuron", "columns": ["x"]}).encode(),
+            "unknown granularity",
+        ),
+        (
+            json.dumps({"version": 1, "kind": "check", "granularity": "layer", "columns": ["x"], "rows": []}).encode(),
+            "rows must be",
+        ),
+        (
+            json.dumps(
+                {"version": 1, "kind": "check", "granularity": "layer", "rows": ["a", "a"], "columns": ["x"]}
+            ).encode(),
+            "duplicates",
+        ),
+        (
+            json.dumps(
+                {"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["median"], "window": 1}
+            ).encode(),
+            "unknown aggregates",
+        ),
+        (
+            json.dumps({"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["last"], "window": 0}).encode(),
+            "window must be",
+        ),
+        (
+            json.dumps({"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["last"], "window": 1}).encode(),
+            "no 'layer' block",
+        ),
+        (
+            json.dumps(
+                {
+                    "version": 1,
+                    "kind": "stats",
+                    "columns": ["x"],
+                    "aggregates": ["last"],
+                    "window": 1,
+                    "layer": {"rows": ["a"], "sizes": [1, 2]},
+                }
+            ).encode(),
+            "one integer per row",
+        ),
+        (
+            json.dumps(
+                {
+                    "version": 1,
+                    "kind": "stats",
+                    "columns": ["x"],
+                    "aggregates": ["last"],
+                    "window": 1,
+                    "layer": {"rows": ["a"], "sizes": [1], "sparse_rows": ["z"]},
+                }
+            ).encode(),
+            "sparse_rows",
+        ),
     ],
 )
 def test_parse_refuses_bad_content_with_the_reason(raw, reason):

@@ -34,7 +34,10 @@ def policy():
 def columns(run_dir, granularity="variable"):
     """``[(step, {column: values of the last slab})]`` of one run, columns by the layout's names."""
     names = stats_content(run_dir)["columns"]
-    return [(s, {c: arr[LAST, :, i] for i, c in enumerate(names)}) for s, arr, _ in read_events(run_dir, granularity=granularity)]
+    return [
+        (s, {c: arr[LAST, :, i] for i, c in enumerate(names)})
+        for s, arr, _ in read_events(run_dir, granularity=granularity)
+    ]
 
 
 def variable_norms(tensors):
@@ -83,8 +86,15 @@ def test_adam_update_is_the_weights_change(tmp_path, every_n_steps):
     model = tanh_mlp()
     model.compile(optimizer=keras.optimizers.AdamW(0.01, weight_decay=0.1), loss="mse")
     recorder = WeightRecorder()
-    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
-              callbacks=[recorder, GradientCallback(tmp_path, every_n_steps=every_n_steps)])
+    model.fit(
+        x,
+        y,
+        batch_size=4,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[recorder, GradientCallback(tmp_path, every_n_steps=every_n_steps)],
+    )
     written = columns(tmp_path / "train")
     assert [s for s, _ in written] == list(range(every_n_steps, 9, every_n_steps)) + ([8] if every_n_steps == 3 else [])
     for step, col in written:
@@ -98,7 +108,9 @@ def test_adam_update_is_the_weights_change(tmp_path, every_n_steps):
 
 
 @pytest.mark.parametrize(
-    "clip", [{"global_clipnorm": 0.05}, {"clipnorm": 0.02}, {"clipvalue": 1e-3}], ids=["global_clipnorm", "clipnorm", "clipvalue"]
+    "clip",
+    [{"global_clipnorm": 0.05}, {"clipnorm": 0.02}, {"clipvalue": 1e-3}],
+    ids=["global_clipnorm", "clipnorm", "clipvalue"],
 )
 def test_grad_norm_before_clip_is_the_unclipped_gradient(tmp_path, clip):
     x, y = data()
@@ -127,8 +139,7 @@ def test_refused_mixed_precision_steps_have_zero_update_and_halve_the_loss_scale
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1024.0)
     model.compile(optimizer=optimizer, loss="mse")
     recorder = WeightRecorder()
-    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
-              callbacks=[recorder, GradientCallback(tmp_path)])
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[recorder, GradientCallback(tmp_path)])
     written = columns(tmp_path / "train")
     assert [s for s, _ in written] == [1, 2, 3, 4, 5, 6]
     refused = [3, 6]
@@ -170,8 +181,9 @@ def test_refused_steps_of_a_window_are_counted_at_its_write(tmp_path, policy):
     x[16, 0] = 1e30
     model = tanh_mlp()
     model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
-    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
-              callbacks=[GradientCallback(tmp_path, every_n_steps=4)])
+    model.fit(
+        x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[GradientCallback(tmp_path, every_n_steps=4)]
+    )
     written = columns(tmp_path / "train")
     assert [s for s, _ in written] == [4, 6]  # the partial window at the end has no optimizer values
     assert (written[0][1]["refused_steps"] == 1).all() and (written[1][1]["refused_steps"] == -1).all()
@@ -208,15 +220,17 @@ def custom_loop(writer, model, optimizer, x, y, steps, strategy=None):
 def test_custom_loop_bracket_inside_tf_function(tmp_path):
     x, y = data()
     model = tanh_mlp()
-    befores, afters = custom_loop(summary.GradientWriter(tmp_path, every_n_steps=2), model,
-                                  keras.optimizers.Adam(0.01), x, y, steps=4)
+    befores, afters = custom_loop(
+        summary.GradientWriter(tmp_path, every_n_steps=2), model, keras.optimizers.Adam(0.01), x, y, steps=4
+    )
     written = columns(tmp_path)
     assert [s for s, _ in written] == [2, 4]
     for step, col in written:
         before, after = befores[step - 1], afters[step - 1]
         np.testing.assert_allclose(col["update_norm"], variable_norms(diff(after, before)), rtol=UPDATE_RTOL)
-        np.testing.assert_allclose(col["grad_norm_before_clip"], variable_norms(mlp_gradients(before, x, y)),
-                                   rtol=HAND_RTOL)
+        np.testing.assert_allclose(
+            col["grad_norm_before_clip"], variable_norms(mlp_gradients(before, x, y)), rtol=HAND_RTOL
+        )
 
 
 def test_update_and_before_clip_under_mirrored_strategy(tmp_path):
@@ -229,8 +243,15 @@ def test_update_and_before_clip_under_mirrored_strategy(tmp_path):
     from conftest import ROOT
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "optimizer_job.py"), str(tmp_path)],
-                          check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "optimizer_job.py"), str(tmp_path)],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     x, y = optimizer_job.arrays()
@@ -240,10 +261,12 @@ def test_update_and_before_clip_under_mirrored_strategy(tmp_path):
         assert [s for s, _ in written] == list(range(1, optimizer_job.STEPS + 1))
         for (_step, col), before, after in zip(written, befores, afters):
             # The sum over both replicas of the gradient before clipping: the global batch's gradient.
-            np.testing.assert_allclose(col["grad_norm_before_clip"], variable_norms(mlp_gradients(before, x, y)),
-                                       rtol=HAND_RTOL, err_msg=name)
-            np.testing.assert_allclose(col["update_norm"], variable_norms(diff(after, before)), rtol=UPDATE_RTOL,
-                                       err_msg=name)
+            np.testing.assert_allclose(
+                col["grad_norm_before_clip"], variable_norms(mlp_gradients(before, x, y)), rtol=HAND_RTOL, err_msg=name
+            )
+            np.testing.assert_allclose(
+                col["update_norm"], variable_norms(diff(after, before)), rtol=UPDATE_RTOL, err_msg=name
+            )
 
 
 def test_write_refuses_an_update_that_is_not_a_bracket(tmp_path):
@@ -264,7 +287,7 @@ def test_eager_bracket_with_no_write_step_reads_nothing_and_writes_missing_at_cl
         assert update._update.numpy().tolist() == [-1.0]  # not a write step: no read, no norm
         writer.write([tf.constant([1.0, 1.0])], [v], step, update=update)
     writer.close()
-    (_, col), = columns(tmp_path)
+    ((_, col),) = columns(tmp_path)
     assert col["update_norm"][0] == -1 and col["weight_norm"][0] == pytest.approx(4.0, rel=1e-6)
 
 

@@ -24,14 +24,17 @@ def fit(logdir, optimizer, first_scale=1.0, init_std=0.05, input_scale=1.0):
     x = (rng.normal(size=(32, 3)) * input_scale).astype(np.float32)
     y = rng.normal(size=(32, 1)).astype(np.float32)
     keras.utils.set_random_seed(2)
-    model = keras.Sequential([
-        keras.Input((3,)),
-        keras.layers.Dense(16, name="first", kernel_initializer=keras.initializers.RandomNormal(stddev=init_std)),
-        keras.layers.Rescaling(first_scale, name="scale"),
-        keras.layers.Activation("tanh"),
-        keras.layers.Dense(16, activation="tanh", name="middle"),
-        keras.layers.Dense(1, name="last"),
-    ], name="net")
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(16, name="first", kernel_initializer=keras.initializers.RandomNormal(stddev=init_std)),
+            keras.layers.Rescaling(first_scale, name="scale"),
+            keras.layers.Activation("tanh"),
+            keras.layers.Dense(16, activation="tanh", name="middle"),
+            keras.layers.Dense(1, name="last"),
+        ],
+        name="net",
+    )
     model.compile(optimizer=optimizer, loss="mse")
     model.fit(x, y, batch_size=32, epochs=STEPS, verbose=0, callbacks=[GradientCallback(logdir)])
     st, ctx, eid = store.local_store(logdir)

@@ -86,8 +86,13 @@ def test_float64_twin_catches_every_planted_kind_at_the_default_cost(kind):
 
 @pytest.mark.parametrize(
     "kind, location",
-    [("element", "dense_1/kernel[1, 2]"), ("row", "dense_1/kernel[1, :]"), ("column", "dense_1/kernel[:, 2]"),
-     ("stop_gradient", "dense_1/kernel[:, 8:16]"), ("bias_mean", "dense_1/bias")],
+    [
+        ("element", "dense_1/kernel[1, 2]"),
+        ("row", "dense_1/kernel[1, :]"),
+        ("column", "dense_1/kernel[:, 2]"),
+        ("stop_gradient", "dense_1/kernel[:, 8:16]"),
+        ("bias_mean", "dense_1/bias"),
+    ],
 )
 def test_a_mismatch_is_located_by_bisection_within_a_few_dozen_evaluations(kind, location):
     case, _ = check_models.planted(kind, dtype="float64")
@@ -98,8 +103,15 @@ def test_a_mismatch_is_located_by_bisection_within_a_few_dozen_evaluations(kind,
     assert f"(at {location})" in str(located) and located.to_dict()["layers"][1]["location"] == location
     # The same seed and state: the only extra evaluations are the bisection's
     # (the two runs are identical, so compare against the probes' own count).
-    probing = 1 + 8 + sum(4 * (1 + (p.reason.startswith("confirmed") or p.reason.startswith("smooth")))
-                          for r in unlocated.layers for p in r.probes)
+    probing = (
+        1
+        + 8
+        + sum(
+            4 * (1 + (p.reason.startswith("confirmed") or p.reason.startswith("smooth")))
+            for r in unlocated.layers
+            for p in r.probes
+        )
+    )
     assert located.evaluations - probing <= 64, (located.evaluations, probing)
 
 
@@ -128,7 +140,7 @@ def test_power_is_in_the_table_the_dict_and_the_stored_check_column(tmp_path):
 
     with GradientWriter(tmp_path) as writer:
         writer.write_check(report, 0)
-    (_, stored, _), = read_events(tmp_path, kind="check")
+    ((_, stored, _),) = read_events(tmp_path, kind="check")
     column = metadata.CHECK_COLUMNS.index("min_detectable_error")
     np.testing.assert_allclose(stored[:, column], [r.min_detectable_error for r in report.layers], rtol=1e-6)
 

@@ -34,8 +34,14 @@ def test_every_step_comes_back_with_exact_values(long_run, data_path):
     np.testing.assert_allclose(values, expected, rtol=1e-6)  # float32 storage
 
     body = get_json(client, "/data/plugin/gradients/heatmap?run=long&metric=grad_max_abs&granularity=variable")
-    assert body["layers"] == ["net/dense/kernel", "net/dense/bias", "net/dense_1/kernel",
-                              "net/dense_1/bias", "net/dense_2/kernel", "net/dense_2/bias"]
+    assert body["layers"] == [
+        "net/dense/kernel",
+        "net/dense/bias",
+        "net/dense_1/kernel",
+        "net/dense_1/bias",
+        "net/dense_2/kernel",
+        "net/dense_2/bias",
+    ]
     assert body["values"][9] == pytest.approx([10.0, 10.0, 1.0, 1.0, 0.1, 0.1], rel=1e-6)
 
 
@@ -195,8 +201,10 @@ def test_f32_encoding_is_the_same_matrix_exactly(tmp_path, data_path):
     assert packed["values"] is None and packed["encoding"] == "f32" and as_json["encoding"] == "json"
     values = np.frombuffer(base64.b64decode(packed["values_f32"]), "<f4").reshape(3, 2)
     missing = np.unpackbits(np.frombuffer(base64.b64decode(packed["missing_bits"]), np.uint8))[:6].reshape(3, 2)
-    decoded = [[None if m else ("NaN" if np.isnan(v) else "Infinity" if v == np.inf else float(v))
-                for v, m in zip(vr, mr)] for vr, mr in zip(values, missing)]
+    decoded = [
+        [None if m else ("NaN" if np.isnan(v) else "Infinity" if v == np.inf else float(v)) for v, m in zip(vr, mr)]
+        for vr, mr in zip(values, missing)
+    ]
     assert decoded == as_json["values"]
     assert values[1, 1] == np.float32(0.1) and values[2, 0] == np.float32(3e-20)
     assert get_json(client, base + "&encoding=png", 400)

@@ -43,6 +43,7 @@ def stats_events(logdir):
 
 # -- bad input ----------------------------------------------------------------
 
+
 def cases():
     v = tf.Variable([1.0, 2.0], name="v")
     ints = tf.Variable([1, 2], name="ints")
@@ -53,18 +54,41 @@ def cases():
         (([g], [v, tf.Variable([1.0])], 0), ValueError, r"len\(gradients\)=1, len\(variables\)=2"),
         (([], [], 0), ValueError, "non-empty list of variables. Received: an empty list"),
         (([], [v], 0), ValueError, "non-empty list of gradients. Received: an empty list"),
-        (([tf.constant([1, 2])], [v], 0), TypeError, "floating-point gradients. Received: gradients\\[0\\] with dtype int32 for variable 'v'"),
+        (
+            ([tf.constant([1, 2])], [v], 0),
+            TypeError,
+            "floating-point gradients. Received: gradients\\[0\\] with dtype int32 for variable 'v'",
+        ),
         ((["x"], [v], 0), TypeError, "floating-point gradients. Received: gradients\\[0\\] with dtype string"),
-        (([object()], [v], 0), TypeError, "a tensor, a tf.IndexedSlices or None. Received: gradients\\[0\\] of type object"),
-        (([tf.IndexedSlices(tf.constant([[1, 2]]), tf.constant([0]))], [tf.Variable([[1.0, 2.0]])], 0), TypeError,
-         "floating-point gradients. Received: gradients\\[0\\] with dtype int32"),
-        (([tf.ones(2)], [ints], 0), TypeError, "floating-point variables .* Received: variables\\[0\\] 'ints' with dtype int32"),
+        (
+            ([object()], [v], 0),
+            TypeError,
+            "a tensor, a tf.IndexedSlices or None. Received: gradients\\[0\\] of type object",
+        ),
+        (
+            ([tf.IndexedSlices(tf.constant([[1, 2]]), tf.constant([0]))], [tf.Variable([[1.0, 2.0]])], 0),
+            TypeError,
+            "floating-point gradients. Received: gradients\\[0\\] with dtype int32",
+        ),
+        (
+            ([tf.ones(2)], [ints], 0),
+            TypeError,
+            "floating-point variables .* Received: variables\\[0\\] 'ints' with dtype int32",
+        ),
         (([g], "v", 0), TypeError, "`variables` to be a list. Received: str"),
         (([g], ["v"], 0), TypeError, "tf.Variable or keras.Variable objects .* Received: variables\\[0\\] of type str"),
-        (([g], [np.ones(2)], 0), TypeError, "tf.Variable or keras.Variable objects .* Received: variables\\[0\\] of type ndarray"),
+        (
+            ([g], [np.ones(2)], 0),
+            TypeError,
+            "tf.Variable or keras.Variable objects .* Received: variables\\[0\\] of type ndarray",
+        ),
         (({"v": g}, [v], 0), TypeError, "`gradients` to be a list. Received: dict"),
         ((g, [v], 0), TypeError, "`gradients` to be a list. Received: EagerTensor"),
-        (([tf.ones(3)], [v], 0), ValueError, "its variable's shape. Received: gradients\\[0\\] of shape \\(3,\\) for variable 'v'"),
+        (
+            ([tf.ones(3)], [v], 0),
+            ValueError,
+            "its variable's shape. Received: gradients\\[0\\] of shape \\(3,\\) for variable 'v'",
+        ),
         (([g], [v], 1.5), TypeError, "`step` to be an integer. Received: 1.5 of type float"),
         (([g], [v], "3"), TypeError, "`step` to be an integer. Received: '3' of type str"),
         (([g], [v], None), TypeError, "`step` to be an integer. Received: None"),
@@ -177,11 +201,19 @@ def test_a_users_writer_is_not_written_by_a_graph_run_after_close(tmp_path):
 
 
 def test_a_different_model_in_the_same_run_gets_its_own_rows_merged_by_name(tmp_path, data_path):
-    a3 = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(3, name="a"), tf.keras.layers.Dense(1, name="out")],
-                             name="m")
+    a3 = tf.keras.Sequential(
+        [tf.keras.Input((2,)), tf.keras.layers.Dense(3, name="a"), tf.keras.layers.Dense(1, name="out")], name="m"
+    )
     # Same layer names, different shapes, one more layer: a new layout.
-    a5 = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(5, name="a"), tf.keras.layers.Dense(4, name="mid"),
-                              tf.keras.layers.Dense(1, name="out")], name="m")
+    a5 = tf.keras.Sequential(
+        [
+            tf.keras.Input((2,)),
+            tf.keras.layers.Dense(5, name="a"),
+            tf.keras.layers.Dense(4, name="mid"),
+            tf.keras.layers.Dense(1, name="out"),
+        ],
+        name="m",
+    )
     with GradientWriter(tmp_path / "r") as writer:
         for step in range(3):
             writer.write([tf.ones_like(v) for v in a3.trainable_variables], a3.trainable_variables, step)
@@ -199,8 +231,9 @@ def test_two_models_written_at_the_same_steps_are_not_reported_as_sampled(tmp_pa
     generator = [tf.Variable([1.0], name="gen/w")]
     critic = [tf.Variable([1.0], name="critic/w")]
     with GradientWriter(tmp_path / "gan") as writer:
-        step_fn = tf.function(lambda s: (writer.write([tf.ones(1)], generator, s),
-                                         writer.write([3 * tf.ones(1)], critic, s)))
+        step_fn = tf.function(
+            lambda s: (writer.write([tf.ones(1)], generator, s), writer.write([3 * tf.ones(1)], critic, s))
+        )
         for step in range(4):
             step_fn(tf.constant(step, tf.int64))
     client, _ = make_app(tmp_path, data_path)
@@ -265,8 +298,12 @@ CHILD = textwrap.dedent(
 def start_child(logdir, mode):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(logdir), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=env, cwd=ROOT,
+        [sys.executable, "-c", CHILD, str(logdir), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
     )
     # stdout lines arrive through a thread, so a wait for one has a timeout
     # and two lines printed together are not lost in a buffer.

@@ -81,13 +81,16 @@ def compute(gradients, variables, graph):
 
 @pytest.fixture
 def model():
-    m = tf.keras.Sequential([
-        tf.keras.Input((5,), dtype="int32"),
-        tf.keras.layers.Embedding(50, 4, name="embed"),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(7, activation="relu", name="hidden"),
-        tf.keras.layers.Dense(1, name="out"),
-    ], name="sequential")
+    m = tf.keras.Sequential(
+        [
+            tf.keras.Input((5,), dtype="int32"),
+            tf.keras.layers.Embedding(50, 4, name="embed"),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(7, activation="relu", name="hidden"),
+            tf.keras.layers.Dense(1, name="out"),
+        ],
+        name="sequential",
+    )
     return m
 
 
@@ -204,12 +207,15 @@ def test_half_precision_and_float64():
 
 
 def test_rows_group_keras_layers_and_plain_variables_in_first_appearance_order():
-    m = tf.keras.Sequential([
-        tf.keras.Input((3,)),
-        tf.keras.layers.Dense(2, name="first"),
-        tf.keras.layers.BatchNormalization(name="bn"),
-        tf.keras.layers.Dense(1, name="second"),
-    ], name="sequential")
+    m = tf.keras.Sequential(
+        [
+            tf.keras.Input((3,)),
+            tf.keras.layers.Dense(2, name="first"),
+            tf.keras.layers.BatchNormalization(name="bn"),
+            tf.keras.layers.Dense(1, name="second"),
+        ],
+        name="sequential",
+    )
     p1 = tf.Variable(1.0, name="Variable")
     p2 = tf.Variable(2.0, name="Variable")
     k1, b1, gamma, beta, k2, b2 = m.trainable_variables
@@ -226,8 +232,11 @@ def test_cheap_mode_computes_norms_and_nonfinite_only(model, graph):
     grads[2] = grads[2] + np.float32(np.nan)  # one NaN layer
     variables = model.trainable_variables
     rows = stats.Rows(variables)
-    run = tf.function(lambda gs, full: stats.compute(gs, rows, weights=False, full=full)) if graph else (
-        lambda gs, full: stats.compute(gs, rows, weights=False, full=full))
+    run = (
+        tf.function(lambda gs, full: stats.compute(gs, rows, weights=False, full=full))
+        if graph
+        else (lambda gs, full: stats.compute(gs, rows, weights=False, full=full))
+    )
     full_l, full_v = (t.numpy() for t in run(grads, True))
     cheap_l, cheap_v = (t.numpy() for t in run(grads, False))
     for cheap, full in ((cheap_l, full_l), (cheap_v, full_v)):
@@ -275,6 +284,7 @@ def test_dead_unit_fraction_matches_numpy_on_real_layers(layer, input_shape, uni
     # Found from the model, not told: only the depthwise kernel differs from the shape rule.
     assert units.unit_axes(model) == {validate_name(variables[i]): k for i, k in unit_axes.items()}
     rows = stats.Rows(variables, units.unit_axes(model))
+
     def fn(gs):
         return stats.compute(gs, rows)
 
@@ -320,11 +330,14 @@ def test_planted_dead_relu_units_are_dead_and_their_successor_is_not():
     kernel rows from them are zero, which must not make the next layer's
     units dead."""
     tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([
-        tf.keras.Input((8,)),
-        tf.keras.layers.Dense(10, activation="relu", name="hidden"),
-        tf.keras.layers.Dense(3, name="out"),
-    ], name="sequential")
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((8,)),
+            tf.keras.layers.Dense(10, activation="relu", name="hidden"),
+            tf.keras.layers.Dense(3, name="out"),
+        ],
+        name="sequential",
+    )
     kernel, bias = model.get_layer("hidden").trainable_variables
     planted = [1, 4, 5, 8]
     b = np.zeros(10, np.float32)
@@ -376,8 +389,16 @@ def test_row_names_stay_unique_when_a_name_already_ends_in_a_suffix():
     rows = stats.Rows(vs)
     assert rows.variable_names == ["Variable", "Variable#2", "Variable#3"]
     assert rows.layer_names == rows.variable_names
-    assert metadata.parse(metadata.encode(metadata.stats_layout(
-        {"rows": rows.layer_names, "sizes": rows.layer_sizes},
-        {"rows": rows.variable_names, "sizes": rows.variable_sizes},
-        ["last"], 1,
-    )))["variable"]["rows"] == rows.variable_names
+    assert (
+        metadata.parse(
+            metadata.encode(
+                metadata.stats_layout(
+                    {"rows": rows.layer_names, "sizes": rows.layer_sizes},
+                    {"rows": rows.variable_names, "sizes": rows.variable_sizes},
+                    ["last"],
+                    1,
+                )
+            )
+        )["variable"]["rows"]
+        == rows.variable_names
+    )

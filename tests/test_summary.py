@@ -386,8 +386,14 @@ def test_new_columns_reach_readers_through_tensorboard(tmp_path, data_path):
 @pytest.mark.parametrize("every", [1, 2])
 def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, every):
     """The documented custom-loop pattern for tf.function(jit_compile=True)."""
-    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(4, activation="relu", name="d"),
-                                 tf.keras.layers.Dense(1, name="o")], name="net")
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((3,)),
+            tf.keras.layers.Dense(4, activation="relu", name="d"),
+            tf.keras.layers.Dense(1, name="o"),
+        ],
+        name="net",
+    )
     variables = model.trainable_variables
     x = tf.constant(np.random.default_rng(0).normal(size=(8, 3)), tf.float32)
 
@@ -396,8 +402,10 @@ def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, ever
             loss = tf.reduce_mean(model(x) ** 2)
         return tape.gradient(loss, variables)
 
-    with GradientWriter(tmp_path / "xla", every_n_steps=every) as compiled, \
-            GradientWriter(tmp_path / "plain", every_n_steps=every) as plain:
+    with (
+        GradientWriter(tmp_path / "xla", every_n_steps=every) as compiled,
+        GradientWriter(tmp_path / "plain", every_n_steps=every) as plain,
+    ):
 
         @tf.function(jit_compile=True)
         def xla_step(step):

@@ -24,14 +24,21 @@ def venv(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     pip = subprocess.run(
         [str(path / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", str(ROOT)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert pip.returncode == 0, pip.stdout + pip.stderr
     check = subprocess.run(
-        [str(path / "bin" / "python"), "-c",
-         "import importlib.util, tb_gradcheck.plugin, sys; print(importlib.util.find_spec('tensorflow') is None, "
-         "tb_gradcheck.plugin._frontend_dir())"],
-        capture_output=True, text=True, check=True, cwd=path,  # not the checkout: import the installed copy
+        [
+            str(path / "bin" / "python"),
+            "-c",
+            "import importlib.util, tb_gradcheck.plugin, sys; print(importlib.util.find_spec('tensorflow') is None, "
+            "tb_gradcheck.plugin._frontend_dir())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=path,  # not the checkout: import the installed copy
     )
     no_tf, frontend = check.stdout.split()
     assert no_tf == "True", "the fresh venv should not have TensorFlow"

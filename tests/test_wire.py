@@ -32,12 +32,18 @@ def client(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("wire")
     synthetic_run(logdir / "run", STEPS)
     # The same model under another root scope, as Keras names a second model.
-    write_raw(logdir / "renamed", stats_points(3, range(STEPS), value=2.0),
-              content=stats_content(["other/dense", "other/dense_1", "other/extra"]))
+    write_raw(
+        logdir / "renamed",
+        stats_points(3, range(STEPS), value=2.0),
+        content=stats_content(["other/dense", "other/dense_1", "other/extra"]),
+    )
     # Gradient checks: row b is a mismatch at steps 20 and 30, not checked at step 0.
     rows = ["net/dense", "net/dense_1"]
     # Five columns, as written before min_detectable_error existed: readers take columns by name.
-    content = {**metadata.check_layout("layer", rows), "columns": ["analytic", "numeric", "relative_error", "noise_floor", "status"]}
+    content = {
+        **metadata.check_layout("layer", rows),
+        "columns": ["analytic", "numeric", "relative_error", "noise_floor", "status"],
+    }
     md = summary_pb2.SummaryMetadata()
     md.plugin_data.plugin_name = metadata.PLUGIN_NAME
     md.plugin_data.content = metadata.encode(content)
@@ -79,22 +85,33 @@ def test_check_status_travels_as_codes_with_the_servers_order(client):
 
 def test_step_and_row_windows_cut_before_binning(client):
     full = get_json(client, API + "heatmap?run=run&metric=grad_norm&granularity=variable")
-    body = get_json(client, API + "heatmap?run=run&metric=grad_norm&granularity=variable"
-                                  "&first_step=10&last_step=19&row_start=2&row_end=4")
+    body = get_json(
+        client,
+        API + "heatmap?run=run&metric=grad_norm&granularity=variable&first_step=10&last_step=19&row_start=2&row_end=4",
+    )
     assert body["steps"] == list(range(10, 20)) and body["num_steps"] == 10
     assert body["layers"] == full["layers"][2:4] and body["row_start"] == 2 and body["num_rows"] == 6
     assert body["values"] == [row[2:4] for row in full["values"][10:20]]
     binned = get_json(client, API + "heatmap?run=run&metric=grad_norm&first_step=10&last_step=19&width=2")
     assert binned["steps"] == [10, 15] and binned["step_ends"] == [14, 19]
     # Past the end is clamped, as slicing is; nothing inside the range is an empty matrix.
-    assert get_json(client, API + "heatmap?run=run&metric=grad_norm&row_start=2&row_end=99")["layers"] == ["net/dense_2"]
+    assert get_json(client, API + "heatmap?run=run&metric=grad_norm&row_start=2&row_end=99")["layers"] == [
+        "net/dense_2"
+    ]
     assert get_json(client, API + "heatmap?run=run&metric=grad_norm&first_step=1000")["steps"] == []
 
 
-@pytest.mark.parametrize("query", [
-    "first_step=9&last_step=3", "row_start=5&row_end=2", "first_step=-1", "row_end=x", "first_step=1&first_step=2",
-    "align=diagonal",
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "first_step=9&last_step=3",
+        "row_start=5&row_end=2",
+        "first_step=-1",
+        "row_end=x",
+        "first_step=1&first_step=2",
+        "align=diagonal",
+    ],
+)
 def test_bad_windows_are_400_not_500(client, query):
     route = "compare?run=run&other=renamed" if "align" in query else "heatmap?run=run"
     response = client.get(API + route + "&metric=grad_norm&" + query)
@@ -103,7 +120,11 @@ def test_bad_windows_are_400_not_500(client, query):
 
 def test_compare_aligns_by_structure_when_asked(client):
     by_name = get_json(client, API + "compare?run=run&other=renamed&metric=grad_norm")
-    assert by_name["alignment"] == "name" and by_name["only_in_other"] == ["other/dense", "other/dense_1", "other/extra"]
+    assert by_name["alignment"] == "name" and by_name["only_in_other"] == [
+        "other/dense",
+        "other/dense_1",
+        "other/extra",
+    ]
     body = get_json(client, API + "compare?run=run&other=renamed&metric=grad_norm&align=structure&encoding=f32")
     assert body["alignment"] == "structure"
     assert body["layers"] == ["net/dense", "net/dense_1", "net/dense_2", "other/extra"]
@@ -112,6 +133,8 @@ def test_compare_aligns_by_structure_when_asked(client):
     heat = get_json(client, API + "heatmap?run=run&metric=grad_norm")
     ratio = f32(body["values_f32"], (STEPS, 4))
     np.testing.assert_allclose(ratio[:, :2], np.array(heat["values"])[:, :2] / 2.0, rtol=1e-6)
-    missing = np.unpackbits(np.frombuffer(base64.b64decode(body["missing_bits"]), np.uint8))[: STEPS * 4].reshape(STEPS, 4)
+    missing = np.unpackbits(np.frombuffer(base64.b64decode(body["missing_bits"]), np.uint8))[: STEPS * 4].reshape(
+        STEPS, 4
+    )
     assert missing[:, 2:].all() and not missing[:, :2].any()
     assert client.get(API + "compare?run=run&other=renamed&metric=check_error").status_code == 400

@@ -32,8 +32,10 @@ def _batches(x, y, batch, steps, seed):
 def _mlp(name, widths, activation, init, features, out=1, **dense):
     tf = _tf()
     layers = [tf.keras.Input((features,))]
-    layers += [tf.keras.layers.Dense(w, activation=activation, kernel_initializer=init, name=f"dense_{i}", **dense)
-               for i, w in enumerate(widths)]
+    layers += [
+        tf.keras.layers.Dense(w, activation=activation, kernel_initializer=init, name=f"dense_{i}", **dense)
+        for i, w in enumerate(widths)
+    ]
     layers.append(tf.keras.layers.Dense(out, name="out"))
     return tf.keras.Sequential(layers, name=name)
 
@@ -45,8 +47,9 @@ def relu_he_adam(run_dir):
     tf.keras.utils.set_random_seed(1)
     x, y = _regression(1)
     model = _mlp("mlp", [64, 64, 64], "relu", "he_normal", 16)
-    losses, _, _ = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 300, 1),
-                               tf.keras.optimizers.Adam(1e-3))
+    losses, _, _ = custom_loop(
+        run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 300, 1), tf.keras.optimizers.Adam(1e-3)
+    )
     first, last = head_tail(losses)
     return {"loss_first": first, "loss_last": last}, [("loss fell fivefold", fell(losses, 0.2))]
 
@@ -63,22 +66,40 @@ def cnn_batchnorm_dropout_sgdm(run_dir):
     x = rng.normal(size=(512, 12, 12, 3)).astype(np.float32) * 0.5
     for c in range(4):  # each class lights one quadrant
         r, q = divmod(c, 2)
-        x[y == c, r * 6:(r + 1) * 6, q * 6:(q + 1) * 6, :] += 1.0
+        x[y == c, r * 6 : (r + 1) * 6, q * 6 : (q + 1) * 6, :] += 1.0
     L = tf.keras.layers
-    model = tf.keras.Sequential([
-        tf.keras.Input((12, 12, 3)),
-        L.Conv2D(16, 3, padding="same", use_bias=False, name="conv_0"), L.BatchNormalization(name="bn_0"), L.ReLU(),
-        L.Conv2D(32, 3, padding="same", use_bias=False, name="conv_1"), L.BatchNormalization(name="bn_1"), L.ReLU(),
-        L.GlobalAveragePooling2D(), L.Dropout(0.3), L.Dense(4, name="out"),
-    ], name="cnn")
-    model.compile(tf.keras.optimizers.SGD(0.05, momentum=0.9),
-                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(x, y, batch_size=32, epochs=6, verbose=0, shuffle=True,
-                        callbacks=[GradientCallback(run_dir.rsplit("/", 1)[0] + "/_fit_" + run_dir.rsplit("/", 1)[1])])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((12, 12, 3)),
+            L.Conv2D(16, 3, padding="same", use_bias=False, name="conv_0"),
+            L.BatchNormalization(name="bn_0"),
+            L.ReLU(),
+            L.Conv2D(32, 3, padding="same", use_bias=False, name="conv_1"),
+            L.BatchNormalization(name="bn_1"),
+            L.ReLU(),
+            L.GlobalAveragePooling2D(),
+            L.Dropout(0.3),
+            L.Dense(4, name="out"),
+        ],
+        name="cnn",
+    )
+    model.compile(
+        tf.keras.optimizers.SGD(0.05, momentum=0.9), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    history = model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=6,
+        verbose=0,
+        shuffle=True,
+        callbacks=[GradientCallback(run_dir.rsplit("/", 1)[0] + "/_fit_" + run_dir.rsplit("/", 1)[1])],
+    )
     _move_fit_run(run_dir)
     losses = history.history["loss"]
     return {"loss_first_epoch": losses[0], "loss_last_epoch": losses[-1]}, [
-        ("loss fell by half", losses[-1] <= 0.5 * losses[0])]
+        ("loss fell by half", losses[-1] <= 0.5 * losses[0])
+    ]
 
 
 def _move_fit_run(run_dir):
@@ -115,8 +136,13 @@ def transformer_warmup(run_dir):
         def __call__(self, step):
             return 1e-3 * tf.minimum(1.0, tf.cast(step + 1, tf.float32) / 50.0)
 
-    losses, _, _ = custom_loop(run_dir, model, tf.keras.losses.BinaryCrossentropy(from_logits=True),
-                               _batches(tokens.astype(np.int32), labels, 32, 300, 3), tf.keras.optimizers.Adam(WarmUp()))
+    losses, _, _ = custom_loop(
+        run_dir,
+        model,
+        tf.keras.losses.BinaryCrossentropy(from_logits=True),
+        _batches(tokens.astype(np.int32), labels, 32, 300, 3),
+        tf.keras.optimizers.Adam(WarmUp()),
+    )
     first, last = head_tail(losses)
     return {"loss_first": first, "loss_last": last}, [("loss fell by half", fell(losses, 0.5))]
 
@@ -133,12 +159,19 @@ def _application(run_dir, build, seed):
     x[np.arange(96), :, :, y] += 0.7
     model = build(weights=None, input_shape=(32, 32, 3), classes=3)
     model.compile(tf.keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
-    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0,
-                        callbacks=[GradientCallback(run_dir.rsplit("/", 1)[0] + "/_fit_" + run_dir.rsplit("/", 1)[1])])
+    history = model.fit(
+        x,
+        y,
+        batch_size=16,
+        epochs=2,
+        verbose=0,
+        callbacks=[GradientCallback(run_dir.rsplit("/", 1)[0] + "/_fit_" + run_dir.rsplit("/", 1)[1])],
+    )
     _move_fit_run(run_dir)
     losses = history.history["loss"]
     return {"loss_epoch_1": losses[0], "loss_epoch_2": losses[-1]}, [
-        ("the loss is finite and fell", np.isfinite(losses).all() and losses[-1] < losses[0])]
+        ("the loss is finite and fell", np.isfinite(losses).all() and losses[-1] < losses[0])
+    ]
 
 
 @scenario()
@@ -178,8 +211,13 @@ def frozen_layer_unused_head(run_dir):
     def loss_fn(yb, outputs):
         return tf.keras.losses.binary_crossentropy(yb, outputs[0], from_logits=True)
 
-    losses, _, _ = custom_loop(run_dir, model, lambda yb, o: tf.reduce_mean(loss_fn(yb, o)),
-                               _batches(tokens, y, 32, 200, 6), tf.keras.optimizers.Adam(1e-3))
+    losses, _, _ = custom_loop(
+        run_dir,
+        model,
+        lambda yb, o: tf.reduce_mean(loss_fn(yb, o)),
+        _batches(tokens, y, 32, 200, 6),
+        tf.keras.optimizers.Adam(1e-3),
+    )
     unchanged = all(np.array_equal(a, w.numpy()) for a, w in zip(before, frozen.weights))
     # Healthy also means no dead units (with a ReLU frozen layer a quarter of
     # "dense" was dead, and the dead finding said so).
@@ -187,8 +225,10 @@ def frozen_layer_unused_head(run_dir):
     dead = float((probe(tokens).numpy() <= 0).all(axis=0).mean())
     first, last = head_tail(losses)
     return {"loss_first": first, "loss_last": last, "dead_share_dense": dead}, [
-        ("loss fell", fell(losses, 0.9)), ("the frozen layer did not change", unchanged),
-        ("dense has under 10% dead units", dead < 0.1)]
+        ("loss fell", fell(losses, 0.9)),
+        ("the frozen layer did not change", unchanged),
+        ("dense has under 10% dead units", dead < 0.1),
+    ]
 
 
 @scenario()
@@ -200,12 +240,14 @@ def converging(run_dir):
     x = rng.normal(size=(256, 8)).astype(np.float32)
     y = (x @ rng.normal(size=(8, 1))).astype(np.float32)
     model = _mlp("mlp", [32, 32], "tanh", "glorot_uniform", 8)
-    losses, norms, _ = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), [(x, y)] * 600,
-                                   tf.keras.optimizers.Adam(3e-3))
-    total = np.sqrt((norms ** 2).sum(axis=1))
+    losses, norms, _ = custom_loop(
+        run_dir, model, tf.keras.losses.MeanSquaredError(), [(x, y)] * 600, tf.keras.optimizers.Adam(3e-3)
+    )
+    total = np.sqrt((norms**2).sum(axis=1))
     orders = float(np.log10(np.median(total[:10]) / np.median(total[-10:])))
     return {"loss_first": float(losses[0]), "loss_last": float(losses[-1]), "norm_fall_orders": orders}, [
-        ("the gradient norm fell 2 orders or more", orders >= 2.0)]
+        ("the gradient norm fell 2 orders or more", orders >= 2.0)
+    ]
 
 
 @scenario()
@@ -217,10 +259,16 @@ def overfit_one_batch(run_dir):
     x = rng.normal(size=(32, 20)).astype(np.float32)
     y = rng.integers(0, 10, 32)
     model = _mlp("mlp", [128, 128], "relu", "he_normal", 20, out=10)
-    losses, _, _ = custom_loop(run_dir, model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                               [(x, y)] * 400, tf.keras.optimizers.Adam(1e-3))
+    losses, _, _ = custom_loop(
+        run_dir,
+        model,
+        tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        [(x, y)] * 400,
+        tf.keras.optimizers.Adam(1e-3),
+    )
     return {"loss_first": float(losses[0]), "loss_last": float(losses[-1])}, [
-        ("loss fell below 1/100 of its start", losses[-1] < losses[0] / 100)]
+        ("loss fell below 1/100 of its start", losses[-1] < losses[0] / 100)
+    ]
 
 
 @scenario()
@@ -230,13 +278,16 @@ def deep_tanh_glorot(run_dir):
     tf.keras.utils.set_random_seed(9)
     x, y = _regression(9)
     model = _mlp("mlp", [32] * 10, "tanh", "glorot_normal", 16)
-    losses, norms, _ = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 300, 9),
-                                   tf.keras.optimizers.SGD(0.01))
+    losses, norms, _ = custom_loop(
+        run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 300, 9), tf.keras.optimizers.SGD(0.01)
+    )
     kernels = norms[:, 0::2]
     spread = float(np.log10(np.median(kernels[:, -1]) / np.median(kernels[:, 0])))
     first, last = head_tail(losses)
     return {"loss_first": first, "loss_last": last, "output_over_input_orders": spread}, [
-        ("loss fell", fell(losses, 0.8)), ("input and output layers within 2 orders", abs(spread) < 2.0)]
+        ("loss fell", fell(losses, 0.8)),
+        ("input and output layers within 2 orders", abs(spread) < 2.0),
+    ]
 
 
 @scenario()
@@ -249,8 +300,13 @@ def lstm(run_dir):
     x = rng.normal(size=(1024, 20, 4)).astype(np.float32)
     y = (x[:, :, 0].sum(axis=1, keepdims=True) > 0).astype(np.float32)
     model = tf.keras.Sequential([tf.keras.Input((20, 4)), L.LSTM(32, name="lstm"), L.Dense(1, name="out")], name="rnn")
-    losses, _, _ = custom_loop(run_dir, model, tf.keras.losses.BinaryCrossentropy(from_logits=True),
-                               _batches(x, y, 32, 250, 10), tf.keras.optimizers.Adam(3e-3))
+    losses, _, _ = custom_loop(
+        run_dir,
+        model,
+        tf.keras.losses.BinaryCrossentropy(from_logits=True),
+        _batches(x, y, 32, 250, 10),
+        tf.keras.optimizers.Adam(3e-3),
+    )
     first, last = head_tail(losses)
     return {"loss_first": first, "loss_last": last}, [("loss fell by half", fell(losses, 0.5))]
 
@@ -268,8 +324,13 @@ def bag_of_words(run_dir):
     y = (x[:, :2000].sum(axis=1, keepdims=True) > x[:, 2000:].sum(axis=1, keepdims=True)).astype(np.float32)
     model = _mlp("bow", [32], "relu", "he_normal", vocab)
     batch = 16
-    losses, _, _ = custom_loop(run_dir, model, tf.keras.losses.BinaryCrossentropy(from_logits=True),
-                               _batches(x, y, batch, 300, 11), tf.keras.optimizers.Adam(1e-3))
+    losses, _, _ = custom_loop(
+        run_dir,
+        model,
+        tf.keras.losses.BinaryCrossentropy(from_logits=True),
+        _batches(x, y, batch, 300, 11),
+        tf.keras.optimizers.Adam(1e-3),
+    )
     # The premise, measured on one batch: the share of zero elements of the
     # first kernel's gradient, and the share of its units (columns) all zero.
     xb, yb = x[:batch], y[:batch]
@@ -280,8 +341,10 @@ def bag_of_words(run_dir):
     dead_units = float((g == 0).all(axis=0).mean())
     first, last = head_tail(losses)
     return {"loss_first": first, "loss_last": last, "zero_elements": zero_elements, "dead_units": dead_units}, [
-        ("loss fell", fell(losses, 0.8)), ("over 90% zero gradient elements", zero_elements > 0.9),
-        ("no unit with an all-zero column", dead_units == 0.0)]
+        ("loss fell", fell(losses, 0.8)),
+        ("over 90% zero gradient elements", zero_elements > 0.9),
+        ("no unit with an all-zero column", dead_units == 0.0),
+    ]
 
 
 @scenario()
@@ -291,8 +354,13 @@ def zero_init_head_finetune(run_dir):
     tf.keras.utils.set_random_seed(12)
     x, y = _regression(12)
     backbone = _mlp("backbone", [64, 64], "relu", "he_normal", 16)
-    custom_loop(run_dir + "_pretrain", backbone, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 50, 12),
-                tf.keras.optimizers.Adam(1e-3))
+    custom_loop(
+        run_dir + "_pretrain",
+        backbone,
+        tf.keras.losses.MeanSquaredError(),
+        _batches(x, y, 64, 50, 12),
+        tf.keras.optimizers.Adam(1e-3),
+    )
     import shutil
 
     shutil.rmtree(run_dir + "_pretrain")
@@ -300,10 +368,13 @@ def zero_init_head_finetune(run_dir):
     head = tf.keras.layers.Dense(1, kernel_initializer="zeros", name="new_head")
     model = tf.keras.Sequential([tf.keras.Input((16,)), features, head], name="finetune")
     y2 = -y  # a new task
-    losses, norms, _ = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y2, 64, 300, 13),
-                                   tf.keras.optimizers.Adam(1e-3))
+    losses, norms, _ = custom_loop(
+        run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y2, 64, 300, 13), tf.keras.optimizers.Adam(1e-3)
+    )
     backbone_start = float(norms[0, :-2].max())
     first, last = head_tail(losses)
     return {"loss_first": first, "loss_last": last, "backbone_norm_step0": backbone_start}, [
         ("the backbone's gradient is exactly zero at step 0", backbone_start == 0.0),
-        ("and non-zero later", float(norms[-1, :-2].max()) > 0), ("loss fell", fell(losses, 0.5))]
+        ("and non-zero later", float(norms[-1, :-2].max()) > 0),
+        ("loss fell", fell(losses, 0.5)),
+    ]

@@ -22,8 +22,9 @@ def deep_sigmoid(run_dir):
     x, y = _regression(20)
     init = tf.keras.initializers.VarianceScaling(1.0 / 3.0, "fan_in", "uniform")  # U[-1/sqrt(n), 1/sqrt(n)]
     model = _mlp("mlp", [64] * 10, "sigmoid", init, 16)
-    _, norms, _ = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 200, 20),
-                                   tf.keras.optimizers.SGD(0.1))
+    _, norms, _ = custom_loop(
+        run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 200, 20), tf.keras.optimizers.SGD(0.1)
+    )
     kernels = norms[:, 0::2]
     orders = float(np.log10(np.median(kernels[:, -1]) / np.median(kernels[:, 0])))
     return {"output_over_input_orders": orders}, [("input layer 3+ orders below the output layer", orders >= 3.0)]
@@ -36,35 +37,46 @@ def _rnn(run_dir, activation, gain, lr, seed):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(512, 30, 4)).astype(np.float32)
     y = x[:, :, 0].sum(axis=1, keepdims=True).astype(np.float32) / 5.0
-    model = tf.keras.Sequential([
-        tf.keras.Input((30, 4)),
-        L.SimpleRNN(32, activation=activation, recurrent_initializer=tf.keras.initializers.Orthogonal(gain=gain),
-                    name="rnn"),
-        L.Dense(1, name="out"),
-    ], name="rnn")
-    _, norms, first_bad = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(),
-                                           _batches(x, y, 32, 60, seed), tf.keras.optimizers.SGD(lr))
-    total = np.sqrt((norms ** 2).sum(axis=1))
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((30, 4)),
+            L.SimpleRNN(
+                32, activation=activation, recurrent_initializer=tf.keras.initializers.Orthogonal(gain=gain), name="rnn"
+            ),
+            L.Dense(1, name="out"),
+        ],
+        name="rnn",
+    )
+    _, norms, first_bad = custom_loop(
+        run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 32, 60, seed), tf.keras.optimizers.SGD(lr)
+    )
+    total = np.sqrt((norms**2).sum(axis=1))
     end = first_bad if first_bad is not None else len(total)
     with np.errstate(over="ignore"):
         rise = float(np.log10(np.max(total[:end]) / np.median(total[:end]))) if end > 1 else 0.0
     return {"first_nonfinite_step": first_bad, "rise_orders_before": rise}, [
-        ("the gradient rose 2+ orders above its median", rise >= 2.0), ("then went non-finite", first_bad is not None)]
+        ("the gradient rose 2+ orders above its median", rise >= 2.0),
+        ("then went non-finite", first_bad is not None),
+    ]
 
 
-@scenario(Expect("exploding", (RNN,), allowed=r"rnn/out", before="first_nonfinite_step", severity="error"),
-          Expect("non_finite", (RNN,), allowed=r"rnn/out", at="first_nonfinite_step", severity="error"))
+@scenario(
+    Expect("exploding", (RNN,), allowed=r"rnn/out", before="first_nonfinite_step", severity="error"),
+    Expect("non_finite", (RNN,), allowed=r"rnn/out", at="first_nonfinite_step", severity="error"),
+)
 def rnn_relu_gain(run_dir):
     """A ReLU SimpleRNN with recurrent gain 1.4 over 30 steps (1.4**30 ~ 2e4): each update raises the gain further and the gradient overflows within a few steps (Pascanu et al. 2013)."""
     return _rnn(run_dir, "relu", 1.4, 0.01, 21)
 
 
-@scenario(Expect("exploding", (RNN,), allowed=r"rnn/out", before="first_nonfinite_step", severity="error"),
-          Expect("non_finite", (RNN,), allowed=r"rnn/out", at="first_nonfinite_step", severity="error"),
-          # Once the weights have exploded, tanh saturates: its derivative
-          # rounds to exactly 0 in float32, and a saturated unit gets exactly
-          # zero gradient on the whole batch, as a dead one does. True, so allowed.
-          Expect("dead", (), allowed=RNN, before="first_nonfinite_step"))
+@scenario(
+    Expect("exploding", (RNN,), allowed=r"rnn/out", before="first_nonfinite_step", severity="error"),
+    Expect("non_finite", (RNN,), allowed=r"rnn/out", at="first_nonfinite_step", severity="error"),
+    # Once the weights have exploded, tanh saturates: its derivative
+    # rounds to exactly 0 in float32, and a saturated unit gets exactly
+    # zero gradient on the whole batch, as a dead one does. True, so allowed.
+    Expect("dead", (), allowed=RNN, before="first_nonfinite_step"),
+)
 def rnn_tanh_gain(run_dir):
     """A tanh SimpleRNN with recurrent gain 3 and a large step: backpropagation through time explodes (Pascanu et al. 2013), the weights follow, then NaN."""
     return _rnn(run_dir, "tanh", 3.0, 0.5, 21)
@@ -75,19 +87,27 @@ def _diverge(run_dir, every_n_steps):
     tf.keras.utils.set_random_seed(23)
     x, y = _regression(23)
     model = _mlp("mlp", [32, 32], "relu", "he_normal", 16)
-    _, norms, first_bad = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(),
-                                           _batches(x, y * 10, 64, 40, 23), tf.keras.optimizers.SGD(0.5),
-                                           every_n_steps=every_n_steps)
-    total = np.sqrt((norms ** 2).sum(axis=1))
+    _, norms, first_bad = custom_loop(
+        run_dir,
+        model,
+        tf.keras.losses.MeanSquaredError(),
+        _batches(x, y * 10, 64, 40, 23),
+        tf.keras.optimizers.SGD(0.5),
+        every_n_steps=every_n_steps,
+    )
+    total = np.sqrt((norms**2).sum(axis=1))
     end = first_bad if first_bad is not None else len(total)
     rise = float(np.log10(np.nanmax(total[:end]) / total[0]))
     return {"first_nonfinite_step": first_bad, "rise_orders_before": rise}, [
-        ("NaN within 10 steps", first_bad is not None and first_bad < 10), ("after a rise of 3+ orders", rise >= 3.0)]
+        ("NaN within 10 steps", first_bad is not None and first_bad < 10),
+        ("after a rise of 3+ orders", rise >= 3.0),
+    ]
 
 
-_DIVERGE = (Expect("non_finite", ("mlp/dense_0", "mlp/dense_1", "mlp/out"), at="first_nonfinite_step", severity="error"),
-            Expect("exploding", ("mlp/out",), allowed=r"mlp/dense_[01]", before="first_nonfinite_step",
-                   severity="error"))
+_DIVERGE = (
+    Expect("non_finite", ("mlp/dense_0", "mlp/dense_1", "mlp/out"), at="first_nonfinite_step", severity="error"),
+    Expect("exploding", ("mlp/out",), allowed=r"mlp/dense_[01]", before="first_nonfinite_step", severity="error"),
+)
 
 
 @scenario(*_DIVERGE)
@@ -119,11 +139,14 @@ def dead_negative_bias(run_dir):
     bias[:45] = -20.0  # 45 of 64 units, 70%
     model = _mlp("mlp", [64, 64, 64], "relu", "he_normal", 16)
     model.get_layer("dense_1").bias.assign(bias)
-    custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 200, 24),
-                tf.keras.optimizers.Adam(1e-3))
+    custom_loop(
+        run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 200, 24), tf.keras.optimizers.Adam(1e-3)
+    )
     share, after = _dead_share(model, "dense_1", x), _dead_share(model, "dense_2", x)
     return {"dead_share_dense_1": share, "dead_share_dense_2": after}, [
-        ("50-85% of dense_1 is dead", 0.5 <= share <= 0.85), ("dense_2 is alive", after < 0.1)]
+        ("50-85% of dense_1 is dead", 0.5 <= share <= 0.85),
+        ("dense_2 is alive", after < 0.1),
+    ]
 
 
 @scenario(Expect("dead", ("mlp/dense_1", "mlp/dense_2"), severity="warning"))
@@ -133,12 +156,15 @@ def dead_high_adam_lr(run_dir):
     tf.keras.utils.set_random_seed(25)
     x, y = _regression(25)
     model = _mlp("mlp", [64, 64, 64], "relu", "he_normal", 16)
-    custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 200, 25),
-                tf.keras.optimizers.Adam(0.1))
+    custom_loop(
+        run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 200, 25), tf.keras.optimizers.Adam(0.1)
+    )
     shares = {f"dead_share_dense_{i}": _dead_share(model, f"dense_{i}", x) for i in range(3)}
-    return shares, [("dense_0 is alive", shares["dead_share_dense_0"] < 0.1),
-                    ("85% or more of dense_1 is dead", shares["dead_share_dense_1"] >= 0.85),
-                    ("50-85% of dense_2 is dead", 0.5 <= shares["dead_share_dense_2"] <= 0.85)]
+    return shares, [
+        ("dense_0 is alive", shares["dead_share_dense_0"] < 0.1),
+        ("85% or more of dense_1 is dead", shares["dead_share_dense_1"] >= 0.85),
+        ("50-85% of dense_2 is dead", 0.5 <= shares["dead_share_dense_2"] <= 0.85),
+    ]
 
 
 @scenario(Expect("exploding", ("mlp/dense_0", "mlp/dense_1", "mlp/out"), steps=(125, 150), severity="warning"))
@@ -149,9 +175,16 @@ def spike_every_25(run_dir):
     x, y = _regression(26)
     model = _mlp("mlp", [32, 32], "relu", "he_normal", 16)
     optimizer = tf.keras.optimizers.SGD(0.01, clipnorm=1.0)
-    _, norms, _ = custom_loop(run_dir, model, tf.keras.losses.MeanSquaredError(), _batches(x, y, 64, 300, 26),
-                                   optimizer, every_n_steps=25, scale={SPIKE_STEP: 1e6})
-    total = np.sqrt((norms ** 2).sum(axis=1))
+    _, norms, _ = custom_loop(
+        run_dir,
+        model,
+        tf.keras.losses.MeanSquaredError(),
+        _batches(x, y, 64, 300, 26),
+        optimizer,
+        every_n_steps=25,
+        scale={SPIKE_STEP: 1e6},
+    )
+    total = np.sqrt((norms**2).sum(axis=1))
     others = np.delete(total, SPIKE_STEP)
     orders = float(np.log10(total[SPIKE_STEP] / np.median(others)))
     return {"spike_orders": orders}, [("the spike is 4+ orders above the median step", orders >= 4.0)]
@@ -207,4 +240,6 @@ def wrong_custom_gradient(run_dir):
     with tf.GradientTape() as tape2:
         true = tf.reduce_sum(tf.matmul(x, scaled.w))
     ratio = float(tf.norm(tape.gradient(wrong, scaled.w)) / tf.norm(tape2.gradient(true, scaled.w)))
-    return {"wrong_over_true": ratio, "checks_at": failed}, [("the custom gradient is 2x the true one", abs(ratio - 2) < 1e-3)]
+    return {"wrong_over_true": ratio, "checks_at": failed}, [
+        ("the custom gradient is 2x the true one", abs(ratio - 2) < 1e-3)
+    ]
