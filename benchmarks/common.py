@@ -6,6 +6,7 @@ import random
 import socket
 import statistics
 import subprocess
+import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -79,6 +80,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def tensorboard_command():
+    """The ``tensorboard`` of the Python running this: its script beside the interpreter, else ``-m``.
+
+    Not whatever ``tensorboard`` comes first on PATH: CI runs from a virtual
+    environment it never activates, and another install would import
+    another tb_gradcheck.
+    """
+    script = pathlib.Path(sys.executable).parent / "tensorboard"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "tensorboard.main"]
+
+
 def launch_tensorboard(logdir, extra_flags=()):
     """Starts a real `tensorboard` on 127.0.0.1 that imports this checkout's tb_gradcheck.
 
@@ -88,7 +102,7 @@ def launch_tensorboard(logdir, extra_flags=()):
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
-        ["tensorboard", "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port), *extra_flags],
+        [*tensorboard_command(), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port), *extra_flags],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,

@@ -3,7 +3,6 @@
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import time
 import urllib.error
@@ -13,6 +12,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import pytest
+
+from benchmarks import common
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
@@ -79,19 +80,14 @@ def data_path(request):
     return request.param
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class TensorBoardProcess:
     """A real ``tensorboard`` subprocess on 127.0.0.1."""
 
-    def __init__(self, logdir, executable="tensorboard", extra_flags=(), env=None):
-        self.port = free_port()
+    def __init__(self, logdir, executable=None, extra_flags=(), env=None):
+        self.port = common.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [executable, "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(self.port)]
+        command = [executable] if executable else common.tensorboard_command()
+        cmd = [*command, "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(self.port)]
         self.log = open(pathlib.Path(logdir).parent / f"tensorboard-{self.port}.log", "w+")
         self.proc = subprocess.Popen(cmd + list(extra_flags), stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 90

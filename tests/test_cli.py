@@ -16,8 +16,8 @@ import sys
 import pytest
 
 import tb_gradcheck
+from benchmarks.common import free_port
 from conftest import ROOT
-from conftest import free_port
 
 EVIL = "\u202eevil"  # a right-to-left override inside a layer name
 LAYERS = ["dense_0", "dense_1", EVIL, "out"]

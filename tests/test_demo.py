@@ -9,7 +9,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import free_port
+from benchmarks.common import free_port
 from conftest import get_json
 from conftest import make_app
 from conftest import wait_for_steps

@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 import distribute_job as job
+from benchmarks.common import free_port
 from conftest import ROOT
-from conftest import free_port
 from conftest import read_events
 from tb_gradcheck import metadata
 
