@@ -54,7 +54,7 @@ class Recording:
         self._stash = None  # a stash.Stash once a compiled step records
         self._write_held = None  # the traced writer of stashed statistics
 
-    def measure(self, gradients):
+    def measure(self, gradients, step):
         """This step's statistics: all of them when every step is written, else what a window reduces.
 
         Returns ``(layer, variable)`` stats, and for a window also
@@ -64,11 +64,23 @@ class Recording:
             return stats.compute(gradients, self.rows)
         # Between writes only what a window needs: one fused pass per
         # gradient for the norm (and, on a bad step only, the NaN count).
-        # The weight norms are taken here too, outside the write's cond: read
-        # inside it, the model's variables would make the cond an op that the
-        # optimizer's updates must wait for, serialising the whole step.
-        layer, variable = stats.compute(gradients, self.rows, weights=False, full=False)
-        return layer, variable, stats.weight_norms(self.rows)
+        layer, variable = stats.quick(gradients, self.rows)
+        return layer, variable, self._weight_norms(step)
+
+    def _weight_norms(self, step):
+        """The weight norms at a write step, MISSING between writes.
+
+        A cond of its own that reads only the step and the weights: inside the
+        write's cond, which waits for every gradient, the weight reads would
+        make the optimizer's updates wait for the whole backward pass,
+        serialising the step; here the cond runs as soon as the step is known.
+        """
+        n_l, n_v = len(self.rows.layer_names), len(self.rows.variable_names)
+        return tf.cond(
+            tf.equal(step % self.every_n_steps, 0),
+            lambda: stats.weight_norms(self.rows),
+            lambda: (tf.fill([n_l], stats.MISSING), tf.fill([n_v], stats.MISSING)),
+        )
 
     def record(self, measured, gradients, step, extra=None):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics.
@@ -104,7 +116,7 @@ class Recording:
         """
         if self._stash is None:
             self._stash = stash.Stash(self.rows, self._extra_names())
-        measured = self.measure(gradients)
+        measured = self.measure(gradients, step)
         if self._stash.extra:
             self._stash.store_extra(self._extra_values(extra, step))
         if self.every_n_steps == 1:
@@ -114,10 +126,11 @@ class Recording:
         self.window.add(layer, variable, step)
         # The write step's full statistics (the last slab) are computed in a
         # cond, so the steps between writes pay for the window's norm only.
+        n_l, n_v, c = len(self.rows.layer_names), len(self.rows.variable_names), stats.GRADIENT_COLUMNS + 1
         last = tf.cond(
             tf.equal(step % self.every_n_steps, 0),
             lambda: stats.compute(gradients, self.rows, weights=False),
-            lambda: (layer, variable),
+            lambda: (tf.fill([n_l, c], stats.MISSING), tf.fill([n_v, c], stats.MISSING)),
         )
         self._stash.store(step, *last, weights=weights)
 

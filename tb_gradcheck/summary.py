@@ -312,14 +312,14 @@ class GradientWriter:
             # with the rest of the backward pass, while inside a cond branch
             # they would wait for every gradient and run alone (that doubled
             # the cost on a 20-layer MLP). Only the writes are conditional.
-            measured = layout.measure(gradients)
+            measured = layout.measure(gradients, step)
             self._while_open(lambda: self._record(layout, measured, gradients, step, extra), step)
             return
         # Replica id known only at run time (e.g. TPU): the same decision as a cond.
         tf.cond(
             writing,
             lambda: self._while_open(
-                lambda: self._record(layout, layout.measure(gradients), gradients, step, extra), step
+                lambda: self._record(layout, layout.measure(gradients, step), gradients, step, extra), step
             ),
             lambda: tf.constant(False),
         )

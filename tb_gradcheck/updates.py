@@ -143,8 +143,8 @@ def before_clip_columns(gradients, rows):
         summed over replicas.
       rows: The ``stats.Rows`` of the write.
     """
-    layer, variable = stats.compute(gradients, rows, weights=False, full=False)
-    col = metadata.STORED_STAT_COLUMNS.index("grad_norm")
+    layer, variable = stats.quick(gradients, rows)
+    col = stats.WINDOW_COLUMNS.index("grad_norm")
     return {BEFORE_CLIP_COLUMN: (layer[:, col], variable[:, col])}
 
 

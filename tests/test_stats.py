@@ -227,26 +227,36 @@ def test_rows_group_keras_layers_and_plain_variables_in_first_appearance_order()
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
-def test_cheap_mode_computes_norms_and_nonfinite_only(model, graph):
+def test_quick_statistics_equal_the_full_ones(model, graph):
     grads = model_gradients(model, seed=1)
     grads[2] = grads[2] + np.float32(np.nan)  # one NaN layer
     variables = model.trainable_variables
     rows = stats.Rows(variables)
-    run = (
-        tf.function(lambda gs, full: stats.compute(gs, rows, weights=False, full=full))
+    full = (
+        tf.function(lambda gs: stats.compute(gs, rows, weights=False))
         if graph
-        else (lambda gs, full: stats.compute(gs, rows, weights=False, full=full))
+        else (lambda gs: stats.compute(gs, rows, weights=False))
     )
-    full_l, full_v = (t.numpy() for t in run(grads, True))
-    cheap_l, cheap_v = (t.numpy() for t in run(grads, False))
-    for cheap, full in ((cheap_l, full_l), (cheap_v, full_v)):
-        for c in ("grad_norm", "grad_nonfinite"):
-            np.testing.assert_allclose(cheap[:, COL[c]], full[:, COL[c]], rtol=RTOL)
-        for c in ("grad_norm_finite", "first_nonfinite_offset"):
-            np.testing.assert_allclose(cheap[:, COL[c]], full[:, COL[c]], rtol=RTOL)
-        for c in ("grad_max_abs", "grad_zero_fraction", "dead_unit_fraction", "weight_norm"):
-            assert (cheap[:, COL[c]] == stats.MISSING).all(), c
-    assert cheap_v[2, COL["grad_nonfinite"]] == 7  # hidden/bias: every one of its 7 elements is NaN
+    quick = tf.function(lambda gs: stats.quick(gs, rows)) if graph else (lambda gs: stats.quick(gs, rows))
+    full_l, full_v = (t.numpy() for t in full(grads))
+    quick_l, quick_v = (t.numpy() for t in quick(grads))
+    for q, f in ((quick_l, full_l), (quick_v, full_v)):
+        assert q.shape == (f.shape[0], len(stats.WINDOW_COLUMNS))
+        for i, c in enumerate(stats.WINDOW_COLUMNS):
+            np.testing.assert_allclose(q[:, i], f[:, COL[c]], rtol=RTOL)
+    assert quick_v[2, stats.WINDOW_COLUMNS.index("grad_nonfinite")] == 7  # hidden/bias: all 7 elements NaN
+    assert full_v[2, COL["grad_zero_fraction"]] == 0  # NaN is not zero: the NaN step's count is recounted
+
+
+def test_zero_count_is_exact_past_float32_integers():
+    # 2**24 + 3 elements: the float32 sum of ones would round; the integer form counts exactly.
+    n = 2**24 + 3
+    g = np.ones(n, np.float32)
+    g[:5] = 0.0
+    g[-1] = -0.0
+    v = tf.Variable(tf.zeros([n]))
+    _, variable = stats.compute([tf.constant(g)], stats.Rows([v]), weights=False)
+    assert variable.numpy()[0, COL["grad_zero_fraction"]] == np.float32(6 / n)
 
 
 def _layer_model(layer, input_shape, dtype="float32"):
