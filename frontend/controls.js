@@ -4,7 +4,7 @@
 
 import {exportUrl} from './api.js';
 import {el} from './dom.js';
-import {metricLabel} from './format.js';
+import {metricLabel, ratioMetricEnds} from './format.js';
 import {isTrackMetric} from './losstrack.js';
 import {buildFindingsPanel} from './panel.js';
 import {aggregatesOf, granularitiesWithMetric} from './selection.js';
@@ -221,7 +221,8 @@ export function showControls(ui, st, r, mode) {
   ui.compareModeControl.hidden = ui.alignControl.hidden = !st.compare.other;
   setSegmented(ui.compareMode, mode === 'ratio' ? 'ratio' : 'side', sel.metric === 'check_error' ? ['side'] : undefined);
   if (st.alignment) setSegmented(ui.align, st.alignment.mode);
-  setSegmented(ui.scale, mode === 'ratio' ? 'log' : st.scale, mode === 'ratio' ? ['log'] : undefined);
+  const ratioScale = mode === 'ratio' || !!ratioMetricEnds(sel.metric);
+  setSegmented(ui.scale, ratioScale ? 'log' : st.scale, ratioScale ? ['log'] : undefined);
   showProblems(ui.problems, r.problems);
   for (const [a, fmt] of [[ui.download, 'csv'], [ui.downloadJson, 'json']]) {
     a.href = exportUrl(sel, fmt);

@@ -12,8 +12,21 @@ export const METRIC_LABELS = {
   weight_norm: 'weight norm',
   grad_to_weight: 'gradient / weight norm',
   dead_unit_fraction: 'dead unit fraction',
+  grad_norm_before_clip: 'gradient norm before clipping',
+  clip_ratio: 'before-clip / applied norm',
+  update_norm: 'update norm',
+  update_to_weight: 'update / weight norm',
   check_error: 'gradient check error',
 };
+
+/**
+ * Metrics that are ratios around 1 and read best on the diverging scale,
+ * with what each end of it means; null for any other metric.
+ * @returns {{low: string, high: string}|null}
+ */
+export function ratioMetricEnds(metric) {
+  return {clip_ratio: {low: 'applied larger', high: 'clipped (before-clip larger)'}}[metric] || null;
+}
 
 /**
  * "gradient norm (grad_norm)" for a metric this tab knows; a metric the

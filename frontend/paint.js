@@ -7,7 +7,7 @@ import {stepTicks} from './axes.js';
 import {makeRatioScale, makeScale, ratioDecades, valueDomain} from './colour.js';
 import {alignmentText} from './compare.js';
 import {findingCells, KIND_LABELS, rowMarks} from './findings.js';
-import {allZeroText, metricLabel, stepRangeText} from './format.js';
+import {allZeroText, metricLabel, ratioMetricEnds, stepRangeText} from './format.js';
 import {binEdges, binGrid, fitHeight, planRows, sharedPrefix, sourceRows} from './rows.js';
 import {statusParts} from './selection.js';
 import {labelColumnWidth, markAbsentRows, renderLegend, renderRowLabels, renderRowMarks, renderStatus, renderTraceAxis, renderXAxis} from './views.js';
@@ -76,7 +76,10 @@ export function makePainter(env) {
         const x = domainOf(p.grid, st.scale);
         if (x) d = d ? {min: Math.min(d.min, x.min), max: Math.max(d.max, x.max)} : x;
       }
-      scale = makeScale(st.scale, d);
+      // A ratio metric (before-clip / applied) reads best around 1, on the diverging scale.
+      scale = ratioMetricEnds(main.resp.metric)
+        ? makeRatioScale(Math.max(...shown.map((p) => ratioDecades(p.grid.values, p.grid.missing))))
+        : makeScale(st.scale, d);
       domain = d;
     }
     st.scaleObj = scale;
@@ -111,7 +114,13 @@ export function makePainter(env) {
     ui.plotTitle.textContent = mode === 'ratio' ? `${st.sel.run} \u00f7 ${st.compare.other}` : mode ? st.sel.run : '';
     ui.otherTitle.textContent = side ? st.compare.other : '';
     const metric = metricLabel(main.resp.metric);
-    renderLegend(ui.legend, scale, mode === 'ratio' ? {
+    const ends = ratioMetricEnds(main.resp.metric);
+    renderLegend(ui.legend, scale, mode !== 'ratio' && ends ? {
+      title: `${metric}${side ? ', both runs' : ''}`, showZero: true,
+      noScale: !anyDrawn || domain === null, specials: scale.specials,
+      specialLabels: {nonfinite: 'NaN / Inf', missing: 'no value', zero: '0'},
+      lowLabel: ends.low, highLabel: ends.high,
+    } : mode === 'ratio' ? {
       title: `ratio ${st.sel.run} \u00f7 ${st.compare.other}, ${main.resp.metric}`, showZero: true,
       noScale: !anyDrawn || domain === null, specials: scale.specials,
       specialLabels: {nonfinite: 'NaN / \u00f7 0', missing: 'no value', zero: '0'},

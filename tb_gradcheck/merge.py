@@ -20,8 +20,11 @@ import numpy as np
 from tb_gradcheck import metadata
 
 # Statistics computed on read from stored columns of the same aggregate:
-# grad_to_weight = grad_norm / weight_norm (the weights are taken at the write step).
-DERIVED = {"grad_to_weight": ("grad_norm", "weight_norm")}
+# Ratios of two columns (see metadata.DERIVED_STAT_COLUMNS).
+DERIVED = {
+    "grad_to_weight": ("grad_norm", "weight_norm"),
+    "clip_ratio": ("grad_norm_before_clip", "grad_norm"),
+}
 
 
 @dataclasses.dataclass

@@ -65,8 +65,11 @@ OPTIMIZER_STAT_COLUMNS = ("grad_norm_before_clip", "update_norm", "update_to_wei
 # not as a heatmap of their own (every row holds the same value).
 TRACK_METRICS = ("loss_scale", "refused_steps")
 # Derived on read: grad_to_weight is grad_norm / weight_norm in every
-# aggregate (weights are taken at the write step).
-DERIVED_STAT_COLUMNS = ("grad_to_weight",)
+# aggregate (weights are taken at the write step); clip_ratio is
+# grad_norm_before_clip / grad_norm at the write step, 1 where clipping did
+# not bind, k where it cut the gradient k-fold (only where a layout stores
+# grad_norm_before_clip).
+DERIVED_STAT_COLUMNS = ("grad_to_weight", "clip_ratio")
 # The columns of a stats matrix as a reader holds it: stored, then derived.
 # Not every column is a metric (see METRICS).
 STAT_COLUMNS = STORED_STAT_COLUMNS + OPTIMIZER_STAT_COLUMNS + DERIVED_STAT_COLUMNS
@@ -97,6 +100,7 @@ METRIC_AGGREGATES = {
     "grad_to_weight": ("last", "mean", "max", "min"),
     # Taken at the write step only (tb_gradcheck.updates).
     "grad_norm_before_clip": ("last",),
+    "clip_ratio": ("last",),
     "update_norm": ("last",),
     "update_to_weight": ("last",),
     # Under a dynamic loss scale: the scale this step's gradient was made

@@ -162,7 +162,7 @@ def test_refused_mixed_precision_steps_have_zero_update_and_halve_the_loss_scale
     client, _ = make_app(tmp_path, "python")
     run = wait_for_steps(client, "train", 6)
     assert {"update_norm", "update_to_weight", "loss_scale", "refused_steps"} <= set(run["metrics"])
-    assert "grad_norm_before_clip" not in run["metrics"]
+    assert "grad_norm_before_clip" not in run["metrics"] and "clip_ratio" not in run["metrics"]
     heat = get_json(client, "/data/plugin/gradients/heatmap?run=train&metric=loss_scale")
     grad = get_json(client, "/data/plugin/gradients/heatmap?run=train&metric=grad_norm")
     assert heat["steps"] == grad["steps"] == [1, 2, 3, 4, 5, 6]
@@ -322,6 +322,39 @@ def test_tab_draws_the_loss_scale_track_under_the_heatmap(tmp_path, policy, brow
             }""")
             columns = [int(x * 6 / red["width"]) for x in red["xs"]]
             assert sorted(set(columns)) == [2, 5], red
+        finally:
+            tab.close()
+    finally:
+        proc.close()
+
+
+def test_clip_ratio_is_served_and_drawn_on_the_diverging_scale(tmp_path, browser):
+    """before-clip / applied: served as a ratio of the stored columns, drawn around 1 with both ends named."""
+    from test_browser import Tab
+
+    from conftest import TensorBoardProcess
+
+    x, y = data()
+    model = tanh_mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1, global_clipnorm=0.05), loss="mse")
+    model.fit(x, y, batch_size=len(x), epochs=3, verbose=0, callbacks=[GradientCallback(tmp_path)])
+    written = columns(tmp_path / "train", granularity="layer")
+    proc = TensorBoardProcess(tmp_path)
+    try:
+        run = proc.wait_for_steps("train", 3)
+        assert "clip_ratio" in run["metrics"]
+        heat = proc.get_json("/data/plugin/gradients/heatmap?run=train&metric=clip_ratio")
+        expected = [col["grad_norm_before_clip"] / col["grad_norm"] for _, col in written]
+        np.testing.assert_allclose(heat["values"], expected, rtol=1e-6)
+        assert (np.asarray(heat["values"]) > 1.01).all()  # the global norm was clipped at every step
+        tab = Tab(browser, proc.url)
+        try:
+            tab.select("#run-select", "train")
+            tab.select("#metric-select", "clip_ratio")
+            legend = tab.frame.locator("#legend").inner_text()
+            assert "1\u00d7" in legend and "clipped (before-clip larger)" in legend
+            assert tab.frame.locator("#scale button[data-value=linear]").is_disabled()
+            assert not tab.errors
         finally:
             tab.close()
     finally:

@@ -2,7 +2,7 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
-import {allZeroText, compactNames, formatNumber, formatValue, metricLabel, plural, stepRangeText} from '../../frontend/format.js';
+import {allZeroText, compactNames, formatNumber, formatValue, metricLabel, plural, ratioMetricEnds, stepRangeText} from '../../frontend/format.js';
 
 test('format_value_is_exact_for_float32', () => {
   assert.equal(formatValue(Math.fround(1.2e-7)), '1.2e-7');
@@ -60,4 +60,14 @@ test('long_layer_sets_are_named_by_their_ends_and_count', () => {
 test('all_zero_text_says_what_zero_means', () => {
   assert.match(allZeroText('grad_nonfinite'), /is 0 at every step and row shown: no NaN or Inf/);
   assert.match(allZeroText('weight_norm'), /^weight_norm is 0 at every step and row shown\.$/);
+});
+
+test('only ratio metrics get the diverging scale, with both ends named', () => {
+  const ends = ratioMetricEnds('clip_ratio');
+  assert.ok(ends.low && ends.high && ends.low !== ends.high);
+  assert.match(ends.high, /clipped/);
+  for (const m of ['grad_norm', 'grad_norm_before_clip', 'grad_to_weight', 'update_to_weight', 'no_such']) {
+    assert.equal(ratioMetricEnds(m), null, m);
+  }
+  assert.equal(metricLabel('clip_ratio'), 'before-clip / applied norm (clip_ratio)');
 });
