@@ -82,22 +82,29 @@ class Recording:
             lambda: (tf.fill([n_l], stats.MISSING), tf.fill([n_v], stats.MISSING)),
         )
 
-    def record(self, measured, gradients, step, extra=None):
+    def record(self, measured, gradients, step, writer, extra=None):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics.
 
-        ``extra`` (an ``updates.Extra``) gives the optimizer columns of the write step.
+        ``writer`` is the ``tf.summary`` writer; ``extra`` (an
+        ``updates.Extra``) gives the optimizer columns of the write step.
+        Leaving ``writer.as_default()`` flushes it: that makes every written
+        step survive a SIGKILL (summary.py's flush policy), so it is entered
+        only where something is written, never at a window's other steps.
         """
         layer, variable = measured[:2]
         if self.every_n_steps == 1:
-            layer, variable = self._fill(layer[None], variable[None], extra)
-            self._events.stats(self.content, layer, variable, step)
+            with writer.as_default():
+                layer, variable = self._fill(layer[None], variable[None], extra)
+                self._events.stats(self.content, layer, variable, step)
             return tf.constant(True)
         self.window.add(layer, variable, step)
-        tf.cond(
-            tf.equal(step % self.every_n_steps, 0),
-            lambda: self.flush_window(step, measured[2], stats.compute(gradients, self.rows, weights=False), extra),
-            lambda: tf.constant(False),
-        )
+
+        def write():
+            with writer.as_default():
+                full = stats.compute(gradients, self.rows, weights=False)
+                return self.flush_window(step, measured[2], full, extra)
+
+        tf.cond(tf.equal(step % self.every_n_steps, 0), write, lambda: tf.constant(False))
         return tf.constant(True)
 
     def _fill(self, layer, variable, extra=None, values=None):

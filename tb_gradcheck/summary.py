@@ -358,10 +358,7 @@ class GradientWriter:
         return tf.cond(self._open, record, lambda: self._skip_closed(step))
 
     def _record(self, layout, measured, gradients, step, extra=None):
-        # Leaving as_default() flushes the writer: this is what makes every
-        # written step survive a SIGKILL (see the flush policy above).
-        with self._writer.as_default():
-            return layout.record(measured, gradients, step, extra)
+        return layout.record(measured, gradients, step, self._writer, extra)
 
     def _skip_closed(self, step):
         def warn():
