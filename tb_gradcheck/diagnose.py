@@ -18,8 +18,12 @@ from tb_gradcheck import rules
 
 
 @dataclasses.dataclass(frozen=True)
-class Thresholds:
+class Thresholds(optimizer_findings.OptimizerThresholds):
     """When a pattern becomes a finding. Every field can be overridden.
+
+    The optimizer findings' thresholds (clipping, not_learning) are fields
+    too, inherited from ``optimizer_findings.OptimizerThresholds`` where
+    their reasoning is written, so ``--threshold`` reaches them as well.
 
     No threshold is an absolute gradient norm: a layer in front of a
     normalisation layer has a gradient that scales as 1 / ||W||, so "large"

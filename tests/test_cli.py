@@ -122,3 +122,10 @@ def test_the_read_side_imports_no_tensorflow():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=pathlib.Path(__file__).parent
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_threshold_names_include_the_optimizer_findings(logdir):
+    out = cli("report", logdir, "--threshold", "clip_fraction=0.5", "--threshold", "not_learning_orders=4")
+    assert out.returncode == 1 and out.stderr == "", out.stderr[-2000:]  # accepted: the same findings
+    bad = cli("report", logdir, "--threshold", "no_such=1")
+    assert bad.returncode == 2 and "clip_fraction" in bad.stderr and "vanishing_orders" in bad.stderr
