@@ -248,7 +248,7 @@ def _partials(gradient, variable, unit_axes, full=True):
     # These passes are the writer's whole per-step cost, so each is the
     # cheapest exact form TensorFlow has: l2_loss is one fused kernel (no
     # squared temporary), the per-unit max and min reduce without an abs
-    # temporary, and an int32 count is exact to 2**31 elements.
+    # temporary, and the zero count is the cheap exact form of _zero_count.
     sumsq = tf.cast(tf.nn.l2_loss(values), tf.float64) * 2.0
     if not full:
         return values, sumsq, None, None, None, untouched
@@ -266,7 +266,6 @@ def _gather_partials(parts, where, rows):
     """
     values, sumsq, top, bottom, zeros, untouched = (list(x) for x in zip(*parts))
     sumsq = tf.stack(sumsq)
-    untouched = tf.stack(untouched)
     full = top[0] is not None
     max_abs = dead_v = dead_l = None
     if full:
@@ -295,7 +294,7 @@ def _gather_partials(parts, where, rows):
         return (tf.sqrt(sumsq), tf.zeros_like(sumsq)) + ((zeros,) if full else ())
 
     norms, nonfinite, *rest = tf.cond(rare, careful, usual)
-    zeros = rest[0] + untouched if full else None
+    zeros = rest[0] + tf.stack(untouched) if full else None
     return norms, max_abs, zeros, nonfinite, dead_v, dead_l
 
 
