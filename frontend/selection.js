@@ -86,11 +86,10 @@ export function statusParts(info, resp, shown) {
   const total = resp.total_steps != null ? resp.total_steps : info && info.total_steps;
   if (info && info.sampled) {
     const m = total != null ? total.toLocaleString('en-US') : 'more';
-    parts.push({
-      text: `showing ${numSteps.toLocaleString('en-US')} of ${m} steps (TensorBoard sampled this series; ` +
-        'start it with --samples_per_plugin gradients=0 to keep all)',
-      kind: 'warn',
-    });
+    const why = info.capped ?
+      'a uniform sample: the run is larger than one read of TensorBoard\'s data server can carry; see the note above' :
+      'TensorBoard sampled this series; start it with --samples_per_plugin gradients=0 to keep all';
+    parts.push({text: `showing ${numSteps.toLocaleString('en-US')} of ${m} steps (${why})`, kind: 'warn'});
   }
   if (Array.isArray(resp.step_ends)) {
     parts.push({text: `${resp.steps.length.toLocaleString('en-US')} columns (${resp.reduce || 'max'} per bin)`, kind: 'info'});

@@ -87,6 +87,7 @@ def runs(st, ctx, experiment_id):
             "check_granularities": [g for g in metadata.GRANULARITIES if index.layouts(metadata.KIND_CHECK, g)],
             "total_steps": None,
             "sampled": False,
+            "capped": False,
             "problems": [p.to_dict() for p in index.problems],
             "last_write": index.last_write(),
         }
@@ -100,6 +101,7 @@ def runs(st, ctx, experiment_id):
                 summaries = [st.summary(ctx, experiment_id, run, s) for s in layouts]
                 for summary in summaries:
                     entry["problems"].extend(p.to_dict() for p in summary.problems)
+                    entry["capped"] = entry["capped"] or summary.capped
                 steps = merge.union_steps([s.steps for s in summaries])
                 described = entry["granularities"].setdefault(
                     granularity,
@@ -117,7 +119,7 @@ def runs(st, ctx, experiment_id):
         entry["problems"].extend(p.to_dict() for p in problems)
         if metadata.KIND_STATS in index.kinds():
             entry["total_steps"] = total
-            entry["sampled"] = total is not None and kept < total
+            entry["sampled"] = entry["capped"] or (total is not None and kept < total)
         # A stats tag serves both granularities: report each problem once.
         entry["problems"] = list({(p["tag"], p["reason"]): p for p in entry["problems"]}.values())
         if entry["metrics"] or entry["problems"]:

@@ -22,6 +22,16 @@ from tb_gradcheck import metadata
 # a hint of 0 would return nothing at all.
 _READ_ALL = 1 << 30
 
+# TensorBoard's client refuses an answer from its Rust data server over 256 MiB
+# (tensorboard/data/server_ingester.py sets grpc.max_receive_message_length),
+# and one read_tensors answer carries every point of a tag. A tag larger than
+# that (2,000 layers x 10,000 steps is 1.28 GB) made every read of it fail,
+# and with it the listing of every run. So a read asks for at most this many
+# bytes of points, leaving room for the answer's framing; the data server
+# then sends a uniform sample of the tag. The Python path gets the same bound,
+# which also bounds the plugin's memory per tag.
+READ_BUDGET_BYTES = 192 << 20
+
 # Enough for the runs a tab shows at once (one run, or two compared) at
 # 200 layers x 10,000 steps (about 80 MB of float32 each), with room for the
 # small per-tag summaries of every run in a large logdir.
@@ -66,11 +76,14 @@ class Summary:
       problems: ``Problem`` for every skipped point.
       count: Float, the write counter in the header row of the last point
         (stats tags), or None.
+      capped: Whether the read was cut to ``READ_BUDGET_BYTES`` and the tag
+        holds more points than were read.
     """
 
     steps: np.ndarray
     problems: list
     count: object = None
+    capped: bool = False
 
 
 @dataclasses.dataclass
@@ -250,14 +263,15 @@ class Store:
         hit = self.cache.get(key)
         if hit is not None and hit[0] == version:
             return hit[1]
+        limit = read_limit(series.content)
         result = self._provider.read_tensors(
             ctx,
             experiment_id=experiment_id,
             plugin_name=metadata.PLUGIN_NAME,
             run_tag_filter=_filter(run, series.tag),
-            downsample=_READ_ALL,
+            downsample=min(_READ_ALL, limit),
         )
-        decoded = _decode(series, result.get(run, {}).get(series.tag, []))
+        decoded = _decode(series, result.get(run, {}).get(series.tag, []), limit)
         steps, values, _ = decoded
         # The summary is put apart from the values: a listing of many runs
         # needs only summaries, which stay cached when the values are dropped
@@ -273,12 +287,19 @@ class Store:
         return decoded
 
 
+def read_limit(content):
+    """The most points of a tag with this layout that one read asks for (``READ_BUDGET_BYTES`` of float32)."""
+    point_bytes = 4 * int(np.prod(metadata.shape_of(content)))
+    return max(1, READ_BUDGET_BYTES // max(1, point_bytes))
+
+
 def _summarize(series, decoded):
     steps, values, problems = decoded
     count = None
     if series.content["kind"] == metadata.KIND_STATS and len(steps):
         count = float(values[-1, 0, metadata.header_row(series.content), 0])
-    return Summary(steps, problems, count)
+    capped = any(isinstance(p, Capped) for p in problems)
+    return Summary(steps, problems, count, capped)
 
 
 def _version(series):
@@ -291,8 +312,29 @@ def _filter(run, tag):
     return provider.RunTagFilter(runs=[run], tags=None if tag is None else [tag])
 
 
-def _decode(series, data):
-    """Stacks a tag's datums into ``(steps [S], values [S, ...], problems)``, skipping bad ones."""
+class Capped(Problem):
+    """A tag with more points than one read may carry: a uniform sample of them was read."""
+
+
+def _capped(series, read, limit):
+    shape = metadata.shape_of(series.content)
+    size = 4 * int(np.prod(shape))
+    return Capped(
+        series.tag,
+        f"{read:,} of its points were read, a uniform sample: each point is {size / 1024:,.0f} KiB "
+        f"({' x '.join(map(str, shape))} float32) and TensorBoard's data server sends at most 256 MiB per "
+        f"read, so at most {limit:,} points of this layout can be shown. Write every few steps "
+        "(every_n_steps) to keep every written step readable",
+    )
+
+
+def _decode(series, data, limit=None):
+    """Stacks a tag's datums into ``(steps [S], values [S, ...], problems)``, skipping bad ones.
+
+    ``limit`` is the number of points the read asked for at most: a read that
+    returned that many may have been cut (``Capped``) when the tag's write
+    counter says more were written.
+    """
     shape = metadata.shape_of(series.content)
     expected_dtype = np.float32
     expected = f"shape {shape} {np.dtype(expected_dtype)}"
@@ -327,7 +369,17 @@ def _decode(series, data):
     if not len(steps):
         return steps, np.zeros((0,) + shape, expected_dtype), problems
     values = np.stack([by_step[s].numpy for s in steps])
+    if limit is not None and len(data) >= limit and _written(series, values) > len(steps):
+        problems.append(_capped(series, len(steps), limit))
     return steps, values, problems
+
+
+def _written(series, values):
+    """How many points the writer wrote, from the last point's write counter; unbounded when unknown."""
+    if series.content["kind"] != metadata.KIND_STATS:
+        return float("inf")
+    count = float(values[-1, 0, metadata.header_row(series.content), 0])
+    return count if np.isfinite(count) else float("inf")
 
 
 def _dtype_name(arr):

@@ -5,6 +5,9 @@ own MultiplexerDataProvider (``store.local_store``); the closed-form values
 of ``conftest.synthetic_run`` say what every answer must be.
 """
 
+import json
+import time
+
 import numpy as np
 import pytest
 
@@ -150,3 +153,72 @@ def test_a_repeated_listing_reads_no_tag_again_when_only_some_values_fit(logdir)
     assert queries.runs(st, ctx, eid) == first
     assert len(counting.read) == len(RUNS)  # the summaries outlived the values evicted to make room
     assert sum(k[0] == "tag" for k in st.cache.keys()) <= 2
+
+
+def _write_wide(run_dir, rows, steps):
+    """``steps`` points of a ``rows``-layer stats layout whose grad_norm is ``step + 1``; returns the layout."""
+    import tensorflow as tf
+
+    from tb_gradcheck import metadata
+    from tests.rawlogs import md_bytes
+    from tests.rawlogs import stats_content
+
+    content = stats_content([f"net/block_{i:05d}" for i in range(rows)])
+    tag = metadata.tag_for(content)
+    arr = np.zeros((1, 2 * rows + 1, len(metadata.STORED_STAT_COLUMNS)), np.float32)
+    norm = metadata.STORED_STAT_COLUMNS.index("grad_norm")
+    writer = tf.summary.create_file_writer(str(run_dir), max_queue=100)
+    with writer.as_default():
+        for step in range(steps):
+            arr[0, :-1, norm] = step + 1
+            arr[0, -1, 0] = step + 1  # the write counter
+            tf.summary.write(tag, arr, step=step, metadata=md_bytes(content) if step == 0 else md_bytes(b""))
+    writer.close()
+    return content
+
+
+def _check_capped(client, limit, steps):
+    from conftest import get_json
+
+    entry = next(e for e in get_json(client, "/data/plugin/gradients/runs")["runs"] if e["run"] == "wide")
+    assert entry["capped"] and entry["sampled"] and entry["total_steps"] == steps
+    assert entry["granularities"]["layer"]["num_steps"] == limit
+    (problem,) = entry["problems"]
+    assert "256 MiB" in problem["reason"] and f"at most {limit:,} points" in problem["reason"]
+    body = get_json(client, "/data/plugin/gradients/export?run=wide&metric=grad_norm&format=json")
+    kept = np.array(body["steps"])
+    assert len(kept) == limit and len(set(kept)) == limit and kept.max() == steps - 1  # the last step is kept
+    values = np.array(body["values"], np.float64)
+    np.testing.assert_array_equal(values, np.repeat(kept[:, None] + 1.0, values.shape[1], axis=1))
+
+
+def test_a_layout_larger_than_one_data_server_read_is_sampled_not_a_failed_listing(tmp_path):
+    """The Rust data server's answers are capped at 256 MiB; a 268 MiB tag made every runs listing a 500."""
+    from conftest import make_app
+
+    rows, steps = 8_000, 550  # 512 KiB per point, 275 MiB in all
+    content = _write_wide(tmp_path / "wide", rows, steps)
+    limit = store.read_limit(content)
+    assert limit < steps
+    client, _ = make_app(tmp_path, "rust")
+    deadline = time.time() + 120
+    while time.time() < deadline:  # the data server loads in the background
+        listed = client.get("/data/plugin/gradients/runs")
+        assert listed.status_code == 200, listed.data[:300]
+        if json.loads(listed.data)["runs"] and json.loads(listed.data)["runs"][0]["total_steps"] == steps:
+            break
+        time.sleep(0.5)
+    _check_capped(client, limit, steps)
+
+
+def test_the_python_data_path_reads_within_the_same_budget(tmp_path, monkeypatch):
+    from conftest import make_app
+    from tb_gradcheck import metadata
+
+    rows, steps = 10, 30
+    point = 4 * (2 * rows + 1) * len(metadata.STORED_STAT_COLUMNS)
+    monkeypatch.setattr(store, "READ_BUDGET_BYTES", 12 * point)
+    content = _write_wide(tmp_path / "wide", rows, steps)
+    assert store.read_limit(content) == 12
+    client, _ = make_app(tmp_path, "python")
+    _check_capped(client, 12, steps)

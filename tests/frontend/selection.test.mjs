@@ -136,4 +136,9 @@ test('status_line_says_sampled_binned_and_rows_in_pixels', () => {
   assert.match(text, /written every 10 training steps, max of each window/);
   assert.match(text, /2,000 layers/);
   assert.match(text, /2,000 rows in 600 pixel rows \(max per bin\)/);
+  // Cut by the data server's per-read limit, not by TensorBoard's sampling:
+  // the sampling flag would be the wrong advice.
+  const capped = statusParts({...RUNS[1], capped: true}, r, null).map((p) => p.text).join(' | ');
+  assert.match(capped, /showing 100 of 500 steps \(a uniform sample: the run is larger than one read/);
+  assert.doesNotMatch(capped, /samples_per_plugin/);
 });
