@@ -75,6 +75,7 @@ _HOVER = """([x, y, w, h]) => {
 
 
 BIG_ROWS = 2_000
+LAYOUT_ROWS = 200
 BLOCK_PARTS = ("attn/q", "attn/k", "attn/v", "attn/o", "mlp/in", "mlp/out", "ln1", "ln2")
 TARGET_FIRST_DRAW_MS = 1000
 
@@ -87,8 +88,17 @@ _LOAD_TIMES = """() => {
 }"""
 
 
-def write_transformer(logdir, steps, rows=BIG_ROWS):
-    """``rows`` rows (blocks of 8) x ``steps`` steps in GradientWriter's stored layout, written by tf.summary.write."""
+def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS):
+    """``rows`` rows (blocks of 8) x ``steps`` steps in GradientWriter's stored layout, written by tf.summary.write.
+
+    The rows go into layouts of ``layout_rows`` each, which the plugin merges
+    by row name, as it merges two models written through one writer. One
+    layout of 2,000 rows x 10,000 steps would be a 1.28 GB tag, more than one
+    read of TensorBoard's data server carries (256 MiB): the plugin would
+    show a uniform sample of about 1,500 of its steps (``store.READ_BUDGET_BYTES``).
+    The layouts are written in row order at every step, so their newest
+    points, by which the plugin orders them, keep that order.
+    """
     import numpy as np
     import tensorflow as tf
 
@@ -97,21 +107,30 @@ def write_transformer(logdir, steps, rows=BIG_ROWS):
     from tests.rawlogs import stats_content
 
     names = [f"transformer/block_{b:03d}/{p}" for b in range(rows // len(BLOCK_PARTS)) for p in BLOCK_PARTS]
-    content = stats_content(names)
-    tag = metadata.tag_for(content)
-    norm = metadata.STORED_STAT_COLUMNS.index("grad_norm")
+    column = metadata.STORED_STAT_COLUMNS.index
     n = len(names)
-    arr = np.ones((1, 2 * n + 1, len(metadata.STORED_STAT_COLUMNS)), np.float32)
-    arr[..., 2:4] = 0  # zero fraction and non-finite count
     scale = (10.0 ** -(np.arange(n) / 400)).astype(np.float32)
+    layouts = []
+    for start in range(0, n, layout_rows):
+        part = names[start : start + layout_rows]
+        content = stats_content(part)
+        # Healthy values as the writer stores them: no zeros, NaN or dead
+        # units, no non-finite onset (-1), weights of norm 10; the norms are set per step.
+        arr = np.zeros((1, 2 * len(part) + 1, len(metadata.STORED_STAT_COLUMNS)), np.float32)
+        arr[..., column("first_nonfinite_offset")] = -1
+        arr[..., column("weight_norm")] = 10
+        layouts.append((metadata.tag_for(content), md_bytes(content), slice(start, start + len(part)), arr))
     writer = tf.summary.create_file_writer(str(logdir + "/transformer"), max_queue=1000)
     with writer.as_default():
         for step in range(steps):
-            wave = 1 + 0.5 * np.sin(step / 50 + np.arange(n) / 80)
-            arr[0, :n, norm] = arr[0, n : 2 * n, norm] = scale * wave
-            arr[0, -1, :] = 0
-            arr[0, -1, 0] = step + 1
-            tf.summary.write(tag, arr, step=step, metadata=md_bytes(content) if step == 0 else md_bytes(b""))
+            wave = scale * (1 + 0.5 * np.sin(step / 50 + np.arange(n) / 80))
+            for tag, md, where, arr in layouts:
+                k = where.stop - where.start
+                for name, share in (("grad_norm", 1), ("grad_norm_finite", 1), ("grad_max_abs", 0.05)):
+                    arr[0, :k, column(name)] = arr[0, k : 2 * k, column(name)] = share * wave[where]
+                arr[0, -1, :] = 0
+                arr[0, -1, 0] = step + 1
+                tf.summary.write(tag, arr, step=step, metadata=md if step == 0 else md_bytes(b""))
     writer.close()
 
 

@@ -242,6 +242,8 @@ def run(quick=False):
     rows = []
     repeats, inner = (5, 10) if quick else (15, 20)
     for name, model, x_shape, y_shape in _models(quick):
+        done = len(rows)
+        started = time.time()
         with tempfile.TemporaryDirectory() as logdir:
             ways = _steps(model, x_shape, y_shape, logdir)
             times = interleaved({k: w[0] for k, w in ways.items()}, repeats, inner)
@@ -284,9 +286,23 @@ def run(quick=False):
                 )
             )
             rows.append(row(f"bytes per written step, {name}, scalars vs histograms", hist, per_step["scalar"], "B"))
+        _progress(f"{name}, {time.time() - started:.0f} s", rows[done:])
+    started = time.time()
     with tempfile.TemporaryDirectory() as logdir:
         rows += _fit_rows(quick, logdir)
+    _progress(f"fit, {time.time() - started:.0f} s", rows[-3:])
     return rows
+
+
+def _progress(what, rows):
+    """Prints a model's rows to stderr as soon as they are measured: the whole run takes about an hour."""
+    import sys
+
+    from benchmarks.__main__ import print_table
+
+    print(f"writer: {what}", file=sys.stderr)
+    print_table(rows, out=sys.stderr)
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":
