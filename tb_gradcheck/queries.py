@@ -144,15 +144,38 @@ def heatmap(st, ctx, experiment_id, run, metric, granularity="layer", aggregate=
     kind = metadata.KIND_CHECK if check else metadata.KIND_STATS
     if not index.layouts(kind, granularity):
         raise NotFound(f"run {run!r} has no {granularity}-level {metric!r} data")
+    # One metric is a small share of its tags (which hold every column of both
+    # granularities): kept apart, a refresh, zoom or new width on unchanged
+    # data costs no read, even when the tags themselves do not fit the cache.
+    key = ("heatmap", experiment_id, run, _versions(index), metric, granularity, aggregate)
+    hit = st.cache.get(key)
+    if hit is not None:
+        return hit
     parts, _ = st.parts(ctx, experiment_id, index, kind, granularity)
     rows = index.rows(kind, granularity)
     if check:
         steps, values, missing = merge.slab(parts, granularity, "relative_error", None, rows)
         _, status, status_missing = merge.slab(parts, granularity, "status", None, rows)
-        return Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, status, status_missing)
-    steps, values, missing = merge.slab(parts, granularity, metric, aggregate, rows)
-    total = st.progress(ctx, experiment_id, index)[0]
-    return Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, total_steps=total)
+        heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, status, status_missing)
+    else:
+        steps, values, missing = merge.slab(parts, granularity, metric, aggregate, rows)
+        total = st.progress(ctx, experiment_id, index)[0]
+        heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, total_steps=total)
+    arrays = [a for a in (heat.steps, heat.values, heat.missing, heat.status, heat.status_missing) if a is not None]
+    for a in arrays:
+        a.setflags(write=False)  # shared by every request that hits the cache
+    return st.cache.put(key, heat, sum(a.nbytes for a in arrays) + 64 * len(rows), cost=_read_bytes(index))
+
+
+def _versions(index):
+    """What changes whenever any tag of the run gets new points: a cache key part."""
+    return tuple(sorted((s.tag, s.max_step, s.max_wall_time) for ls in index.series.values() for s in ls))
+
+
+def _read_bytes(index):
+    """About what reading every tag of the run again costs: the cost of a miss for ``cache.Cache``."""
+    tags = {s.tag: s for ls in index.series.values() for s in ls}
+    return int(sum(4 * np.prod(metadata.shape_of(s.content)) * (s.max_step + 1) for s in tags.values()))
 
 
 def compare(st, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last"):
@@ -178,6 +201,18 @@ def matrix(st, ctx, experiment_id, index, kind, granularity):
 def findings(st, ctx, experiment_id, run, thresholds=None):
     """``diagnose.find`` over one run's layer-level stats and checks: a list of ``diagnose.Finding``."""
     index = st.run(ctx, experiment_id, run)
+    # The same data gives the same findings, and they cost a pass over the
+    # whole matrix (seconds at 2,000 rows x 10,000 steps): the tab asks again
+    # at every refresh, so they are kept until any tag of the run changes.
+    key = ("findings", experiment_id, run, _versions(index), repr(thresholds))
+    hit = st.cache.get(key)
+    if hit is not None:
+        return hit
+    found = _find(st, ctx, experiment_id, index, run, thresholds)
+    return st.cache.put(key, found, 2048 * (1 + len(found)), cost=_read_bytes(index))
+
+
+def _find(st, ctx, experiment_id, index, run, thresholds):
     layer = "layer"
     stats = checks = None
     if index.layouts(metadata.KIND_STATS, layer):

@@ -90,8 +90,11 @@ def test_cache_stays_within_budget_and_answers_stay_exact_while_it_evicts(logdir
     for run in RUNS + RUNS:
         check_norms(queries.heatmap(st, ctx, eid, run, "grad_norm"), sizes, scale)
         assert st.cache.nbytes <= budget
-    values_held = [k for k in st.cache.keys() if k[0] == "tag"]
-    assert len(values_held) == 1 and values_held[0][2] == "r2"  # only what the tab looked at last
+    # What the tab looked at last is held: its heatmap (one metric, small
+    # for the whole tag it costs to rebuild), or the tag values themselves.
+    held = [k for k in st.cache.keys() if k[0] in ("tag", "heatmap")]
+    assert held and ("heatmap", eid, "r2") in {k[:3] for k in held}
+    assert sum(k[0] == "tag" for k in st.cache.keys()) <= 1
 
 
 def test_runs_listing_keeps_only_summaries_when_values_do_not_fit(logdir):
@@ -153,6 +156,33 @@ def test_a_repeated_listing_reads_no_tag_again_when_only_some_values_fit(logdir)
     assert queries.runs(st, ctx, eid) == first
     assert len(counting.read) == len(RUNS)  # the summaries outlived the values evicted to make room
     assert sum(k[0] == "tag" for k in st.cache.keys()) <= 2
+
+
+def test_findings_and_heatmaps_are_kept_until_the_run_changes(tmp_path):
+    """The tab asks again at every refresh; unchanged data must not cost reading its tags again."""
+    from tb_gradcheck import diagnose
+
+    synthetic_run(tmp_path / "r", 20)
+    probe, ctx, eid = store.local_store(tmp_path)
+    counting = CountingProvider(probe._provider)
+    # The tag's values never fit, so any recompute reads the tag again.
+    st = store.Store(counting, cache_bytes=tag_bytes(probe, ctx, eid, "r") - 1, listing_ttl=0)
+    first = queries.findings(st, ctx, eid, "r")
+    reads = len(counting.read)
+    assert reads and queries.findings(st, ctx, eid, "r") == first and len(counting.read) == reads
+    heat = queries.heatmap(st, ctx, eid, "r", "grad_norm")
+    reads = len(counting.read)
+    again = queries.heatmap(st, ctx, eid, "r", "grad_norm")
+    assert again is heat and len(counting.read) == reads and not again.values.flags.writeable
+    strict = diagnose.Thresholds(rise_orders=0.01)
+    queries.findings(st, ctx, eid, "r", strict)  # other thresholds are another answer
+    assert len(counting.read) > reads
+    reads = len(counting.read)
+    synthetic_run(tmp_path / "r", 25)  # a restart that goes 5 steps further: the tag's version changes
+    probe._provider._multiplexer.Reload()
+    queries.findings(st, ctx, eid, "r")
+    assert len(counting.read) > reads
+    assert queries.heatmap(st, ctx, eid, "r", "grad_norm").steps[-1] == 24
 
 
 def _write_wide(run_dir, rows, steps):
