@@ -295,11 +295,16 @@ def read_limit(content):
 
 def _summarize(series, decoded):
     steps, values, problems = decoded
-    count = None
-    if series.content["kind"] == metadata.KIND_STATS and len(steps):
-        count = float(values[-1, 0, metadata.header_row(series.content), 0])
+    count = _write_count(series, values) if len(steps) else None
     capped = any(isinstance(p, Capped) for p in problems)
     return Summary(steps, problems, count, capped)
+
+
+def _write_count(series, values):
+    """The write counter in the header row of the last point (stats tags), or None."""
+    if series.content["kind"] != metadata.KIND_STATS:
+        return None
+    return float(values[-1, 0, metadata.header_row(series.content), 0])
 
 
 def _version(series):
@@ -323,8 +328,8 @@ def _capped(series, read, limit):
         series.tag,
         f"{read:,} of its points were read, a uniform sample: each point is {size / 1024:,.0f} KiB "
         f"({' x '.join(map(str, shape))} float32) and TensorBoard's data server sends at most 256 MiB per "
-        f"read, so at most {limit:,} points of this layout can be shown. Write every few steps "
-        "(every_n_steps) to keep every written step readable",
+        f"read, so at most {limit:,} points of this layout can be shown. Writing with every_n_steps "
+        "keeps a whole run readable (each write then covers N steps)",
     )
 
 
@@ -369,17 +374,12 @@ def _decode(series, data, limit=None):
     if not len(steps):
         return steps, np.zeros((0,) + shape, expected_dtype), problems
     values = np.stack([by_step[s].numpy for s in steps])
-    if limit is not None and len(data) >= limit and _written(series, values) > len(steps):
-        problems.append(_capped(series, len(steps), limit))
+    if limit is not None and len(data) >= limit:
+        # Cut, unless the writer's counter says this is all it wrote.
+        count = _write_count(series, values)
+        if count is None or not np.isfinite(count) or count > len(steps):
+            problems.append(_capped(series, len(steps), limit))
     return steps, values, problems
-
-
-def _written(series, values):
-    """How many points the writer wrote, from the last point's write counter; unbounded when unknown."""
-    if series.content["kind"] != metadata.KIND_STATS:
-        return float("inf")
-    count = float(values[-1, 0, metadata.header_row(series.content), 0])
-    return count if np.isfinite(count) else float("inf")
 
 
 def _dtype_name(arr):
