@@ -147,7 +147,7 @@ def heatmap(st, ctx, experiment_id, run, metric, granularity="layer", aggregate=
     # One metric is a small share of its tags (which hold every column of both
     # granularities): kept apart, a refresh, zoom or new width on unchanged
     # data costs no read, even when the tags themselves do not fit the cache.
-    key = ("heatmap", experiment_id, run, _versions(index), metric, granularity, aggregate)
+    key = ("heatmap", experiment_id, run, index.version(), metric, granularity, aggregate)
     hit = st.cache.get(key)
     if hit is not None:
         return hit
@@ -164,18 +164,7 @@ def heatmap(st, ctx, experiment_id, run, metric, granularity="layer", aggregate=
     arrays = [a for a in (heat.steps, heat.values, heat.missing, heat.status, heat.status_missing) if a is not None]
     for a in arrays:
         a.setflags(write=False)  # shared by every request that hits the cache
-    return st.cache.put(key, heat, sum(a.nbytes for a in arrays) + 64 * len(rows), cost=_read_bytes(index))
-
-
-def _versions(index):
-    """What changes whenever any tag of the run gets new points: a cache key part."""
-    return tuple(sorted((s.tag, s.max_step, s.max_wall_time) for ls in index.series.values() for s in ls))
-
-
-def _read_bytes(index):
-    """About what reading every tag of the run again costs: the cost of a miss for ``cache.Cache``."""
-    tags = {s.tag: s for ls in index.series.values() for s in ls}
-    return int(sum(4 * np.prod(metadata.shape_of(s.content)) * (s.max_step + 1) for s in tags.values()))
+    return st.cache.put(key, heat, sum(a.nbytes for a in arrays) + 64 * len(rows), cost=index.read_bytes())
 
 
 def compare(st, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last"):
@@ -204,12 +193,12 @@ def findings(st, ctx, experiment_id, run, thresholds=None):
     # The same data gives the same findings, and they cost a pass over the
     # whole matrix (seconds at 2,000 rows x 10,000 steps): the tab asks again
     # at every refresh, so they are kept until any tag of the run changes.
-    key = ("findings", experiment_id, run, _versions(index), repr(thresholds))
+    key = ("findings", experiment_id, run, index.version(), repr(thresholds))
     hit = st.cache.get(key)
     if hit is not None:
         return hit
     found = _find(st, ctx, experiment_id, index, run, thresholds)
-    return st.cache.put(key, found, 2048 * (1 + len(found)), cost=_read_bytes(index))
+    return st.cache.put(key, found, 2048 * (1 + len(found)), cost=index.read_bytes())
 
 
 def _find(st, ctx, experiment_id, index, run, thresholds):

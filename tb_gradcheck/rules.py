@@ -258,9 +258,7 @@ def _rises(onsets, level, lt, lp, bad):
     """
     s = len(lt)
     nxt = np.minimum(onsets + 1, s - 1)
-    with np.errstate(invalid="ignore"):
-        lasting = bad[nxt] | (lt[nxt] >= level[onsets]) | ((lp[nxt] >= level[onsets]) & np.isnan(lt[nxt]))
-    lasting &= onsets + 1 < s
+    lasting = _holds(level[onsets], lt[nxt], lp[nxt], bad[nxt]) & (onsets + 1 < s)
     if not lasting.any():
         return onsets, onsets + 1
     starts, ends = [], []
@@ -274,12 +272,19 @@ def _rises(onsets, level, lt, lp, bad):
     return np.array(starts, np.int64), np.array(ends, np.int64)
 
 
+def _holds(level, lt, lp, bad):
+    """Where a rise to ``level`` still holds: the typical norm stays at ``level``, or the gradients are non-finite.
+
+    The peak alone speaks for a write whose typical norm is NaN.
+    """
+    with np.errstate(invalid="ignore"):
+        return bad | (lt >= level) | ((lp >= level) & np.isnan(lt))
+
+
 def _rise_end(i, level, lt, lp, bad):
     """The first write after ``i`` at which a rise to ``level`` no longer holds (``len(lt)`` if it holds to the end).
 
-    A rise holds while the typical norm stays at ``level``, or the gradients
-    are non-finite (the peak alone speaks for a write whose typical norm is
-    NaN). The search looks ahead in doubling windows: a noisy run has an
+    The search looks ahead in doubling windows: a noisy run has an
     onset every few writes, and testing the whole rest of the run for each
     of them made findings quadratic in the steps (11 minutes on 2,000 rows
     x 10,000 steps); this costs about the length of each rise.
@@ -287,8 +292,7 @@ def _rise_end(i, level, lt, lp, bad):
     lo, width = i + 1, 16
     while lo < len(lt):
         hi = min(len(lt), lo + width)
-        with np.errstate(invalid="ignore"):
-            held = bad[lo:hi] | (lt[lo:hi] >= level) | ((lp[lo:hi] >= level) & np.isnan(lt[lo:hi]))
+        held = _holds(level, lt[lo:hi], lp[lo:hi], bad[lo:hi])
         if not held.all():
             return lo + int(np.argmin(held))
         lo, width = hi, 2 * width

@@ -18,10 +18,9 @@ from tb_gradcheck import merge
 from tb_gradcheck import metadata
 
 # read_tensors takes a sampling hint and returns at most that many points. The
-# plugin keeps every point by default (see plugin.py), so ask for all of them;
-# a hint of 0 would return nothing at all.
-_READ_ALL = 1 << 30
-
+# plugin keeps every point by default (see plugin.py), so it asks for all of
+# them, up to the bound below; a hint of 0 would return nothing at all.
+#
 # TensorBoard's client refuses an answer from its Rust data server over 256 MiB
 # (tensorboard/data/server_ingester.py sets grpc.max_receive_message_length),
 # and one read_tensors answer carries every point of a tag. A tag larger than
@@ -76,14 +75,16 @@ class Summary:
       problems: ``Problem`` for every skipped point.
       count: Float, the write counter in the header row of the last point
         (stats tags), or None.
-      capped: Whether the read was cut to ``READ_BUDGET_BYTES`` and the tag
-        holds more points than were read.
     """
 
     steps: np.ndarray
     problems: list
     count: object = None
-    capped: bool = False
+
+    @property
+    def capped(self):
+        """Whether the read was cut to ``READ_BUDGET_BYTES`` and the tag holds more points than were read."""
+        return any(isinstance(p, Capped) for p in self.problems)
 
 
 @dataclasses.dataclass
@@ -118,6 +119,15 @@ class RunIndex:
         """Wall time of the run's newest point, or None: changes whenever new data arrives."""
         times = [s.max_wall_time for layouts in self.series.values() for s in layouts]
         return max(times) if times else None
+
+    def version(self):
+        """What changes whenever any tag of the run gets new points: part of a cache key."""
+        return tuple(sorted((s.tag, *_version(s)) for layouts in self.series.values() for s in layouts))
+
+    def read_bytes(self):
+        """About what reading every tag of the run again costs: a miss's cost for ``cache.Cache``."""
+        tags = {s.tag: s for layouts in self.series.values() for s in layouts}
+        return sum(point_bytes(s.content) * (s.max_step + 1) for s in tags.values())
 
     def window(self):
         return max((s.content.get("window", 1) for s in self.layouts(metadata.KIND_STATS, "layer")), default=1)
@@ -269,7 +279,7 @@ class Store:
             experiment_id=experiment_id,
             plugin_name=metadata.PLUGIN_NAME,
             run_tag_filter=_filter(run, series.tag),
-            downsample=min(_READ_ALL, limit),
+            downsample=limit,
         )
         decoded = _decode(series, result.get(run, {}).get(series.tag, []), limit)
         steps, values, _ = decoded
@@ -287,17 +297,20 @@ class Store:
         return decoded
 
 
+def point_bytes(content):
+    """Bytes of one point (one step's float32 tensor) of a tag with this layout."""
+    return 4 * int(np.prod(metadata.shape_of(content)))
+
+
 def read_limit(content):
-    """The most points of a tag with this layout that one read asks for (``READ_BUDGET_BYTES`` of float32)."""
-    point_bytes = 4 * int(np.prod(metadata.shape_of(content)))
-    return max(1, READ_BUDGET_BYTES // max(1, point_bytes))
+    """The most points of a tag with this layout that one read asks for (``READ_BUDGET_BYTES`` of them)."""
+    return max(1, READ_BUDGET_BYTES // max(1, point_bytes(content)))
 
 
 def _summarize(series, decoded):
     steps, values, problems = decoded
     count = _write_count(series, values) if len(steps) else None
-    capped = any(isinstance(p, Capped) for p in problems)
-    return Summary(steps, problems, count, capped)
+    return Summary(steps, problems, count)
 
 
 def _write_count(series, values):
@@ -323,10 +336,9 @@ class Capped(Problem):
 
 def _capped(series, read, limit):
     shape = metadata.shape_of(series.content)
-    size = 4 * int(np.prod(shape))
     return Capped(
         series.tag,
-        f"{read:,} of its points were read, a uniform sample: each point is {size / 1024:,.0f} KiB "
+        f"{read:,} of its points were read, a uniform sample: each point is {point_bytes(series.content) / 1024:,.0f} KiB "
         f"({' x '.join(map(str, shape))} float32) and TensorBoard's data server sends at most 256 MiB per "
         f"read, so at most {limit:,} points of this layout can be shown. Writing with every_n_steps "
         "keeps a whole run readable (each write then covers N steps)",
