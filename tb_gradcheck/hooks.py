@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from tb_gradcheck import checks
+from tb_gradcheck import conds
 from tb_gradcheck import replica
 from tb_gradcheck import summary
 from tb_gradcheck import twin
@@ -303,7 +304,7 @@ class Session:
             self._write(unscaled, variables, step, check_enabled=False, extra=extra)
             return tf.constant(True)
 
-        tf.cond(tf.logical_and(self.enabled, tf.logical_not(finite)), skipped, lambda: tf.constant(False))
+        conds.cond(tf.logical_and(self.enabled, tf.logical_not(finite)), skipped, lambda: tf.constant(False))
 
     def _write(self, grads, variables, step, check_enabled=True, extra=None):
         if self.compiled:
@@ -312,7 +313,7 @@ class Session:
                 self.writer.record_compiled(grads, variables, step, extra)
                 return tf.constant(True)
 
-            tf.cond(self.enabled, stash, lambda: tf.constant(False))
+            conds.cond(self.enabled, stash, lambda: tf.constant(False))
             return
 
         def record():
@@ -324,7 +325,7 @@ class Session:
             return tf.constant(True)
 
         if check_enabled:
-            tf.cond(self.enabled, record, lambda: tf.constant(False))
+            conds.cond(self.enabled, record, lambda: tf.constant(False))
         else:
             record()
 

@@ -28,10 +28,10 @@ KINDS = (KIND_STATS, KIND_CHECK)
 
 GRANULARITIES = ("layer", "variable")
 
-# Statistic columns of a stats tensor, in stored order: the gradient columns
-# (reduced over a window at every step), then the weight column (taken at the
-# write step). Readers read columns by name and skip names they do not know, so
-# a column added here leaves older logs readable and older readers working.
+# Statistic columns of a stats tensor (STORED_STAT_COLUMNS below gives their
+# stored order). Readers read columns by name and skip names they do not know,
+# so a column added here leaves older logs readable and older readers working,
+# and logs written before a reordering read the same.
 GRADIENT_STAT_COLUMNS = (
     "grad_norm",
     "grad_max_abs",
@@ -40,6 +40,13 @@ GRADIENT_STAT_COLUMNS = (
     # Fraction of the row's output units whose gradient is exactly zero in
     # every parameter of the unit (what a unit is: tb_gradcheck.stats).
     "dead_unit_fraction",
+)
+# The onset of a divergence inside a window, stored only by windowed layouts
+# (every_n_steps > 1): with every step written they only restate grad_norm
+# and grad_nonfinite (the finite norm is grad_norm where finite, the offset
+# is 0 where grad_nonfinite > 0), so those layouts leave them out (a quarter
+# of their bytes) and a reader of a missing column falls back to exactly that.
+ONSET_STAT_COLUMNS = (
     # grad_norm over the steps whose gradient was finite: its "max" slab is
     # the largest finite norm of a window, which a NaN later in the window
     # does not hide (the grad_norm "max" slab is then NaN). -1 when no step
@@ -53,7 +60,10 @@ GRADIENT_STAT_COLUMNS = (
     # -1 when the window had none.
     "first_nonfinite_offset",
 )
-STORED_STAT_COLUMNS = GRADIENT_STAT_COLUMNS + ("weight_norm",)
+# Every stored statistic, in stored order: the gradient columns, the weight
+# column (taken at the write step), then the onset columns, so a layout
+# without them has the others at the same positions.
+STORED_STAT_COLUMNS = GRADIENT_STAT_COLUMNS + ("weight_norm",) + ONSET_STAT_COLUMNS
 # What the optimizer did (tb_gradcheck.updates), taken at the write step:
 # stored after the columns above, and only by layouts that have them (a
 # writer that never saw gradients before clipping has no such column).
@@ -137,7 +147,7 @@ def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
     The tensor is float32 ``[A, L + V + 1, C]``: ``A`` aggregates, then the
     ``L`` layer rows, the ``V`` variable rows and one header row whose
     column 0 counts the writes this writer has made (the M of "N of M steps"
-    when TensorBoard samples), ``C = len(STORED_STAT_COLUMNS)`` plus the
+    when TensorBoard samples), ``C = len(stored_columns(window))`` plus the
     ``optimizer_columns`` it stores. One event per
     written step keeps the per-step cost to the numbers themselves.
 
@@ -158,12 +168,17 @@ def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
     return {
         "version": CONTENT_VERSION,
         "kind": KIND_STATS,
-        "columns": list(STORED_STAT_COLUMNS) + [c for c in OPTIMIZER_STAT_COLUMNS if c in optimizer_columns],
+        "columns": list(stored_columns(window)) + [c for c in OPTIMIZER_STAT_COLUMNS if c in optimizer_columns],
         "aggregates": list(aggregates),
         "window": int(window),
         "layer": _granularity_block(**layers),
         "variable": _granularity_block(**variables),
     }
+
+
+def stored_columns(window):
+    """The statistic columns a layout of ``window`` training steps per write stores (before any optimizer column)."""
+    return STORED_STAT_COLUMNS if window > 1 else STORED_STAT_COLUMNS[: -len(ONSET_STAT_COLUMNS)]
 
 
 def check_layout(granularity, rows):

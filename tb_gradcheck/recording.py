@@ -9,6 +9,7 @@ step, ``stash`` and after it ``write_stashed``.
 
 import tensorflow as tf
 
+from tb_gradcheck import conds
 from tb_gradcheck import metadata
 from tb_gradcheck import stash
 from tb_gradcheck import stats
@@ -48,6 +49,8 @@ class Recording:
             optimizer_columns,
         )
         self.optimizer_columns = tuple(optimizer_columns)
+        # Statistic columns this layout stores (before the optimizer ones).
+        self.columns = len(metadata.stored_columns(every_n_steps))
         self.window = None
         if every_n_steps > 1:
             self.window = window.Window(len(self.rows.layer_names), len(self.rows.variable_names))
@@ -61,7 +64,7 @@ class Recording:
         ``(layer, variable)`` weight norms.
         """
         if self.every_n_steps == 1:
-            return stats.compute(gradients, self.rows)
+            return stats.compute(gradients, self.rows, onset=False)
         # Between writes only what a window needs: one fused pass per
         # gradient for the norm (and, on a bad step only, the NaN count).
         layer, variable = stats.quick(gradients, self.rows)
@@ -76,36 +79,45 @@ class Recording:
         serialising the step; here the cond runs as soon as the step is known.
         """
         n_l, n_v = len(self.rows.layer_names), len(self.rows.variable_names)
-        return tf.cond(
+        return conds.cond(
             tf.equal(step % self.every_n_steps, 0),
             lambda: stats.weight_norms(self.rows),
             lambda: (tf.fill([n_l], stats.MISSING), tf.fill([n_v], stats.MISSING)),
         )
 
-    def record(self, measured, gradients, step, writer, extra=None):
+    def record(self, measured, gradients, step, writer, extra=None, guard=None):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics.
 
         ``writer`` is the ``tf.summary`` writer; ``extra`` (an
         ``updates.Extra``) gives the optimizer columns of the write step.
-        Leaving ``writer.as_default()`` flushes it: that makes every written
-        step survive a SIGKILL (summary.py's flush policy), so it is entered
-        only where something is written, never at a window's other steps.
+        ``guard(write)`` runs ``write`` (a function returning a bool tensor)
+        if the writer is still open (``GradientWriter._while_open``); None
+        runs it as is. Leaving ``writer.as_default()`` flushes it: that makes
+        every written step survive a SIGKILL (summary.py's flush policy), so
+        it is entered only where something is written, never at a window's
+        other steps, which run no more than the window's update and one cond.
         """
+        guard = guard or (lambda write: write())
         layer, variable = measured[:2]
         if self.every_n_steps == 1:
-            with writer.as_default():
-                layer, variable = self._fill(layer[None], variable[None], extra)
-                self._events.stats(self.content, layer, variable, step)
-            return tf.constant(True)
+
+            def write_step():
+                with writer.as_default():
+                    stats_l, stats_v = self._fill(layer[None], variable[None], extra)
+                    self._events.stats(self.content, stats_l, stats_v, step)
+                return tf.constant(True)
+
+            return guard(write_step)
         self.window.add(layer, variable, step)
 
-        def write():
+        def write_window():
             with writer.as_default():
                 full = stats.compute(gradients, self.rows, weights=False)
                 return self.flush_window(step, measured[2], full, extra)
 
-        tf.cond(tf.equal(step % self.every_n_steps, 0), write, lambda: tf.constant(False))
-        return tf.constant(True)
+        return conds.cond(
+            tf.equal(step % self.every_n_steps, 0), lambda: guard(write_window), lambda: tf.constant(False)
+        )
 
     def _fill(self, layer, variable, extra=None, values=None):
         """``[A, R, C]`` stats with this layout's optimizer columns appended (MISSING without ``extra``)."""
@@ -122,7 +134,7 @@ class Recording:
         weight norm it measured) are kept too, computed at write steps only.
         """
         if self._stash is None:
-            self._stash = stash.Stash(self.rows, self._extra_names())
+            self._stash = stash.Stash(self.rows, self.columns, self._extra_names())
         measured = self.measure(gradients, step)
         if self._stash.extra:
             self._stash.store_extra(self._extra_values(extra, step))
@@ -133,8 +145,8 @@ class Recording:
         self.window.add(layer, variable, step)
         # The write step's full statistics (the last slab) are computed in a
         # cond, so the steps between writes pay for the window's norm only.
-        n_l, n_v, c = len(self.rows.layer_names), len(self.rows.variable_names), stats.GRADIENT_COLUMNS + 1
-        last = tf.cond(
+        n_l, n_v, c = len(self.rows.layer_names), len(self.rows.variable_names), self.columns
+        last = conds.cond(
             tf.equal(step % self.every_n_steps, 0),
             lambda: stats.compute(gradients, self.rows, weights=False),
             lambda: (tf.fill([n_l, c], stats.MISSING), tf.fill([n_v, c], stats.MISSING)),
@@ -170,7 +182,7 @@ class Recording:
 
         if self.every_n_steps == 1:
             return compute()
-        return tf.cond(tf.equal(step % self.every_n_steps, 0), compute, missing)
+        return conds.cond(tf.equal(step % self.every_n_steps, 0), compute, missing)
 
     def write_stashed(self, writer):
         """After the compiled step, eagerly: writes what ``stash`` stored through ``writer``, if new (and due)."""

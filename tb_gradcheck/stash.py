@@ -13,21 +13,21 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck import replica
-from tb_gradcheck import stats
 
 
 class Stash:
     """One layout's statistics of the latest compiled step, until they are written.
 
     Attributes:
-      layer: float32 ``[L, C]`` variable: the step's layer statistics.
+      layer: float32 ``[L, C]`` variable: the step's layer statistics
+        (``C``: ``columns``, the statistic columns the layout stores).
       variable: float32 ``[V, C]`` variable: the step's variable statistics.
       weights: ``(layer, variable)`` float32 weight-norm variables (windows).
       extra: Names of the optimizer values kept (``store_extra``).
     """
 
-    def __init__(self, rows, extra=()):
-        c = stats.GRADIENT_COLUMNS + 1
+    def __init__(self, rows, columns, extra=()):
+        c = columns
         n_l, n_v = len(rows.layer_names), len(rows.variable_names)
         self.step = replica.host_variable(-1, tf.int64, "tb_gradcheck_stash_step")
         self.layer = replica.host_variable(np.zeros([n_l, c], np.float32), tf.float32, "tb_gradcheck_stash")

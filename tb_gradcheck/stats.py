@@ -13,6 +13,7 @@ are counted, is in ``tb_gradcheck.units``.
 import numpy as np
 import tensorflow as tf
 
+from tb_gradcheck import conds
 from tb_gradcheck import metadata
 from tb_gradcheck import units
 from tb_gradcheck import validate
@@ -26,8 +27,6 @@ _COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 # need passes of their own and are taken at the write step only.
 WINDOW_COLUMNS = ("grad_norm", "grad_nonfinite", "grad_norm_finite")
 _WEIGHT_NORM = _COL["weight_norm"]
-# The gradient columns (the weight column is taken at the write step).
-GRADIENT_COLUMNS = len(metadata.GRADIENT_STAT_COLUMNS)
 
 # float32 squares of values below ~1e-19 underflow and above ~1e19 overflow,
 # so a plain sum of squares would report a vanishing gradient as 0 and a large
@@ -92,7 +91,7 @@ class Rows:
             self.layer_units[layer] = count  # the last variable of the layer wins
 
 
-def compute(gradients, rows, weights=True):
+def compute(gradients, rows, weights=True, onset=True):
     """Computes one step's statistics.
 
     Args:
@@ -102,12 +101,16 @@ def compute(gradients, rows, weights=True):
       rows: The ``Rows`` of the variables, in the order of ``gradients``.
       weights: Bool, default True. When False the weight column holds
         MISSING; the windowed writer takes ``weight_norms`` itself.
+      onset: Bool, default True: include ``metadata.ONSET_STAT_COLUMNS``
+        (a window's last slab needs them; a layout written every step does
+        not store them).
 
     Returns:
       ``(layer_stats, variable_stats)``: float32 tensors of shape
       ``[len(rows.layer_names), C]`` and ``[len(rows.variable_names), C]``,
-      ``C = len(metadata.STORED_STAT_COLUMNS)``. ``first_nonfinite_offset``
-      is 0 (this step) where the gradient has a non-finite element.
+      columns ``metadata.stored_columns(1)``, then with ``onset`` the onset
+      columns: ``first_nonfinite_offset`` is 0 (this step) where the
+      gradient has a non-finite element.
     """
     variables = rows.variables
     present = [g is not None for g in gradients]
@@ -124,19 +127,22 @@ def compute(gradients, rows, weights=True):
         dead_l = tf.zeros([n_layer], tf.float64)
     present_v = tf.constant(present)
     size_v = tf.constant(rows.variable_sizes, tf.float64)
-    variable_stats = _assemble(norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v, size_v, present_v)
+    variable_stats = _assemble(norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v, size_v, present_v, onset)
 
     seg = tf.constant(rows.layer_of, tf.int32)
-    mask = tf.cast(present_v, tf.float64)
+    # Rows without a gradient hold zeros here (_spread), so the layer sums
+    # need no mask, except the sizes: a layer's zero fraction is over the
+    # elements that have a gradient.
+    present_sizes = np.where(present, rows.variable_sizes, 0).astype(np.float64)
     layer_stats = _assemble(
-        _combine_norms(norm_v * mask, seg, n_layer),
-        units.segment_max(max_abs_v * mask, seg, n_layer),
-        tf.math.unsorted_segment_sum(zeros_v * mask, seg, n_layer),
-        tf.math.unsorted_segment_sum(nonfinite_v * mask, seg, n_layer),
+        _combine_norms(norm_v, seg, n_layer, _narrow(gradients)),
+        units.segment_max(max_abs_v, seg, n_layer),
+        tf.math.unsorted_segment_sum(zeros_v, seg, n_layer),
+        tf.math.unsorted_segment_sum(nonfinite_v, seg, n_layer),
         dead_l,
-        # A layer's zero fraction is over the elements that have a gradient.
-        tf.math.unsorted_segment_sum(size_v * mask, seg, n_layer),
+        tf.constant(np.bincount(rows.layer_of, present_sizes, n_layer)),
         tf.constant(_layers_present(rows, present)),
+        onset,
     )
     if where:
         # A layer whose unit-defining variables all lack a gradient has no
@@ -173,7 +179,7 @@ def quick(gradients, rows):
         norm_v = nonfinite_v = tf.zeros([n_var], tf.float64)
     seg = tf.constant(rows.layer_of, tf.int32)
     layer = _window_columns(
-        _combine_norms(norm_v, seg, n_layer),
+        _combine_norms(norm_v, seg, n_layer, _narrow(gradients)),
         tf.math.unsorted_segment_sum(nonfinite_v, seg, n_layer),
         _layers_present(rows, present),
     )
@@ -204,17 +210,17 @@ def _layers_present(rows, present):
 def weight_norms(rows):
     """Returns ``(per_layer, per_variable)`` L2 norms of the variables' values (float32 vectors)."""
     values = [_as_float(tf.convert_to_tensor(v)) for v in rows.variables]
-    sumsq = tf.stack([tf.cast(tf.nn.l2_loss(v), tf.float64) * 2.0 for v in values])
+    sumsq = _stack64([tf.nn.l2_loss(v) for v in values]) * 2.0
     # Weights' max |w| is not reported, so it is computed only on the rare
     # out-of-band path, and there for every variable at once.
     suspicious = (sumsq < _SUMSQ_LOW) | (sumsq > _SUMSQ_HIGH)
-    w_norm_v = tf.cond(
+    w_norm_v = conds.cond(
         tf.reduce_any(suspicious),
         lambda: _robust_norms(values, sumsq, tf.stack([_max_abs(v) for v in values])),
         lambda: tf.sqrt(sumsq),
     )
     seg = tf.constant(rows.layer_of, tf.int32)
-    w_norm_l = _combine_norms(w_norm_v, seg, len(rows.layer_names))
+    w_norm_l = _combine_norms(w_norm_v, seg, len(rows.layer_names), _narrow(rows.variables))
     return tf.cast(w_norm_l, tf.float32), tf.cast(w_norm_v, tf.float32)
 
 
@@ -233,27 +239,33 @@ def _with_weights(stats, weight_norm):
 
 
 def _partials(gradient, variable, unit_axes, full=True):
-    """One gradient's dense values, sum of squares and (when full) per-unit max and min and zero count."""
+    """One gradient's dense values, half its sum of squares and (when full) per-unit max and min and nonzero count.
+
+    Each is one op (two for the count) in the values' dtype: the casts to
+    float64 and the rest are done once for all variables by
+    ``_gather_partials``, since on a CPU every small op costs microseconds
+    whatever its size, and a per-variable op is paid once per variable.
+    """
     shape = [int(d) for d in variable.shape]
     size = int(np.prod(shape))
     if isinstance(gradient, tf.IndexedSlices) and unit_axes >= len(shape):
         gradient = tf.convert_to_tensor(gradient)  # a sliced vector: its units are its rows
     if isinstance(gradient, tf.IndexedSlices):
-        values, unique_rows = _summed_slices(gradient)
-        # Rows no slice touches are exact zeros of the dense gradient.
-        untouched = tf.cast(size - unique_rows * int(np.prod(shape[1:])), tf.float64)
+        # Rows no slice touches are exact zeros of the dense gradient: they
+        # add nothing to the sum of squares nor to the nonzero count.
+        values, _ = _summed_slices(gradient)
     else:
-        values, untouched = gradient, tf.constant(0.0, tf.float64)
+        values = gradient
     values = _as_float(values)
     # These passes are the writer's whole per-step cost, so each is the
     # cheapest exact form TensorFlow has: l2_loss is one fused kernel (no
     # squared temporary), the per-unit max and min reduce without an abs
-    # temporary, and the zero count is the cheap exact form of _zero_count.
-    sumsq = tf.cast(tf.nn.l2_loss(values), tf.float64) * 2.0
+    # temporary, and the nonzero count is the cheap exact form of _nonzero.
+    half_sumsq = tf.nn.l2_loss(values)
     if not full:
-        return values, sumsq, None, None, None, untouched
+        return values, half_sumsq, None, None, None
     top, bottom = units.extremes(values, int(np.prod(shape[len(shape) - unit_axes :])))
-    return values, sumsq, top, bottom, _zero_count(values, size), untouched
+    return values, half_sumsq, top, bottom, _nonzero(values, size)
 
 
 def _gather_partials(parts, where, rows):
@@ -264,12 +276,12 @@ def _gather_partials(parts, where, rows):
     segment ops on static segment ids, so the op count does not grow with
     the number of variables.
     """
-    values, sumsq, top, bottom, zeros, untouched = (list(x) for x in zip(*parts))
-    sumsq = tf.stack(sumsq)
+    values, half_sumsq, top, bottom, nonzero = (list(x) for x in zip(*parts))
+    sumsq = _stack64(half_sumsq) * 2.0
     full = top[0] is not None
     max_abs = dead_v = dead_l = None
     if full:
-        zeros = tf.stack(zeros)
+        nonzero = _stack64(nonzero)
         max_abs, dead_v, dead_l = units.fractions(top, bottom, where, rows)
     # Two things need a second look at the values, both rare: a non-finite
     # element (every one makes the sum of squares non-finite, so a finite sum
@@ -286,15 +298,18 @@ def _gather_partials(parts, where, rows):
     def careful():
         scale = max_abs if full else tf.stack([_max_abs(v) for v in values])
         out = [_robust_norms(values, sumsq, scale), tf.stack([_count_nonfinite(v) for v in values])]
-        if full:  # the quick zero count is NaN where a NaN is among the values
-            out.append(tf.where(tf.math.is_nan(zeros), tf.stack([_count_zeros(v) for v in values]), zeros))
+        if full:  # the quick nonzero count is NaN where a NaN is among the values
+            exact = _stack64([tf.math.count_nonzero(v) for v in values])
+            out.append(tf.where(tf.math.is_nan(nonzero), exact, nonzero))
         return tuple(out)
 
     def usual():
-        return (tf.sqrt(sumsq), tf.zeros_like(sumsq)) + ((zeros,) if full else ())
+        return (tf.sqrt(sumsq), tf.zeros_like(sumsq)) + ((nonzero,) if full else ())
 
-    norms, nonfinite, *rest = tf.cond(rare, careful, usual)
-    zeros = rest[0] + tf.stack(untouched) if full else None
+    norms, nonfinite, *rest = conds.cond(rare, careful, usual)
+    # Elements that are not nonzero are zeros, the untouched rows of sliced
+    # gradients included (their dense size is the variable's).
+    zeros = tf.constant([float(rows.variable_sizes[i]) for i in where], tf.float64) - rest[0] if full else None
     return norms, max_abs, zeros, nonfinite, dead_v, dead_l
 
 
@@ -309,23 +324,25 @@ def _robust_norms(values, sumsq, max_abs):
     return _where(finite_max, max_abs * tf.sqrt(scaled), tf.sqrt(sumsq))
 
 
-def _zero_count(values, bound):
-    """The number of elements of ``values`` (at most ``bound``) that are exactly zero, float64; NaN if any is NaN.
+def _nonzero(values, bound):
+    """The number of nonzero elements of ``values`` (at most ``bound``); NaN when one is NaN, for the caller to recount.
 
-    |sign(g)| summed counts the nonzero elements: two elementwise ops and a
-    sum, measured 3x cheaper on a CPU than ``equal``, ``cast`` and an integer
-    sum. The float32 sum of zeros and ones is exact while the count stays
-    below 2**24, so larger tensors take the integer form. A NaN element
-    makes the count NaN; the caller recounts those steps (``_count_zeros``).
+    |sign(g)| summed: two elementwise ops and a sum, measured 3x cheaper on a
+    CPU than ``not_equal``, ``cast`` and an integer sum. The float32 sum of
+    zeros and ones is exact while the count stays below 2**24, so larger
+    tensors take the integer form (``count_nonzero``: exact, int64, NaN
+    counted as nonzero, as the caller's recount does).
     """
     if bound > 2**24:
-        return _count_zeros(values)
-    nonzero = tf.reduce_sum(tf.abs(tf.sign(values)))
-    return tf.cast(tf.size(values), tf.float64) - tf.cast(nonzero, tf.float64)
+        return tf.math.count_nonzero(values)
+    return tf.reduce_sum(tf.abs(tf.sign(values)))
 
 
-def _count_zeros(values):
-    return tf.cast(tf.reduce_sum(tf.cast(tf.equal(values, 0), tf.int64)), tf.float64)
+def _stack64(scalars):
+    """float64 vector of scalar tensors: one cast for all of them when they share a dtype."""
+    if len({t.dtype for t in scalars}) == 1:
+        return tf.cast(tf.stack(scalars), tf.float64)
+    return tf.stack([tf.cast(t, tf.float64) for t in scalars])
 
 
 def _max_abs(values):
@@ -354,8 +371,17 @@ def _summed_slices(slices):
     return summed, n_unique
 
 
-def _combine_norms(norms, segments, n):
-    """L2 norm of each segment from the norms of its parts, without under- or overflow."""
+def _combine_norms(norms, segments, n, narrow):
+    """L2 norm of each segment from the float64 norms of its parts, without under- or overflow.
+
+    ``narrow``: every part is float32 or narrower. Such a norm is below
+    ~1e43 and, if nonzero, above ~1e-45, so its float64 square neither
+    overflows nor underflows, and the squares are summed as they are (three
+    ops). Norms of float64 values are scaled by their segment's largest first.
+    NaN anywhere in a segment gives NaN, +Inf (without NaN) gives +Inf.
+    """
+    if narrow:
+        return tf.sqrt(tf.math.unsorted_segment_sum(tf.square(norms), segments, n))
     top = tf.math.unsorted_segment_max(norms, segments, n)
     top = tf.maximum(top, 0.0)  # empty segments reduce to -inf
     finite_top = tf.math.is_finite(top) & (top > 0)
@@ -366,17 +392,21 @@ def _combine_norms(norms, segments, n):
     return _where(has_nan, np.nan, _where(finite_top, combined, top))
 
 
-def _assemble(norm, max_abs, zeros, nonfinite, dead, size, present):
-    """Stacks the gradient columns, float32, MISSING where absent; the weight column MISSING."""
+def _narrow(tensors):
+    """Whether every tensor (or variable) given is float32 or narrower (see ``_combine_norms``)."""
+    return all(t.dtype != tf.float64 for t in tensors if t is not None)
+
+
+def _assemble(norm, max_abs, zeros, nonfinite, dead, size, present, onset):
+    """Stacks the columns, float32, MISSING where absent; the weight column MISSING."""
     zero_fraction = _where(size > 0, zeros / tf.maximum(size, 1.0), 0.0)
-    # The onset columns of a window of one step: its norm if finite, and
-    # offset 0 (this step) if it had a non-finite element.
-    finite_norm = _where(tf.math.is_finite(norm), norm, MISSING)
-    first_nonfinite = tf.where(nonfinite > 0, tf.zeros_like(nonfinite), MISSING)
-    cols = tf.stack([norm, max_abs, zero_fraction, nonfinite, dead, finite_norm, first_nonfinite], axis=1)
-    cols = _where(present[:, None], cols, MISSING)
-    weight_col = tf.fill([tf.shape(cols)[0], 1], tf.constant(MISSING, tf.float64))
-    return tf.cast(tf.concat([cols, weight_col], axis=1), tf.float32)
+    cols = [norm, max_abs, zero_fraction, nonfinite, dead, tf.fill(tf.shape(norm), tf.constant(MISSING, tf.float64))]
+    if onset:
+        # The onset columns of a window of one step: its norm if finite, and
+        # offset 0 (this step) if it had a non-finite element.
+        cols.append(_where(tf.math.is_finite(norm), norm, MISSING))
+        cols.append(tf.where(nonfinite > 0, tf.zeros_like(nonfinite), MISSING))
+    return tf.cast(_where(present[:, None], tf.stack(cols, axis=1), MISSING), tf.float32)
 
 
 def _blank_cells(stats, column, rows_):

@@ -13,10 +13,12 @@ layout from ``metadata.stats_layout``. One event per written step:
     header row whose column 0 is the number of writes this writer has made
     (the plugin reads it to say "N of M steps" when TensorBoard sampled).
   - ``C`` columns, named in the content's ``columns`` (readers go by name
-    and skip names they do not know), ``metadata.STORED_STAT_COLUMNS``:
+    and skip names they do not know), ``metadata.stored_columns(window)``:
     grad_norm, grad_max_abs, grad_zero_fraction, grad_nonfinite,
-    dead_unit_fraction (units: ``tb_gradcheck.units``), grad_norm_finite,
-    first_nonfinite_offset, weight_norm. A row without a gradient holds -1
+    dead_unit_fraction (units: ``tb_gradcheck.units``), weight_norm, and
+    only in a windowed layout grad_norm_finite and first_nonfinite_offset
+    (written every step they would restate grad_norm and grad_nonfinite;
+    readers of a layout without them use those). A row without a gradient holds -1
     in every gradient column (all are non-negative when present); a cell
     with no value (an aggregate a column is not reduced over) holds -1 too.
     grad_to_weight is derived on read.
@@ -36,8 +38,8 @@ layout from ``metadata.stats_layout``. One event per written step:
     write step itself), the same value in every slab; -1 if none. An offset
     is an integer below the window length, exact in float32 up to 2**24,
     where the step itself (up to 2**63) would not be: a reader gets the
-    step back as ``step - offset``. With every step written, the offset is
-    0 on a non-finite step.
+    step back as ``step - offset``. Older logs also stored them with every
+    step written (offset 0 on a non-finite step); they read the same.
 - tag ``gradients/check/<granularity>/<fp>`` (from ``write_check``):
   float32 ``[R, C]``, rows as in the content's ``rows`` (the same grouping
   and names as the stats rows), columns ``metadata.CHECK_COLUMNS``: analytic
@@ -67,6 +69,7 @@ import weakref
 import tensorflow as tf
 
 from tb_gradcheck import checks
+from tb_gradcheck import conds
 from tb_gradcheck import events
 from tb_gradcheck import metadata
 from tb_gradcheck import recording
@@ -312,15 +315,12 @@ class GradientWriter:
             # with the rest of the backward pass, while inside a cond branch
             # they would wait for every gradient and run alone (that doubled
             # the cost on a 20-layer MLP). Only the writes are conditional.
-            measured = layout.measure(gradients, step)
-            self._while_open(lambda: self._record(layout, measured, gradients, step, extra), step)
+            self._record(layout, layout.measure(gradients, step), gradients, step, extra)
             return
         # Replica id known only at run time (e.g. TPU): the same decision as a cond.
-        tf.cond(
+        conds.cond(
             writing,
-            lambda: self._while_open(
-                lambda: self._record(layout, layout.measure(gradients, step), gradients, step, extra), step
-            ),
+            lambda: self._record(layout, layout.measure(gradients, step), gradients, step, extra),
             lambda: tf.constant(False),
         )
 
@@ -340,25 +340,27 @@ class GradientWriter:
         for layout in self._layouts.values():
             layout.write_stashed(self._writer)
 
-    def _while_open(self, record, step):
-        """Runs ``record`` (which returns a bool tensor) now, or, in a graph, only while the writer is open.
+    def _while_open(self, write, step):
+        """Runs ``write`` (which returns a bool tensor) now, or, in a graph, only while the writer is open.
 
         A tf.function traced now may still run after close(), when Python
         code (and so _check_open) no longer runs and the file is gone: the
         graph checks the writer is open and otherwise skips the write,
-        warning once, instead of failing the training step. Every writing
-        path (write, the Keras callback, a gradient-check write) goes through
-        here.
+        warning once, instead of failing the training step. Every write to
+        the file from a traced step (write, the Keras callback) goes through
+        here; a window's accumulation between writes does not need to (it
+        touches no file), so its steps pay for no cond of this kind.
         """
         if tf.executing_eagerly():
-            return record()
+            return write()
         if self._open is None:
             self._open = replica.host_variable(True, tf.bool, "tb_gradcheck_open")
             self._warned = replica.host_variable(False, tf.bool, "tb_gradcheck_warned")
-        return tf.cond(self._open, record, lambda: self._skip_closed(step))
+        return conds.cond(self._open, write, lambda: self._skip_closed(step))
 
     def _record(self, layout, measured, gradients, step, extra=None):
-        return layout.record(measured, gradients, step, self._writer, extra)
+        layout.record(measured, gradients, step, self._writer, extra, guard=lambda write: self._while_open(write, step))
+        return tf.constant(True)
 
     def _skip_closed(self, step):
         def warn():
@@ -372,7 +374,7 @@ class GradientWriter:
             self._warned.assign(True)
             return tf.constant(False)
 
-        return tf.cond(self._warned, lambda: tf.constant(False), warn)
+        return conds.cond(self._warned, lambda: tf.constant(False), warn)
 
     def write_check(self, report, step):
         """Records a gradient check report for the tab's ``check_error`` heatmap.

@@ -76,29 +76,33 @@ def trailing_axes(shape, name, overrides):
 
 
 def extremes(values, units):
-    """float64 ``[units]`` largest and smallest element of each unit of ``values`` (units on the trailing axes).
+    """Largest and smallest element of each unit of ``values`` (units on the trailing axes), ``[units]`` each.
 
-    Clamped at 0: an empty gradient (no slices, a zero-length axis) reduces to
-    -inf/+inf, and untouched slice rows are zeros. Clamping cannot make a live
-    unit look dead (that needs max == min == 0, so every element 0), nor
-    change max |g| = max(top, -bottom) >= 0.
+    In the dtype of ``values``, not clamped: ``fractions`` casts and clamps
+    every variable's at once (each small op costs microseconds on a CPU, so
+    per-variable work is kept to the two reductions).
     """
     if units == 0:
-        empty = tf.zeros([0], tf.float64)
+        empty = tf.zeros([0], values.dtype)
         return empty, empty
     per_unit = tf.reshape(values, [-1, units])
-    top = tf.maximum(tf.cast(tf.reduce_max(per_unit, axis=0), tf.float64), 0.0)
-    bottom = tf.minimum(tf.cast(tf.reduce_min(per_unit, axis=0), tf.float64), 0.0)
-    return top, bottom
+    return tf.reduce_max(per_unit, axis=0), tf.reduce_min(per_unit, axis=0)
+
+
+def concat64(tensors):
+    """float64 concatenation of ``tensors``: one cast for all of them when they share a dtype."""
+    if len({t.dtype for t in tensors}) == 1:
+        return tf.cast(tf.concat(tensors, 0), tf.float64)
+    return tf.concat([tf.cast(t, tf.float64) for t in tensors], 0)
 
 
 def fractions(top, bottom, where, rows):
     """max |g| and dead-unit fraction per present variable, and dead-unit fraction per layer.
 
     Args:
-      top: Per present variable, float64 ``[units]``: each unit's largest
-        gradient element, clamped at >= 0 (``extremes``).
-      bottom: The same for the smallest element, clamped at <= 0.
+      top: Per present variable, ``[units]``: each unit's largest gradient
+        element (``extremes``).
+      bottom: The same for the smallest element.
       where: Indices (into ``rows``) of the present variables.
       rows: The ``stats.Rows``.
 
@@ -112,7 +116,11 @@ def fractions(top, bottom, where, rows):
     n = len(where)
     units = [rows.variable_units[i] for i in where]
     unit_var = tf.constant(np.repeat(np.arange(n), units), tf.int32)
-    top, bottom = tf.concat(top, 0), tf.concat(bottom, 0)
+    # Clamped at 0: an empty gradient (no slices, a zero-length axis) reduces
+    # to -inf/+inf, and untouched slice rows are zeros. Clamping cannot make a
+    # live unit look dead (that needs max == min == 0, so every element 0),
+    # nor change max |g| = max(top, -bottom) >= 0. NaN stays NaN.
+    top, bottom = tf.maximum(concat64(top), 0.0), tf.minimum(concat64(bottom), 0.0)
     # Empty segments reduce to -inf (max) and +inf (min); the outer maximum
     # with 0 fixes both and keeps NaN.
     max_abs = tf.maximum(segment_max(tf.maximum(top, -bottom), unit_var, n), 0.0)

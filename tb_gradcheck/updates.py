@@ -31,6 +31,7 @@ own copy of the (mirrored) weights, which the update leaves equal.
 
 import tensorflow as tf
 
+from tb_gradcheck import conds
 from tb_gradcheck import metadata
 from tb_gradcheck import stats
 
@@ -74,7 +75,7 @@ class UpdateBracket:
                 return [tf.zeros_like(_value(v)) for v in self.variables]
             return [tf.zeros([0], _value(v).dtype) for v in self.variables]
 
-        self._before = _cond(self.due, read, skip)
+        self._before = conds.cond(self.due, read, skip)
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -92,7 +93,7 @@ class UpdateBracket:
             n = len(self.variables)
             return tf.fill([n], tf.constant(-1.0, tf.float64)), tf.fill([n], tf.constant(-1.0, tf.float64))
 
-        self._update, self._weight = _cond(self.due, measure, skip)
+        self._update, self._weight = conds.cond(self.due, measure, skip)
         self._before = None  # the snapshot is not needed past this point
         return False
 
@@ -162,13 +163,6 @@ def _sumsq(x):
 def _value(variable):
     """The current value of a Keras or TF variable (a tensor), read as the writer reads weights."""
     return tf.convert_to_tensor(variable)
-
-
-def _cond(pred, true_fn, false_fn):
-    static = tf.get_static_value(pred) if isinstance(pred, (tf.Tensor, tf.Variable)) else pred
-    if static is not None:
-        return true_fn() if bool(static) else false_fn()
-    return tf.cond(pred, true_fn, false_fn)
 
 
 class LossScale:

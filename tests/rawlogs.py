@@ -12,7 +12,8 @@ import numpy as np
 
 from tb_gradcheck import metadata
 
-C = len(metadata.STORED_STAT_COLUMNS)
+# The statistic columns of a layout written every step (stats_content's default).
+C = len(metadata.stored_columns(1))
 
 
 def md_bytes(content, plugin_name=metadata.PLUGIN_NAME):
@@ -58,8 +59,11 @@ def stats_content(rows, window=1, aggregates=None, variables=None, **extra):
     return content
 
 
-def stats_points(n_rows, steps, value=1.0, n_aggregates=1, n_variables=None, count=None):
+def stats_points(n_rows, steps, value=1.0, n_aggregates=1, n_variables=None, count=None, window=1):
     """Stats tensors for ``n_rows`` layers and as many variables (or ``n_variables``), plus the header row.
+
+    Their columns are those a layout of ``window`` steps per write stores
+    (``metadata.stored_columns``), as ``stats_content`` with that window names them.
 
     Every column is ``value``, except a healthy zero fraction and non-finite
     count of 0 (a NaN ``value`` stays NaN everywhere). The header row's
@@ -68,7 +72,7 @@ def stats_points(n_rows, steps, value=1.0, n_aggregates=1, n_variables=None, cou
     n_variables = n_rows if n_variables is None else n_variables
     points = []
     for i, step in enumerate(steps):
-        arr = np.full((n_aggregates, n_rows + n_variables + 1, C), value, np.float32)
+        arr = np.full((n_aggregates, n_rows + n_variables + 1, len(metadata.stored_columns(window))), value, np.float32)
         if np.isfinite(value):
             for column in ("grad_zero_fraction", "grad_nonfinite"):
                 arr[..., metadata.STORED_STAT_COLUMNS.index(column)] = 0.0

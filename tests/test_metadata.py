@@ -23,7 +23,7 @@ def test_round_trip_shape_and_row_slices():
     content = stats_layout()
     parsed = metadata.parse(metadata.encode(content))
     assert parsed == content
-    assert metadata.shape_of(parsed) == (1, 2 + 2 + 1, len(metadata.STORED_STAT_COLUMNS))
+    assert metadata.shape_of(parsed) == (1, 2 + 2 + 1, len(metadata.stored_columns(1)))
     assert metadata.rows_of(parsed, "layer") == (["a", "b"], slice(0, 2))
     assert metadata.rows_of(parsed, "variable") == (["a/kernel", "b/kernel"], slice(2, 4))
     assert metadata.header_row(parsed) == 4

@@ -134,8 +134,12 @@ def test_none_gradient_is_missing_not_zero(graph):
     a = tf.Variable([1.0, 2.0], name="a")
     b = tf.Variable([[3.0]], name="b")
     _, layer, variable = compute([tf.constant([0.5, -0.5]), None], [a, b], graph)
-    assert variable[1, : stats.GRADIENT_COLUMNS].tolist() == [stats.MISSING] * stats.GRADIENT_COLUMNS
-    assert layer[1, : stats.GRADIENT_COLUMNS].tolist() == [stats.MISSING] * stats.GRADIENT_COLUMNS
+    assert variable[1, : len(metadata.GRADIENT_STAT_COLUMNS)].tolist() == [stats.MISSING] * len(
+        metadata.GRADIENT_STAT_COLUMNS
+    )
+    assert layer[1, : len(metadata.GRADIENT_STAT_COLUMNS)].tolist() == [stats.MISSING] * len(
+        metadata.GRADIENT_STAT_COLUMNS
+    )
     assert variable[1, COL["weight_norm"]] == pytest.approx(3.0)  # weights are still there
     assert variable[0, COL["grad_norm"]] == pytest.approx(np.sqrt(0.5))
 

@@ -195,8 +195,8 @@ def _write_wide(run_dir, rows, steps):
 
     content = stats_content([f"net/block_{i:05d}" for i in range(rows)])
     tag = metadata.tag_for(content)
-    arr = np.zeros((1, 2 * rows + 1, len(metadata.STORED_STAT_COLUMNS)), np.float32)
-    norm = metadata.STORED_STAT_COLUMNS.index("grad_norm")
+    arr = np.zeros((1, 2 * rows + 1, len(content["columns"])), np.float32)
+    norm = content["columns"].index("grad_norm")
     writer = tf.summary.create_file_writer(str(run_dir), max_queue=100)
     with writer.as_default():
         for step in range(steps):
@@ -223,10 +223,10 @@ def _check_capped(client, limit, steps):
 
 
 def test_a_layout_larger_than_one_data_server_read_is_sampled_not_a_failed_listing(tmp_path):
-    """The Rust data server's answers are capped at 256 MiB; a 268 MiB tag made every runs listing a 500."""
+    """The Rust data server's answers are capped at 256 MiB; a larger tag made every runs listing a 500."""
     from conftest import make_app
 
-    rows, steps = 8_000, 550  # 512 KiB per point, 275 MiB in all
+    rows, steps = 8_000, 720  # 375 KiB per point, 264 MiB in all
     content = _write_wide(tmp_path / "wide", rows, steps)
     limit = store.read_limit(content)
     assert limit < steps
@@ -246,7 +246,7 @@ def test_the_python_data_path_reads_within_the_same_budget(tmp_path, monkeypatch
     from tb_gradcheck import metadata
 
     rows, steps = 10, 30
-    point = 4 * (2 * rows + 1) * len(metadata.STORED_STAT_COLUMNS)
+    point = 4 * (2 * rows + 1) * len(metadata.stored_columns(1))
     monkeypatch.setattr(store, "READ_BUDGET_BYTES", 12 * point)
     content = _write_wide(tmp_path / "wide", rows, steps)
     assert store.read_limit(content) == 12

@@ -63,11 +63,13 @@ def test_layout_metadata_rides_on_the_first_event_of_each_tag_only(tmp_path):
     content = metadata.parse(first.plugin_data.content)
     assert content["layer"] == {"rows": ["m/a", "m/b"], "sizes": [6, 3], "sparse_rows": []}
     assert content["variable"]["rows"] == ["m/a/kernel", "m/a/bias", "m/b/kernel", "m/b/bias"]
-    assert content["columns"] == list(metadata.STORED_STAT_COLUMNS) and content["aggregates"] == ["last"]
+    # Written every step: no onset columns (they would restate grad_norm and grad_nonfinite).
+    assert content["columns"] == list(metadata.stored_columns(1)) and content["aggregates"] == ["last"]
+    assert not set(metadata.ONSET_STAT_COLUMNS) & set(content["columns"])
     assert written[0][1] == metadata.tag_for(content)
     assert later.plugin_data.content == b""
     arr = written[2][3]
-    assert arr.shape == (1, 2 + 4 + 1, len(metadata.STORED_STAT_COLUMNS)) and arr.dtype == np.float32
+    assert arr.shape == (1, 2 + 4 + 1, len(metadata.stored_columns(1))) and arr.dtype == np.float32
     assert arr[0, 0, COL["grad_norm"]] == pytest.approx(np.sqrt(6))
     assert arr[0, 2, COL["grad_norm"]] == pytest.approx(2.0)  # m/a/kernel: ||ones(2, 2)||
     header = arr[0, metadata.header_row(content)]
@@ -144,7 +146,7 @@ def test_window_missing_gradient_stays_missing(tmp_path):
             writer.write([tf.ones(1), None], [a, b], step)
     _, content, arr = stats_events(tmp_path)[1]
     window = rows(content, arr, "variable")
-    assert (window[:, 1, : stats.GRADIENT_COLUMNS] == stats.MISSING).all()
+    assert (window[:, 1, : len(metadata.GRADIENT_STAT_COLUMNS)] == stats.MISSING).all()
     sum_slab = metadata.AGGREGATES.index("sum")
     norms = window[:, 0, COL["grad_norm"]]
     assert norms[sum_slab] == 2.0 and np.delete(norms, sum_slab).tolist() == [1.0] * 4
@@ -324,15 +326,26 @@ def test_window_keeps_first_nonfinite_step_and_largest_finite_norm(tmp_path):
     assert (rows(content, first, "variable")[:, 0, COL["first_nonfinite_offset"]] == stats.MISSING).all()
 
 
-def test_every_step_writes_hold_the_onset_of_a_one_step_window(tmp_path):
+def test_every_step_writes_leave_the_onset_to_the_reader_with_the_same_findings(tmp_path):
+    # Written every step, the onset columns are not stored: the findings fall
+    # back to the write step itself and to grad_norm, which is exactly what
+    # those columns would have held for a one-step window.
+    from tb_gradcheck import diagnose
+    from tb_gradcheck import queries
+    from tb_gradcheck import store
+
     v = tf.Variable(np.ones(2, np.float32), name="v")
-    with GradientWriter(tmp_path) as writer:
-        writer.write([tf.constant([3.0, 4.0])], [v], 0)
-        writer.write([tf.constant([np.inf, 4.0])], [v], 1)
-    (_, content, ok), (_, _, bad) = stats_events(tmp_path)
-    ok, bad = rows(content, ok, "variable")[0, 0], rows(content, bad, "variable")[0, 0]
-    assert ok[COL["grad_norm_finite"]] == 5.0 and ok[COL["first_nonfinite_offset"]] == stats.MISSING
-    assert bad[COL["grad_norm_finite"]] == stats.MISSING and bad[COL["first_nonfinite_offset"]] == 0.0
+    with GradientWriter(tmp_path / "run") as writer:
+        for step, g in enumerate([[3.0, 4.0], [3e6, 4e6], [np.inf, 4.0], [3.0, 4.0]]):
+            writer.write([tf.constant(g, tf.float32)], [v], step)
+    (_, content, arr), *_ = stats_events(tmp_path / "run")
+    assert content["columns"] == list(metadata.stored_columns(1)) and arr.shape[-1] == len(content["columns"])
+    s, ctx, eid = store.local_store(str(tmp_path))
+    matrix = queries.matrix(s, ctx, eid, s.run(ctx, eid, "run"), metadata.KIND_STATS, "layer")
+    (finding,) = [f for f in diagnose.find("run", matrix) if f.kind == "non_finite"]
+    evidence = finding.evidence["v"]
+    assert evidence["first_step"] == 2 and evidence["last_step"] == 2
+    assert evidence["max_finite_norm_before"] == pytest.approx(5e6)
 
 
 @pytest.mark.parametrize("data_path", ["python", "rust"])
