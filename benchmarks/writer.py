@@ -159,17 +159,27 @@ def _event_bytes(directory):
 
 
 class _BatchTimer:
-    """Keras callback that keeps the wall time of every training batch."""
+    """Keras callback that keeps the wall time of every training batch, callbacks included.
+
+    A batch is timed from one ``on_train_batch_begin`` to the next, so the
+    time covers the train function and every callback's batch hooks, among
+    them ``GradientCallback.on_train_batch_end``, which writes what an
+    XLA-compiled step stashed. (Timed from begin to this callback's own
+    ``on_train_batch_end``, the callbacks after it were left out.)
+    """
 
     def __init__(self):
         import tensorflow as tf
 
         class Timer(tf.keras.callbacks.Callback):
-            def on_train_batch_begin(inner, batch, logs=None):
-                inner.start = time.perf_counter()
+            def on_train_begin(inner, logs=None):
+                inner.start = None
 
-            def on_train_batch_end(inner, batch, logs=None):
-                self.times.append(time.perf_counter() - inner.start)
+            def on_train_batch_begin(inner, batch, logs=None):
+                now = time.perf_counter()
+                if inner.start is not None:
+                    self.times.append(now - inner.start)
+                inner.start = now
 
         self.times = []
         self.callback = Timer()

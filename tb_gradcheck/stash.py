@@ -24,6 +24,8 @@ class Stash:
       variable: float32 ``[V, C]`` variable: the step's variable statistics.
       weights: ``(layer, variable)`` float32 weight-norm variables (windows).
       extra: Names of the optimizer values kept (``store_extra``).
+      step: int64 variable: the step stored, -1 before the first.
+      written: int64 variable: the last step written, -1 before the first.
     """
 
     def __init__(self, rows, columns, extra=()):
@@ -36,7 +38,8 @@ class Stash:
             replica.host_variable(np.zeros(n_l, np.float32), tf.float32, "tb_gradcheck_stash"),
             replica.host_variable(np.zeros(n_v, np.float32), tf.float32, "tb_gradcheck_stash"),
         )
-        self._written = -1  # the last step taken, on the host
+        # The last step written (recording.write_stashed), read in the graph.
+        self.written = replica.host_variable(-1, tf.int64, "tb_gradcheck_stash_step")
         # Optional optimizer values of the write step (tb_gradcheck.updates):
         # {name: (layer [L], variable [V])} float32 variables.
         self.extra = tuple(extra)
@@ -59,18 +62,10 @@ class Stash:
         return {name: (lv.read_value(), vv.read_value()) for name, (lv, vv) in self._extra.items()}
 
     def store(self, step, layer, variable, weights=None):
-        """Inside the compiled step: keeps this step's statistics (and weight norms) for ``take``."""
+        """Inside the compiled step: keeps this step's statistics (and weight norms) until they are written."""
         self.layer.assign(layer)
         self.variable.assign(variable)
         if weights is not None:
             self.weights[0].assign(weights[0])
             self.weights[1].assign(weights[1])
         self.step.assign(tf.cast(step, tf.int64))
-
-    def take(self):
-        """After the step, eagerly: the stored step as an int if it is new since the last call, else None."""
-        step = int(self.step.numpy())
-        if step < 0 or step == self._written:
-            return None
-        self._written = step
-        return step
