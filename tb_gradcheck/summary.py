@@ -59,7 +59,8 @@ and its internal interface ``record`` / ``record_compiled`` /
 at the entry points), ``recording`` (one list of variables: gradients to
 events), ``stats`` and ``units`` (the statistics, inside the step),
 ``window`` (``every_n_steps > 1``), ``stash`` (from an XLA-compiled step),
-``events`` (tags and metadata), ``replica`` (which replica records).
+``events`` (tags and metadata), ``replica`` (which replica records),
+``conds`` (its conds, kept as one ``If`` op each).
 """
 
 import atexit
