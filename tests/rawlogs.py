@@ -75,7 +75,7 @@ def stats_points(n_rows, steps, value=1.0, n_aggregates=1, n_variables=None, cou
         arr = np.full((n_aggregates, n_rows + n_variables + 1, len(metadata.stored_columns(window))), value, np.float32)
         if np.isfinite(value):
             for column in ("grad_zero_fraction", "grad_nonfinite"):
-                arr[..., metadata.STORED_STAT_COLUMNS.index(column)] = 0.0
+                arr[..., metadata.stored_columns(window).index(column)] = 0.0
         arr[:, -1, :] = 0.0
         arr[:, -1, 0] = i + 1 if count is None else count
         points.append((step, arr))

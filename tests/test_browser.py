@@ -107,13 +107,12 @@ def write_big(path):
     from rawlogs import write_raw
     from tb_gradcheck import metadata
 
-    norm, nonfinite = (metadata.STORED_STAT_COLUMNS.index(c) for c in ("grad_norm", "grad_nonfinite"))
+    columns = metadata.stored_columns(1)  # written every step: no onset columns
+    norm, nonfinite = (columns.index(c) for c in ("grad_norm", "grad_nonfinite"))
     n = len(BIG_ROWS)
-    base = np.ones((1, 2 * n + 1, len(metadata.STORED_STAT_COLUMNS)), np.float32)
-    col = metadata.STORED_STAT_COLUMNS.index
-    base[..., col("grad_zero_fraction")] = 0
-    base[..., col("dead_unit_fraction")] = 0
-    base[..., col("first_nonfinite_offset")] = -1  # no non-finite step
+    base = np.ones((1, 2 * n + 1, len(columns)), np.float32)
+    base[..., columns.index("grad_zero_fraction")] = 0
+    base[..., columns.index("dead_unit_fraction")] = 0
     base[..., nonfinite] = 0
     for b in VANISHING_BLOCKS:
         for k in (0, n):  # the layer row and its variable row
@@ -123,14 +122,11 @@ def write_big(path):
         arr = base.copy()
         arr[0, :n, norm] *= 1 + 0.3 * np.sin(step / 5 + np.arange(n) / 40)
         arr[0, n : 2 * n, norm] = arr[0, :n, norm]
-        arr[0, :, col("grad_norm_finite")] = arr[0, :, norm]
         arr[0, -1, :] = 0
         arr[0, -1, 0] = step + 1
         if step == NAN_STEP:
             arr[0, [NAN_ROW, n + NAN_ROW], norm] = np.nan
             arr[0, [NAN_ROW, n + NAN_ROW], nonfinite] = 3
-            arr[0, [NAN_ROW, n + NAN_ROW], col("grad_norm_finite")] = -1  # no finite step in a one-step window
-            arr[0, [NAN_ROW, n + NAN_ROW], col("first_nonfinite_offset")] = 0
         points.append((step, arr))
     write_raw(path, points, content=stats_content(BIG_ROWS))
 
