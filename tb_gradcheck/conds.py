@@ -9,8 +9,8 @@ with 40 variables a step ran some 150 ``Switch`` ops to take branches that
 are empty at every step but the write step. On a CPU each costs microseconds:
 on the benchmark's 20-layer MLP, keeping the conds as functional ``If`` ops
 took the step that is not written from 1.07x to 1.03x of the bare step, and
-the written step from 1.27x to 1.18x (``python -m benchmarks --only writer``
-rows, and an A/B of both forms in one process). The ``If`` op runs the taken
+the written step from 1.27x to 1.18x (an A/B of both forms of the writer,
+imported side by side in one process). The ``If`` op runs the taken
 branch as a function; its inputs are all ready by the time the writer's
 conds run, so nothing waits that would not have waited anyway.
 
@@ -32,7 +32,7 @@ def cond(pred, true_fn, false_fn):
     static = tf.get_static_value(pred) if isinstance(pred, (tf.Tensor, tf.Variable)) else pred
     if static is not None:
         return true_fn() if bool(static) else false_fn()
-    if tf.executing_eagerly():
+    if tf.executing_eagerly():  # a variable: get_static_value gives None for it even eagerly
         return tf.cond(pred, true_fn, false_fn)
     graph = tf.compat.v1.get_default_graph()
     before = len(graph.get_operations())

@@ -85,19 +85,17 @@ class Recording:
             lambda: (tf.fill([n_l], stats.MISSING), tf.fill([n_v], stats.MISSING)),
         )
 
-    def record(self, measured, gradients, step, writer, extra=None, guard=None):
+    def record(self, measured, gradients, step, writer, extra, guard):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics.
 
         ``writer`` is the ``tf.summary`` writer; ``extra`` (an
         ``updates.Extra``) gives the optimizer columns of the write step.
         ``guard(write)`` runs ``write`` (a function returning a bool tensor)
-        if the writer is still open (``GradientWriter._while_open``); None
-        runs it as is. Leaving ``writer.as_default()`` flushes it: that makes
+        if the writer is still open (``GradientWriter._while_open``). Leaving ``writer.as_default()`` flushes it: that makes
         every written step survive a SIGKILL (summary.py's flush policy), so
         it is entered only where something is written, never at a window's
         other steps, which run no more than the window's update and one cond.
         """
-        guard = guard or (lambda write: write())
         layer, variable = measured[:2]
         if self.every_n_steps == 1:
 

@@ -39,7 +39,7 @@ class Stash:
             replica.host_variable(np.zeros(n_v, np.float32), tf.float32, "tb_gradcheck_stash"),
         )
         # The last step written (recording.write_stashed), read in the graph.
-        self.written = replica.host_variable(-1, tf.int64, "tb_gradcheck_stash_step")
+        self.written = replica.host_variable(-1, tf.int64, "tb_gradcheck_stash_written")
         # Optional optimizer values of the write step (tb_gradcheck.updates):
         # {name: (layer [L], variable [V])} float32 variables.
         self.extra = tuple(extra)

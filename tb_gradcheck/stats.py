@@ -210,7 +210,7 @@ def _layers_present(rows, present):
 def weight_norms(rows):
     """Returns ``(per_layer, per_variable)`` L2 norms of the variables' values (float32 vectors)."""
     values = [_as_float(tf.convert_to_tensor(v)) for v in rows.variables]
-    sumsq = _stack64([tf.nn.l2_loss(v) for v in values]) * 2.0
+    sumsq = units.joined64([tf.nn.l2_loss(v) for v in values], tf.stack) * 2.0
     # Weights' max |w| is not reported, so it is computed only on the rare
     # out-of-band path, and there for every variable at once.
     suspicious = (sumsq < _SUMSQ_LOW) | (sumsq > _SUMSQ_HIGH)
@@ -277,11 +277,11 @@ def _gather_partials(parts, where, rows):
     the number of variables.
     """
     values, half_sumsq, top, bottom, nonzero = (list(x) for x in zip(*parts))
-    sumsq = _stack64(half_sumsq) * 2.0
+    sumsq = units.joined64(half_sumsq, tf.stack) * 2.0
     full = top[0] is not None
     max_abs = dead_v = dead_l = None
     if full:
-        nonzero = _stack64(nonzero)
+        nonzero = units.joined64(nonzero, tf.stack)
         max_abs, dead_v, dead_l = units.fractions(top, bottom, where, rows)
     # Two things need a second look at the values, both rare: a non-finite
     # element (every one makes the sum of squares non-finite, so a finite sum
@@ -299,7 +299,7 @@ def _gather_partials(parts, where, rows):
         scale = max_abs if full else tf.stack([_max_abs(v) for v in values])
         out = [_robust_norms(values, sumsq, scale), tf.stack([_count_nonfinite(v) for v in values])]
         if full:  # the quick nonzero count is NaN where a NaN is among the values
-            exact = _stack64([tf.math.count_nonzero(v) for v in values])
+            exact = units.joined64([tf.math.count_nonzero(v) for v in values], tf.stack)
             out.append(tf.where(tf.math.is_nan(nonzero), exact, nonzero))
         return tuple(out)
 
@@ -336,13 +336,6 @@ def _nonzero(values, bound):
     if bound > 2**24:
         return tf.math.count_nonzero(values)
     return tf.reduce_sum(tf.abs(tf.sign(values)))
-
-
-def _stack64(scalars):
-    """float64 vector of scalar tensors: one cast for all of them when they share a dtype."""
-    if len({t.dtype for t in scalars}) == 1:
-        return tf.cast(tf.stack(scalars), tf.float64)
-    return tf.stack([tf.cast(t, tf.float64) for t in scalars])
 
 
 def _max_abs(values):

@@ -89,11 +89,11 @@ def extremes(values, units):
     return tf.reduce_max(per_unit, axis=0), tf.reduce_min(per_unit, axis=0)
 
 
-def concat64(tensors):
-    """float64 concatenation of ``tensors``: one cast for all of them when they share a dtype."""
+def joined64(tensors, join=tf.concat):
+    """``join(tensors, 0)`` (``tf.concat`` or ``tf.stack``) as float64: one cast for all of them when they share a dtype."""
     if len({t.dtype for t in tensors}) == 1:
-        return tf.cast(tf.concat(tensors, 0), tf.float64)
-    return tf.concat([tf.cast(t, tf.float64) for t in tensors], 0)
+        return tf.cast(join(tensors, 0), tf.float64)
+    return join([tf.cast(t, tf.float64) for t in tensors], 0)
 
 
 def fractions(top, bottom, where, rows):
@@ -120,7 +120,7 @@ def fractions(top, bottom, where, rows):
     # to -inf/+inf, and untouched slice rows are zeros. Clamping cannot make a
     # live unit look dead (that needs max == min == 0, so every element 0),
     # nor change max |g| = max(top, -bottom) >= 0. NaN stays NaN.
-    top, bottom = tf.maximum(concat64(top), 0.0), tf.minimum(concat64(bottom), 0.0)
+    top, bottom = tf.maximum(joined64(top), 0.0), tf.minimum(joined64(bottom), 0.0)
     # Empty segments reduce to -inf (max) and +inf (min); the outer maximum
     # with 0 fixes both and keeps NaN.
     max_abs = tf.maximum(segment_max(tf.maximum(top, -bottom), unit_var, n), 0.0)
