@@ -308,12 +308,14 @@ class Session:
 
     def _write(self, grads, variables, step, check_enabled=True, extra=None):
         if self.compiled:
-
-            def stash():
-                self.writer.record_compiled(grads, variables, step, extra)
-                return tf.constant(True)
-
-            conds.cond(self.enabled, stash, lambda: tf.constant(False))
+            # Under XLA no cond at all: a conditional is a computation of its
+            # own, and one that takes every gradient as an operand stops XLA
+            # from fusing the backward pass into the updates (a 20-layer MLP
+            # fit: 2.1x the bare step with the cond, 1.7x without; even a cond
+            # over the small stores cost 0.25x). `enabled` is not needed
+            # here: it is false only once detached, when this session's writer
+            # is closed, and nothing reads this stash again.
+            self.writer.record_compiled(grads, variables, step, extra)
             return
 
         def record():

@@ -130,26 +130,26 @@ class Recording:
 
         With ``extra`` (an ``updates.Extra``), its optimizer columns (and the
         weight norm it measured) are kept too, computed at write steps only.
+
+        No cond here takes a gradient: under XLA a cond's branch is a
+        computation of its own, and one that takes every gradient as an
+        operand stops XLA from fusing the backward pass into the updates,
+        which costs more than the statistics themselves. So a window computes
+        the full statistics at every step (XLA fuses their reductions into
+        one pass per gradient; their window columns are what ``quick`` would
+        give) and keeps them as the ``last`` slab of whichever step is written.
         """
         if self._stash is None:
             self._stash = stash.Stash(self.rows, self.columns, self._extra_names())
-        measured = self.measure(gradients, step)
-        if self._stash.extra:
-            self._stash.store_extra(self._extra_values(extra, step))
+        held = self._stash
+        if held.extra:
+            held.store_extra(self._extra_values(extra, step))
         if self.every_n_steps == 1:
-            self._stash.store(step, *measured)
+            held.store(step, *stats.compute(gradients, self.rows, onset=False))
             return
-        layer, variable, weights = measured
-        self.window.add(layer, variable, step)
-        # The write step's full statistics (the last slab) are computed in a
-        # cond, so the steps between writes pay for the window's norm only.
-        n_l, n_v, c = len(self.rows.layer_names), len(self.rows.variable_names), self.columns
-        last = conds.cond(
-            tf.equal(step % self.every_n_steps, 0),
-            lambda: stats.compute(gradients, self.rows, weights=False),
-            lambda: (tf.fill([n_l, c], stats.MISSING), tf.fill([n_v, c], stats.MISSING)),
-        )
-        self._stash.store(step, *last, weights=weights)
+        layer, variable = stats.compute(gradients, self.rows, weights=False)
+        self.window.add(stats.window_columns(layer), stats.window_columns(variable), step)
+        held.store(step, layer, variable, weights=self._weight_norms(step))
 
     def _extra_names(self):
         """The stashed optimizer values: the layout's optimizer columns, and weight_norm with an update bracket."""

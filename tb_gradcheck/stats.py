@@ -186,6 +186,11 @@ def quick(gradients, rows):
     return layer, _window_columns(norm_v, nonfinite_v, present)
 
 
+def window_columns(full):
+    """``WINDOW_COLUMNS`` of ``compute(..., onset=True)``'s statistics: what ``quick`` gives, from one pass."""
+    return tf.gather(full, [_COL[c] for c in WINDOW_COLUMNS], axis=1)
+
+
 def _window_columns(norm, nonfinite, present):
     """float32 ``[R, 3]``: ``WINDOW_COLUMNS`` of one step, MISSING where not ``present`` (a static list)."""
     finite_norm = _where(tf.math.is_finite(norm), norm, MISSING)

@@ -333,7 +333,8 @@ class GradientWriter:
         distribution strategy, where replica 0 is the only replica.
         """
         self._check_open("write")
-        self._layout_for(variables, gradients, () if extra is None else extra.names).stash(gradients, step, extra)
+        layout = self._layout_for(variables, gradients, () if extra is None else extra.names)
+        layout.stash(gradients, step, extra)
 
     def write_compiled(self):
         """Writes, eagerly, what ``record_compiled`` stored since the last call (every N steps with a window)."""
