@@ -49,6 +49,10 @@ class Recording:
             optimizer_columns,
         )
         self.optimizer_columns = tuple(optimizer_columns)
+        # An update bracket measures the weights' norms before the update,
+        # and its weight_norm replaces the writer's own (updates.fill): then
+        # the writer does not read the weights itself, one pass less.
+        self.own_weights = not any(c in updates.UPDATE_COLUMNS for c in self.optimizer_columns)
         # Statistic columns this layout stores (before the optimizer ones).
         self.columns = len(metadata.stored_columns(every_n_steps))
         self.window = None
@@ -64,7 +68,7 @@ class Recording:
         ``(layer, variable)`` weight norms.
         """
         if self.every_n_steps == 1:
-            return stats.compute(gradients, self.rows, onset=False)
+            return stats.compute(gradients, self.rows, weights=self.own_weights, onset=False)
         # Between writes only what a window needs: one fused pass per
         # gradient for the norm (and, on a bad step only, the NaN count).
         layer, variable = stats.quick(gradients, self.rows)
@@ -79,11 +83,13 @@ class Recording:
         serialising the step; here the cond runs as soon as the step is known.
         """
         n_l, n_v = len(self.rows.layer_names), len(self.rows.variable_names)
-        return conds.cond(
-            tf.equal(step % self.every_n_steps, 0),
-            lambda: stats.weight_norms(self.rows),
-            lambda: (tf.fill([n_l], stats.MISSING), tf.fill([n_v], stats.MISSING)),
-        )
+
+        def missing():
+            return tf.fill([n_l], stats.MISSING), tf.fill([n_v], stats.MISSING)
+
+        if not self.own_weights:
+            return missing()
+        return conds.cond(tf.equal(step % self.every_n_steps, 0), lambda: stats.weight_norms(self.rows), missing)
 
     def record(self, measured, gradients, step, writer, extra, guard):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics.
@@ -145,7 +151,7 @@ class Recording:
         if held.extra:
             held.store_extra(self._extra_values(extra, step))
         if self.every_n_steps == 1:
-            held.store(step, *stats.compute(gradients, self.rows, onset=False))
+            held.store(step, *self.measure(gradients, step))
             return
         layer, variable = stats.compute(gradients, self.rows, weights=False)
         self.window.add(stats.window_columns(layer), stats.window_columns(variable), step)

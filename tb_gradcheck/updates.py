@@ -128,12 +128,20 @@ class UpdateBracket:
 
 
 class RefusedUpdate:
-    """The update of a step the loss-scale optimizer refused: 0 (the weights did not move), at no cost."""
+    """The update of a step the loss-scale optimizer refused: 0 (the weights did not move).
+
+    Like a bracket it gives weight_norm too (the writer leaves that to the
+    bracket): the weights as they stay, read at this rare step only.
+    """
 
     def columns(self, rows):
         zeros_l = tf.zeros([len(rows.layer_names)], tf.float32)
         zeros_v = tf.zeros([len(rows.variable_names)], tf.float32)
-        return {"update_norm": (zeros_l, zeros_v), "update_to_weight": (zeros_l, zeros_v)}
+        return {
+            "update_norm": (zeros_l, zeros_v),
+            "update_to_weight": (zeros_l, zeros_v),
+            "weight_norm": stats.weight_norms(rows),
+        }
 
 
 def before_clip_columns(gradients, rows):

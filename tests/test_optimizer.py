@@ -151,6 +151,8 @@ def test_refused_mixed_precision_steps_have_zero_update_and_halve_the_loss_scale
             assert moved == [0, 0, 0, 0] and (col["grad_nonfinite"] > 0).any()
             assert (col["update_norm"] == 0).all() and (col["update_to_weight"] == 0).all()
             assert (col["refused_steps"] == 1).all()
+            # Read by the refused step itself: the writer leaves weight_norm to the update.
+            np.testing.assert_allclose(col["weight_norm"], variable_norms(before), rtol=1e-6)
             scale /= 2  # the next step's gradient is made with half the scale
         else:
             np.testing.assert_allclose(col["update_norm"], moved, rtol=UPDATE_RTOL)
