@@ -61,20 +61,21 @@ class Recording:
         self._stash = None  # a stash.Stash once a compiled step records
         self._write_held = None  # the traced writer of stashed statistics
 
-    def measure(self, gradients, step):
+    def measure(self, gradients, step, compiled=False):
         """This step's statistics: all of them when every step is written, else what a window reduces.
 
         Returns ``(layer, variable)`` stats, and for a window also
-        ``(layer, variable)`` weight norms.
+        ``(layer, variable)`` weight norms. ``compiled``: the step is
+        XLA-compiled (``stats.compute``).
         """
         if self.every_n_steps == 1:
-            return stats.compute(gradients, self.rows, weights=self.own_weights, onset=False)
+            return stats.compute(gradients, self.rows, weights=self.own_weights, onset=False, compiled=compiled)
         # Between writes only what a window needs: one fused pass per
         # gradient for the norm (and, on a bad step only, the NaN count).
         layer, variable = stats.quick(gradients, self.rows)
         return layer, variable, self._weight_norms(step)
 
-    def _weight_norms(self, step):
+    def _weight_norms(self, step, compiled=False):
         """The weight norms at a write step, MISSING between writes.
 
         A cond of its own that reads only the step and the weights: inside the
@@ -89,7 +90,9 @@ class Recording:
 
         if not self.own_weights:
             return missing()
-        return conds.cond(tf.equal(step % self.every_n_steps, 0), lambda: stats.weight_norms(self.rows), missing)
+        return conds.cond(
+            tf.equal(step % self.every_n_steps, 0), lambda: stats.weight_norms(self.rows, compiled), missing
+        )
 
     def record(self, measured, gradients, step, writer, extra, guard):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics.
@@ -151,11 +154,11 @@ class Recording:
         if held.extra:
             held.store_extra(self._extra_values(extra, step))
         if self.every_n_steps == 1:
-            held.store(step, *self.measure(gradients, step))
+            held.store(step, *self.measure(gradients, step, compiled=True))
             return
-        layer, variable = stats.compute(gradients, self.rows, weights=False)
+        layer, variable = stats.compute(gradients, self.rows, weights=False, compiled=True)
         self.window.add(stats.window_columns(layer), stats.window_columns(variable), step)
-        held.store(step, layer, variable, weights=self._weight_norms(step))
+        held.store(step, layer, variable, weights=self._weight_norms(step, compiled=True))
 
     def _extra_names(self):
         """The stashed optimizer values: the layout's optimizer columns, and weight_norm with an update bracket."""

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tb_gradcheck import conds
 from tb_gradcheck import metadata
+from tb_gradcheck import sums
 from tb_gradcheck import units
 from tb_gradcheck import validate
 
@@ -91,7 +92,7 @@ class Rows:
             self.layer_units[layer] = count  # the last variable of the layer wins
 
 
-def compute(gradients, rows, weights=True, onset=True):
+def compute(gradients, rows, weights=True, onset=True, compiled=False):
     """Computes one step's statistics.
 
     Args:
@@ -104,6 +105,8 @@ def compute(gradients, rows, weights=True, onset=True):
       onset: Bool, default True: include ``metadata.ONSET_STAT_COLUMNS``
         (a window's last slab needs them; a layout written every step does
         not store them).
+      compiled: Bool, default False: the step is XLA-compiled (the sums take
+        the form that is cheap there, ``tb_gradcheck.sums``).
 
     Returns:
       ``(layer_stats, variable_stats)``: float32 tensors of shape
@@ -117,7 +120,7 @@ def compute(gradients, rows, weights=True, onset=True):
     where = [i for i, p in enumerate(present) if p]
     n_var, n_layer = len(variables), len(rows.layer_names)
     if where:
-        parts = [_partials(gradients[i], variables[i], rows.unit_axes[i]) for i in where]
+        parts = [_partials(gradients[i], variables[i], rows.unit_axes[i], compiled=compiled) for i in where]
         norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v, dead_l = _gather_partials(parts, where, rows)
         norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v = _spread(
             (norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v), where, n_var
@@ -149,7 +152,7 @@ def compute(gradients, rows, weights=True, onset=True):
         # dead-unit fraction even though other variables of it have one.
         layer_stats = _blank_cells(layer_stats, _COL["dead_unit_fraction"], units.layers_without_units(rows, present))
     if weights:
-        layer_w, variable_w = weight_norms(rows)
+        layer_w, variable_w = weight_norms(rows, compiled)
         layer_stats = _with_weights(layer_stats, layer_w)
         variable_stats = _with_weights(variable_stats, variable_w)
     return layer_stats, variable_stats
@@ -212,10 +215,10 @@ def _layers_present(rows, present):
     return [any(p for p, layer in zip(present, rows.layer_of) if layer == j) for j in range(len(rows.layer_names))]
 
 
-def weight_norms(rows):
+def weight_norms(rows, compiled=False):
     """Returns ``(per_layer, per_variable)`` L2 norms of the variables' values (float32 vectors)."""
     values = [_as_float(tf.convert_to_tensor(v)) for v in rows.variables]
-    sumsq = units.joined64([tf.nn.l2_loss(v) for v in values], tf.stack) * 2.0
+    sumsq = units.joined64([sums.half_sumsq(v, compiled) for v in values], tf.stack) * 2.0
     # Weights' max |w| is not reported, so it is computed only on the rare
     # out-of-band path, and there for every variable at once.
     suspicious = (sumsq < _SUMSQ_LOW) | (sumsq > _SUMSQ_HIGH)
@@ -243,7 +246,7 @@ def _with_weights(stats, weight_norm):
     return tf.concat([stats[..., :_WEIGHT_NORM], w[..., None], stats[..., _WEIGHT_NORM + 1 :]], axis=-1)
 
 
-def _partials(gradient, variable, unit_axes, full=True):
+def _partials(gradient, variable, unit_axes, full=True, compiled=False):
     """One gradient's dense values, half its sum of squares and (when full) per-unit max and min and nonzero count.
 
     Each is one op (two for the count) in the values' dtype: the casts to
@@ -266,11 +269,11 @@ def _partials(gradient, variable, unit_axes, full=True):
     # cheapest exact form TensorFlow has: l2_loss is one fused kernel (no
     # squared temporary), the per-unit max and min reduce without an abs
     # temporary, and the nonzero count is the cheap exact form of _nonzero.
-    half_sumsq = tf.nn.l2_loss(values)
+    half_sumsq = sums.half_sumsq(values, compiled)
     if not full:
         return values, half_sumsq, None, None, None
     top, bottom = units.extremes(values, int(np.prod(shape[len(shape) - unit_axes :])))
-    return values, half_sumsq, top, bottom, _nonzero(values, size)
+    return values, half_sumsq, top, bottom, _nonzero(values, size, compiled)
 
 
 def _gather_partials(parts, where, rows):
@@ -329,7 +332,7 @@ def _robust_norms(values, sumsq, max_abs):
     return _where(finite_max, max_abs * tf.sqrt(scaled), tf.sqrt(sumsq))
 
 
-def _nonzero(values, bound):
+def _nonzero(values, bound, compiled=False):
     """The number of nonzero elements of ``values`` (at most ``bound``); NaN when one is NaN, for the caller to recount.
 
     |sign(g)| summed: two elementwise ops and a sum, measured 3x cheaper on a
@@ -340,7 +343,7 @@ def _nonzero(values, bound):
     """
     if bound > 2**24:
         return tf.math.count_nonzero(values)
-    return tf.reduce_sum(tf.abs(tf.sign(values)))
+    return sums.abs_sum(tf.abs(tf.sign(values)), compiled)
 
 
 def _max_abs(values):

@@ -60,7 +60,8 @@ at the entry points), ``recording`` (one list of variables: gradients to
 events), ``stats`` and ``units`` (the statistics, inside the step),
 ``window`` (``every_n_steps > 1``), ``stash`` (from an XLA-compiled step),
 ``events`` (tags and metadata), ``replica`` (which replica records),
-``conds`` (its conds, kept as one ``If`` op each).
+``conds`` (its conds, kept as one ``If`` op each), ``sums`` (its full-size
+sums, in the form cheap where the step runs).
 """
 
 import atexit

@@ -34,6 +34,7 @@ import tensorflow as tf
 from tb_gradcheck import conds
 from tb_gradcheck import metadata
 from tb_gradcheck import stats
+from tb_gradcheck import sums
 
 UPDATE_COLUMNS = ("update_norm", "update_to_weight")
 BEFORE_CLIP_COLUMN = "grad_norm_before_clip"
@@ -85,8 +86,10 @@ class UpdateBracket:
 
         def measure():
             after = [_value(v) for v in self.variables]
-            update = [_sumsq(tf.cast(a, tf.float32) - tf.cast(b, tf.float32)) for a, b in zip(after, before)]
-            weight = [_sumsq(tf.cast(b, tf.float32)) for b in before]
+            update = [
+                _sumsq(tf.cast(a, tf.float32) - tf.cast(b, tf.float32), self.compiled) for a, b in zip(after, before)
+            ]
+            weight = [_sumsq(tf.cast(b, tf.float32), self.compiled) for b in before]
             return tf.stack(update), tf.stack(weight)
 
         def skip():
@@ -162,10 +165,10 @@ def _ratio(num, den):
     return tf.where(ok, num / tf.where(ok, den, 1.0), stats.MISSING)
 
 
-def _sumsq(x):
+def _sumsq(x, compiled=False):
     if x.shape.num_elements() == 0:
         return tf.constant(0.0, tf.float64)
-    return tf.cast(tf.nn.l2_loss(x), tf.float64) * 2.0
+    return tf.cast(sums.half_sumsq(x, compiled), tf.float64) * 2.0
 
 
 def _value(variable):

@@ -1,0 +1,40 @@
+"""The compiled-step sums give the plain sums, compiled with XLA on this CPU, for every shape the writer meets."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tb_gradcheck import sums
+
+SHAPES = [(), (0,), (3, 0), (7,), (5, 1), (1, 9), (4, 6), (3, 3, 2, 8)]
+
+
+def test_this_machine_takes_the_gemv_form():
+    # CI and these machines have no accelerator: the compiled form is the GEMV one.
+    assert sums.on_cpu()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_sums_equal_the_plain_ones(shape, dtype):
+    values = np.random.default_rng(0).normal(size=shape).astype(dtype)
+    counts = (values > 0).astype(dtype)
+
+    @tf.function(jit_compile=True)
+    def compiled(v, c):
+        return sums.half_sumsq(v, compiled=True), sums.abs_sum(c, compiled=True)
+
+    half, total = compiled(tf.constant(values), tf.constant(counts))
+    assert half.dtype == total.dtype == tf.as_dtype(dtype)
+    np.testing.assert_allclose(half.numpy(), 0.5 * np.sum(values.astype(np.float64) ** 2), rtol=1e-6)
+    assert total.numpy() == counts.sum()  # a count of ones is exact in either order
+    assert sums.half_sumsq(tf.constant(values)).numpy() == pytest.approx(half.numpy(), rel=1e-6)
+
+
+def test_non_finite_values_stay_non_finite():
+    @tf.function(jit_compile=True)
+    def half(v):
+        return sums.half_sumsq(v, compiled=True)
+
+    assert np.isinf(half(tf.constant([[1.0, np.inf], [2.0, 3.0]], tf.float32)).numpy())
+    assert np.isnan(half(tf.constant([[1.0, np.nan], [-np.inf, 3.0]], tf.float32)).numpy())
