@@ -76,7 +76,7 @@ class Recording:
         return layer, variable, self._weight_norms(step)
 
     def _weight_norms(self, step, compiled=False):
-        """The weight norms at a write step, MISSING between writes.
+        """The weight norms at a write step, MISSING between writes (and always, when an update bracket gives them).
 
         A cond of its own that reads only the step and the weights: inside the
         write's cond, which waits for every gradient, the weight reads would

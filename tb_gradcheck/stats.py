@@ -343,7 +343,7 @@ def _nonzero(values, bound, compiled=False):
     """
     if bound > 2**24:
         return tf.math.count_nonzero(values)
-    return sums.abs_sum(tf.abs(tf.sign(values)), compiled)
+    return sums.total(tf.abs(tf.sign(values)), compiled)
 
 
 def _max_abs(values):

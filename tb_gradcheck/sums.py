@@ -32,8 +32,8 @@ def half_sumsq(values, compiled=False):
     return tf.nn.l2_loss(values)
 
 
-def abs_sum(values, compiled=False):
-    """The sum of ``values``, which are all non-negative (``|sign(g)|``, a count of nonzeros)."""
+def total(values, compiled=False):
+    """The sum of every element of ``values`` (``tf.reduce_sum``), in their dtype."""
     if compiled and on_cpu():
         return _gemv_sum(values)
     return tf.reduce_sum(values)
