@@ -111,6 +111,7 @@ class Session:
                 )
                 self.jit_compile = self.model.jit_compile
                 self.model.jit_compile = False
+        self._calls_to_skip = 0  # see after_compiled_step
         self.saved = []
         # The apply() being traced (see _update_hook), per thread: under
         # MirroredStrategy each replica traces its step in a thread of its own.
@@ -226,7 +227,10 @@ class Session:
         if call["grads"] is None or replica.writing_replica() is False:
             return result
         extra = updates.Extra(
-            update=bracket, before_clip=before_clip if self.clips else None, loss_scale=self._loss_scale_columns(scale)
+            update=bracket,
+            before_clip=before_clip if self.clips else None,
+            loss_scale=self._loss_scale_columns(scale),
+            compiled=self.compiled,
         )
         self._write(call["grads"], variables, step, extra=extra)
         return result
@@ -330,6 +334,29 @@ class Session:
             conds.cond(self.enabled, record, lambda: tf.constant(False))
         else:
             record()
+
+    def after_compiled_step(self):
+        """After one call of the compiled train function: writes what it stashed, if a write can be due.
+
+        Each call is one host round trip of about a millisecond on a CPU, as
+        much as the statistics of a small step, and a window writes at one
+        step in N. A compiled fit runs one step per call (``why_not_compiled``)
+        and a step moves the stashed step on by at most one, so from the
+        step the last call saw, the next write step is at least
+        ``N - step % N`` calls away: the calls before it are skipped. If
+        fewer steps were stashed than calls made, that call finds nothing
+        due and counts again from there; it is never late.
+        """
+        if self._calls_to_skip > 0:
+            self._calls_to_skip -= 1
+            return
+        step = self.writer.write_compiled()
+        n = self.writer.every_n_steps
+        if n == 1:
+            return  # every call writes; not reading the step leaves the host free to queue the next one
+        step = int(step)
+        if step >= 0:
+            self._calls_to_skip = n - step % n - 1
 
     def _key(self, variable):
         key = getattr(self.target, "_var_key", None)

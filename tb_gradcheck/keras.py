@@ -200,7 +200,7 @@ class GradientCallback(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self._session is not None and self._session.compiled:
-            self._session.writer.write_compiled()
+            self._session.after_compiled_step()
         if self._session is not None and self.check_every_n_steps is not None:
             self._session.maybe_check()
 

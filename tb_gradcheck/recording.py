@@ -194,6 +194,9 @@ class Recording:
     def write_stashed(self, writer):
         """After the compiled step: writes what ``stash`` stored through ``writer``, if new (and due).
 
+        Returns the step stashed (an int64 tensor; -1 before the first),
+        whether or not it was written.
+
         One traced call, which decides inside the graph whether the stashed
         step is new and due: reading the step into Python first (``.numpy()``)
         made the host wait for the compiled step to finish before it could
@@ -201,10 +204,10 @@ class Recording:
         eager ops per step (eager dispatch tripled a fast XLA step).
         """
         if self._stash is None:
-            return
+            return tf.constant(-1, tf.int64)
         if self._write_held is None:
             self._write_held = tf.function(lambda: self._write_held_stats(writer), autograph=False)
-        self._write_held()
+        return self._write_held()
 
     def _write_held_stats(self, writer):
         held = self._stash
@@ -225,7 +228,9 @@ class Recording:
                     self.flush_window(step, held.weights, (held.layer, held.variable), values=values)
             return tf.constant(True)
 
-        return conds.cond(due, write, lambda: tf.constant(False))
+        written = conds.cond(due, write, lambda: tf.constant(False))
+        with tf.control_dependencies([written]):
+            return tf.identity(step)
 
     def flush_window(self, step, weight_norms, last=None, extra=None, values=None):
         """Writes the window; with this step's full statistics ``last``, its ``last`` slab has every statistic."""

@@ -105,8 +105,9 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
       onset: Bool, default True: include ``metadata.ONSET_STAT_COLUMNS``
         (a window's last slab needs them; a layout written every step does
         not store them).
-      compiled: Bool, default False: the step is XLA-compiled (the sums take
-        the form that is cheap there, ``tb_gradcheck.sums``).
+      compiled: Bool, default False: the step is XLA-compiled. The numbers
+        are the same; they are computed with no cond (``_compiled_columns``)
+        and with the sums that are cheap there (``tb_gradcheck.sums``).
 
     Returns:
       ``(layer_stats, variable_stats)``: float32 tensors of shape
@@ -120,8 +121,12 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
     where = [i for i, p in enumerate(present) if p]
     n_var, n_layer = len(variables), len(rows.layer_names)
     if where:
-        parts = [_partials(gradients[i], variables[i], rows.unit_axes[i], compiled=compiled) for i in where]
-        norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v, dead_l = _gather_partials(parts, where, rows)
+        if compiled:
+            columns = _compiled_columns(gradients, where, rows)
+        else:
+            parts = [_partials(gradients[i], variables[i], rows.unit_axes[i]) for i in where]
+            columns = _gather_partials(parts, where, rows)
+        norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v, dead_l = columns
         norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v = _spread(
             (norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v), where, n_var
         )
@@ -189,6 +194,34 @@ def quick(gradients, rows):
     return layer, _window_columns(norm_v, nonfinite_v, present)
 
 
+def norms(gradients, rows, compiled=False):
+    """Per-layer and per-variable gradient norms alone: float32 ``[L]`` and ``[V]``, MISSING where missing.
+
+    ``compiled``: the step is XLA-compiled, where the norms take the form
+    that needs no cond (``_compiled_norms``); elsewhere they are ``quick``'s.
+    """
+    if not compiled:
+        layer, variable = quick(gradients, rows)
+        col = WINDOW_COLUMNS.index("grad_norm")
+        return layer[:, col], variable[:, col]
+    present = [g is not None for g in gradients]
+    where = [i for i, p in enumerate(present) if p]
+    n_var, n_layer = len(rows.variables), len(rows.layer_names)
+    norm_v = tf.zeros([n_var], tf.float64)
+    if where:
+        values = [_values(gradients[i], [int(d) for d in rows.variables[i].shape], rows.unit_axes[i]) for i in where]
+        (norm_v,) = _spread((_compiled_norms(values),), where, n_var)
+    seg = tf.constant(rows.layer_of, tf.int32)
+    norm_l = _combine_norms(norm_v, seg, n_layer, _narrow(gradients))
+    return _missing_where_absent(norm_l, _layers_present(rows, present)), _missing_where_absent(norm_v, present)
+
+
+def _missing_where_absent(values, present):
+    """float32 ``values``, MISSING where not ``present`` (a static list)."""
+    values = tf.cast(values, tf.float32)
+    return values if all(present) else tf.where(tf.constant(present), values, MISSING)
+
+
 def window_columns(full):
     """``WINDOW_COLUMNS`` of ``compute(..., onset=True)``'s statistics: what ``quick`` gives, from one pass."""
     return tf.gather(full, [_COL[c] for c in WINDOW_COLUMNS], axis=1)
@@ -218,15 +251,18 @@ def _layers_present(rows, present):
 def weight_norms(rows, compiled=False):
     """Returns ``(per_layer, per_variable)`` L2 norms of the variables' values (float32 vectors)."""
     values = [_as_float(tf.convert_to_tensor(v)) for v in rows.variables]
-    sumsq = units.joined64([sums.half_sumsq(v, compiled) for v in values], tf.stack) * 2.0
-    # Weights' max |w| is not reported, so it is computed only on the rare
-    # out-of-band path, and there for every variable at once.
-    suspicious = (sumsq < _SUMSQ_LOW) | (sumsq > _SUMSQ_HIGH)
-    w_norm_v = conds.cond(
-        tf.reduce_any(suspicious),
-        lambda: _robust_norms(values, sumsq, tf.stack([_max_abs(v) for v in values])),
-        lambda: tf.sqrt(sumsq),
-    )
+    if compiled:
+        w_norm_v = _compiled_norms(values)
+    else:
+        sumsq = units.joined64([tf.nn.l2_loss(v) for v in values], tf.stack) * 2.0
+        # Weights' max |w| is not reported, so it is computed only on the rare
+        # out-of-band path, and there for every variable at once.
+        suspicious = (sumsq < _SUMSQ_LOW) | (sumsq > _SUMSQ_HIGH)
+        w_norm_v = conds.cond(
+            tf.reduce_any(suspicious),
+            lambda: _robust_norms(values, sumsq, tf.stack([_max_abs(v) for v in values])),
+            lambda: tf.sqrt(sumsq),
+        )
     seg = tf.constant(rows.layer_of, tf.int32)
     w_norm_l = _combine_norms(w_norm_v, seg, len(rows.layer_names), _narrow(rows.variables))
     return tf.cast(w_norm_l, tf.float32), tf.cast(w_norm_v, tf.float32)
@@ -246,7 +282,7 @@ def _with_weights(stats, weight_norm):
     return tf.concat([stats[..., :_WEIGHT_NORM], w[..., None], stats[..., _WEIGHT_NORM + 1 :]], axis=-1)
 
 
-def _partials(gradient, variable, unit_axes, full=True, compiled=False):
+def _partials(gradient, variable, unit_axes, full=True):
     """One gradient's dense values, half its sum of squares and (when full) per-unit max and min and nonzero count.
 
     Each is one op (two for the count) in the values' dtype: the casts to
@@ -255,25 +291,62 @@ def _partials(gradient, variable, unit_axes, full=True, compiled=False):
     whatever its size, and a per-variable op is paid once per variable.
     """
     shape = [int(d) for d in variable.shape]
-    size = int(np.prod(shape))
+    values = _values(gradient, shape, unit_axes)
+    # These passes are the writer's whole per-step cost, so each is the
+    # cheapest exact form TensorFlow has: l2_loss is one fused kernel (no
+    # squared temporary), the per-unit max and min reduce without an abs
+    # temporary, and the nonzero count is the cheap exact form of _nonzero.
+    half_sumsq = tf.nn.l2_loss(values)
+    if not full:
+        return values, half_sumsq, None, None, None
+    top, bottom = units.extremes(values, int(np.prod(shape[len(shape) - unit_axes :])))
+    return values, half_sumsq, top, bottom, _nonzero(values, int(np.prod(shape)))
+
+
+def _values(gradient, shape, unit_axes):
+    """The gradient's values as float32 or float64: the tensor itself, or a sliced gradient's distinct rows."""
     if isinstance(gradient, tf.IndexedSlices) and unit_axes >= len(shape):
         gradient = tf.convert_to_tensor(gradient)  # a sliced vector: its units are its rows
     if isinstance(gradient, tf.IndexedSlices):
         # Rows no slice touches are exact zeros of the dense gradient: they
         # add nothing to the sum of squares nor to the nonzero count.
-        values, _ = _summed_slices(gradient)
-    else:
-        values = gradient
-    values = _as_float(values)
-    # These passes are the writer's whole per-step cost, so each is the
-    # cheapest exact form TensorFlow has: l2_loss is one fused kernel (no
-    # squared temporary), the per-unit max and min reduce without an abs
-    # temporary, and the nonzero count is the cheap exact form of _nonzero.
-    half_sumsq = sums.half_sumsq(values, compiled)
-    if not full:
-        return values, half_sumsq, None, None, None
-    top, bottom = units.extremes(values, int(np.prod(shape[len(shape) - unit_axes :])))
-    return values, half_sumsq, top, bottom, _nonzero(values, size, compiled)
+        gradient, _ = _summed_slices(gradient)
+    return _as_float(gradient)
+
+
+def _compiled_columns(gradients, where, rows):
+    """``_gather_partials``' columns inside an XLA-compiled step: the same numbers, with no cond.
+
+    Under XLA a cond is a computation of its own, and one that takes the
+    gradients as operands keeps XLA from fusing around them: the rare-case
+    cond of ``_gather_partials`` cost about 0.1x of a compiled 20-layer MLP
+    step, more than the passes below. So the rare cases are covered at
+    every step instead:
+
+    - The sum of squares cannot under- or overflow (``_compiled_norms``).
+    - Non-finite elements are counted at every step (a count of a mask).
+    - Nonzero elements are counted as ``g != 0``, which counts NaN as
+      nonzero, as the graph path's recount does: no recount needed.
+    """
+    values = [_values(gradients[i], [int(d) for d in rows.variables[i].shape], rows.unit_axes[i]) for i in where]
+    tops, bottoms = zip(*[units.extremes(v, rows.variable_units[i]) for v, i in zip(values, where)])
+    norms = _compiled_norms(values)
+    nonzero = tf.stack([sums.count(tf.not_equal(v, 0), compiled=True) for v in values])
+    nonfinite = tf.stack([sums.count(tf.logical_not(tf.math.is_finite(v)), compiled=True) for v in values])
+    max_abs, dead_v, dead_l = units.fractions(tops, bottoms, where, rows)
+    zeros = tf.constant([float(rows.variable_sizes[i]) for i in where], tf.float64) - nonzero
+    return norms, max_abs, zeros, nonfinite, dead_v, dead_l
+
+
+def _compiled_norms(values):
+    """float64 L2 norm of each tensor in a compiled step, with no cond and no under- or overflow that shows.
+
+    The squares are taken in float64. A float32 square there can neither
+    underflow nor overflow. A float64 square can, but only for elements
+    below 1e-154 or above 1e154, and a norm made of such elements is 0 or
+    Inf in the float32 it is stored as whichever way it is computed.
+    """
+    return tf.stack([tf.sqrt(sums.total(tf.square(tf.cast(v, tf.float64)), compiled=True)) for v in values])
 
 
 def _gather_partials(parts, where, rows):
@@ -332,7 +405,7 @@ def _robust_norms(values, sumsq, max_abs):
     return _where(finite_max, max_abs * tf.sqrt(scaled), tf.sqrt(sumsq))
 
 
-def _nonzero(values, bound, compiled=False):
+def _nonzero(values, bound):
     """The number of nonzero elements of ``values`` (at most ``bound``); NaN when one is NaN, for the caller to recount.
 
     |sign(g)| summed: two elementwise ops and a sum, measured 3x cheaper on a
@@ -343,7 +416,7 @@ def _nonzero(values, bound, compiled=False):
     """
     if bound > 2**24:
         return tf.math.count_nonzero(values)
-    return sums.total(tf.abs(tf.sign(values)), compiled)
+    return tf.reduce_sum(tf.abs(tf.sign(values)))
 
 
 def _max_abs(values):

@@ -338,10 +338,15 @@ class GradientWriter:
         layout.stash(gradients, step, extra)
 
     def write_compiled(self):
-        """Writes, eagerly, what ``record_compiled`` stored since the last call (every N steps with a window)."""
+        """Writes, eagerly, what ``record_compiled`` stored since the last call (every N steps with a window).
+
+        Returns the latest step stashed (an int64 tensor; -1 before the
+        first), written or not: a caller that knows each call follows at most
+        one step can wait for the next write step before calling again.
+        """
         self._check_open("write")
-        for layout in self._layouts.values():
-            layout.write_stashed(self._writer)
+        steps = [layout.write_stashed(self._writer) for layout in self._layouts.values()]
+        return tf.reduce_max(tf.stack(steps)) if steps else tf.constant(-1, tf.int64)
 
     def _while_open(self, write, step):
         """Runs ``write`` (which returns a bool tensor) now, or, in a graph, only while the writer is open.

@@ -1,4 +1,4 @@
-"""The writer's full-size sums (of squares, of nonzeros), in the form that is cheap where the step runs.
+"""The full-size sums of an XLA-compiled step (of squares, counts), in the form that is cheap where it runs.
 
 A plain sum over a whole tensor is the cheapest form almost everywhere: one
 fused, vectorised kernel in TensorFlow's graph mode and in XLA on a GPU. XLA's
@@ -25,13 +25,6 @@ def on_cpu():
     return not any(tf.config.list_logical_devices(kind) for kind in ("GPU", "TPU"))
 
 
-def half_sumsq(values, compiled=False):
-    """Half the sum of squares of ``values`` (``tf.nn.l2_loss``), in their dtype."""
-    if compiled and on_cpu():
-        return 0.5 * _gemv_sum(tf.square(values))
-    return tf.nn.l2_loss(values)
-
-
 def total(values, compiled=False):
     """The sum of every element of ``values`` (``tf.reduce_sum``), in their dtype."""
     if compiled and on_cpu():
@@ -39,10 +32,31 @@ def total(values, compiled=False):
     return tf.reduce_sum(values)
 
 
+def count(mask, compiled=False):
+    """The number of true elements of the bool tensor ``mask``, as an exact float64.
+
+    Compiled on a CPU, the GEMV's row sums of zeros and ones are exact below
+    2**24 and are added in float64; a wider last axis takes the integer count.
+    """
+    if compiled and on_cpu() and _width(mask) < 2**24:
+        if mask.shape.num_elements() == 0:
+            return tf.constant(0.0, tf.float64)
+        return tf.reduce_sum(tf.cast(_row_sums(tf.cast(mask, tf.float32)), tf.float64))
+    return tf.cast(tf.math.count_nonzero(mask, dtype=tf.int64), tf.float64)
+
+
 def _gemv_sum(values):
     """The sum of every element of ``values``, as a GEMV over its last axis, then a sum of the short result."""
     if values.shape.num_elements() == 0:
         return tf.constant(0, values.dtype)
-    width = int(values.shape[-1]) if values.shape.rank else 1
-    rows = tf.reshape(values, [-1, width])
-    return tf.reduce_sum(tf.linalg.matvec(rows, tf.ones([width], values.dtype)))
+    return tf.reduce_sum(_row_sums(values))
+
+
+def _width(values):
+    return int(values.shape[-1]) if values.shape.rank else 1
+
+
+def _row_sums(values):
+    """The sums over the last axis of ``values`` (a scalar is one row of one), as a GEMV with a vector of ones."""
+    width = _width(values)
+    return tf.linalg.matvec(tf.reshape(values, [-1, width]), tf.ones([width], values.dtype))

@@ -147,17 +147,16 @@ class RefusedUpdate:
         }
 
 
-def before_clip_columns(gradients, rows):
+def before_clip_columns(gradients, rows, compiled=False):
     """``{grad_norm_before_clip: (layer [L], variable [V])}``: the norms of the gradients before clipping.
 
     Args:
       gradients: One per variable of ``rows`` (None where missing), already
         summed over replicas.
       rows: The ``stats.Rows`` of the write.
+      compiled: Whether the step is XLA-compiled (``stats.norms``).
     """
-    layer, variable = stats.quick(gradients, rows)
-    col = stats.WINDOW_COLUMNS.index("grad_norm")
-    return {BEFORE_CLIP_COLUMN: (layer[:, col], variable[:, col])}
+    return {BEFORE_CLIP_COLUMN: stats.norms(gradients, rows, compiled)}
 
 
 def _ratio(num, den):
@@ -168,7 +167,9 @@ def _ratio(num, den):
 def _sumsq(x, compiled=False):
     if x.shape.num_elements() == 0:
         return tf.constant(0.0, tf.float64)
-    return tf.cast(sums.half_sumsq(x, compiled), tf.float64) * 2.0
+    if compiled:  # float64 squares, as stats' compiled norms: no underflow of a tiny update
+        return sums.total(tf.square(tf.cast(x, tf.float64)), compiled=True)
+    return tf.cast(tf.nn.l2_loss(x), tf.float64) * 2.0
 
 
 def _value(variable):
@@ -210,12 +211,14 @@ class Extra:
       before_clip: The gradients before clipping (one per variable, summed
         over replicas), or None.
       loss_scale: A ``LossScale``, or None.
+      compiled: Whether the step is XLA-compiled (``stats.norms``).
     """
 
-    def __init__(self, update=None, before_clip=None, loss_scale=None):
+    def __init__(self, update=None, before_clip=None, loss_scale=None, compiled=False):
         self.update = update
         self.before_clip = before_clip
         self.loss_scale = loss_scale
+        self.compiled = compiled
 
     @property
     def names(self):
@@ -234,7 +237,7 @@ class Extra:
         if self.update is not None:
             out.update(self.update.columns(rows))
         if self.before_clip is not None:
-            out.update(before_clip_columns(self.before_clip, rows))
+            out.update(before_clip_columns(self.before_clip, rows, self.compiled))
         if self.loss_scale is not None:
             out.update(self.loss_scale.columns(rows))
         return out

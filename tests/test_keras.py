@@ -13,6 +13,7 @@ from conftest import make_app
 from conftest import read_events
 from conftest import stats_content
 from conftest import wait_for_steps
+from tb_gradcheck import GradientWriter
 from tb_gradcheck import metadata
 from tb_gradcheck.keras import GradientCallback
 
@@ -275,7 +276,6 @@ def test_mixed_precision_records_unscaled_gradients_and_the_skipped_step(tmp_pat
 
 def test_custom_loop_with_loss_scale_optimizer_as_documented(tmp_path, policy):
     """The custom-loop recipe of docs/distributed.md, mixed-precision part."""
-    from tb_gradcheck import GradientWriter
 
     policy("mixed_float16")
     x, y = overflowing_data()
@@ -355,10 +355,13 @@ def test_fit_after_an_error_outside_the_step_runs_without_the_hooks(tmp_path):
 
 
 @pytest.mark.parametrize("every", [1, 3])
-def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, every):
+def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, monkeypatch, every):
     """Statistics are computed inside the XLA-compiled step and written after it."""
     x, y = data(n=64)
     weights, records = {}, {}
+    calls = []
+    write_compiled = GradientWriter.write_compiled
+    monkeypatch.setattr(GradientWriter, "write_compiled", lambda self: calls.append(1) or write_compiled(self))
     for jit, callback in ((True, True), (True, False), (False, True)):
         model = tanh_mlp()
         model.compile(optimizer="sgd", loss="mse", jit_compile=jit)
@@ -374,6 +377,9 @@ def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, ever
     assert all((a == b).all() for a, b in zip(weights[True, True], weights[True, False]))  # bit-identical
     expected = [3, 6, 8] if every == 3 else list(range(1, 9))  # 8: the partial window at close
     assert sorted(records[True]) == sorted(records[False]) == expected
+    # The host calls the writer after the first step and then only at write
+    # steps (3 and 6 of 8 with a window of 3); step 8 is written at close.
+    assert len(calls) == (3 if every == 3 else 8)
     # XLA may fuse and reorder the reductions: float32 rounding, nothing more.
     for step in expected:
         np.testing.assert_allclose(records[True][step], records[False][step], rtol=1e-5, atol=1e-7)

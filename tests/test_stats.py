@@ -69,9 +69,18 @@ def _dense(g, v):
     return np.asarray(g.numpy() if hasattr(g, "numpy") else g, np.float64)
 
 
+# Where the statistics run: eagerly, in a tf.function, and compiled with XLA
+# (stats.compute(compiled=True): its own forms, with no cond).
+MODES = [False, True, "xla"]
+MODE_IDS = ["eager", "tf_function", "xla"]
+
+
 def compute(gradients, variables, graph):
     rows = stats.Rows(variables)
-    if graph:
+    if graph == "xla":
+        fn = tf.function(lambda gs: stats.compute(gs, rows, compiled=True), jit_compile=True)
+        layer, variable = fn(gradients)
+    elif graph:
         fn = tf.function(lambda gs: stats.compute(gs, rows))
         layer, variable = fn(gradients)
     else:
@@ -102,7 +111,7 @@ def model_gradients(model, seed):
     return tape.gradient(loss, model.trainable_variables)
 
 
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize("graph", MODES, ids=MODE_IDS)
 def test_stats_match_numpy_on_real_model_gradients(model, graph):
     grads = model_gradients(model, seed=0)
     assert isinstance(grads[0], tf.IndexedSlices)  # the embedding's gradient is sparse
@@ -115,12 +124,13 @@ def test_stats_match_numpy_on_real_model_gradients(model, graph):
     np.testing.assert_allclose(variable, reference(grads, variables, [[i] for i in range(5)]), rtol=RTOL)
 
 
-def test_indexed_slices_with_repeated_indices_equal_their_dense_sum():
+@pytest.mark.parametrize("graph", [True, "xla"], ids=["tf_function", "xla"])
+def test_indexed_slices_with_repeated_indices_equal_their_dense_sum(graph):
     v = tf.Variable(np.ones((6, 3), np.float32), name="table")
     values = tf.constant([[1.0, 0.0, -2.0], [3.0, 0.0, 2.0], [-1.0, 0.5, 2.0]])
     slices = tf.IndexedSlices(values, tf.constant([4, 1, 4]), tf.constant([6, 3]))
-    _, _, sparse = compute([slices], [v], graph=True)
-    _, _, dense = compute([tf.convert_to_tensor(slices)], [v], graph=True)
+    _, _, sparse = compute([slices], [v], graph)
+    _, _, dense = compute([tf.convert_to_tensor(slices)], [v], graph)
     np.testing.assert_allclose(sparse, dense, rtol=RTOL)
     # Row 4 sums to [0, 0.5, 0], row 1 is [3, 0, 2]: 15 of 18 dense elements
     # are zero (counting per slice would say 14), and the largest is 3.
@@ -129,7 +139,7 @@ def test_indexed_slices_with_repeated_indices_equal_their_dense_sum():
     assert sparse[0, COL["grad_norm"]] == pytest.approx(np.sqrt(0.25 + 9 + 4))
 
 
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize("graph", MODES, ids=MODE_IDS)
 def test_none_gradient_is_missing_not_zero(graph):
     a = tf.Variable([1.0, 2.0], name="a")
     b = tf.Variable([[3.0]], name="b")
@@ -144,23 +154,25 @@ def test_none_gradient_is_missing_not_zero(graph):
     assert variable[0, COL["grad_norm"]] == pytest.approx(np.sqrt(0.5))
 
 
-def test_layer_with_one_disconnected_variable_uses_the_rest():
+@pytest.mark.parametrize("graph", [True, "xla"], ids=["tf_function", "xla"])
+def test_layer_with_one_disconnected_variable_uses_the_rest(graph):
     m = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2, name="d")], name="sequential")
     kernel, bias = m.trainable_variables
     g = tf.constant(np.arange(6, dtype=np.float32).reshape(3, 2))
-    _, layer, _ = compute([g, None], [kernel, bias], graph=True)
+    _, layer, _ = compute([g, None], [kernel, bias], graph)
     ref = reference([g, None], [kernel, bias], [[0, 1]])
     np.testing.assert_allclose(layer, ref, rtol=RTOL)
     assert layer[0, COL["grad_zero_fraction"]] == pytest.approx(1 / 6)  # over the kernel only
 
 
-def test_all_gradients_missing():
+@pytest.mark.parametrize("graph", [True, "xla"], ids=["tf_function", "xla"])
+def test_all_gradients_missing(graph):
     a = tf.Variable([1.0], name="a")
-    _, layer, variable = compute([None], [a], graph=True)
+    _, layer, variable = compute([None], [a], graph)
     assert layer[0, 0] == stats.MISSING and variable[0, 0] == stats.MISSING
 
 
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize("graph", MODES, ids=MODE_IDS)
 def test_nonfinite_elements_are_counted_and_propagate(graph):
     a = tf.Variable(np.ones(5, np.float32), name="a")
     b = tf.Variable(np.ones(3, np.float32), name="b")
@@ -173,38 +185,42 @@ def test_nonfinite_elements_are_counted_and_propagate(graph):
     assert variable[1, COL["grad_nonfinite"]] == 0 and variable[1, COL["grad_norm"]] == pytest.approx(3.0)
 
 
-def test_inf_without_nan_gives_inf_norm():
+@pytest.mark.parametrize("graph", [True, "xla"], ids=["tf_function", "xla"])
+def test_inf_without_nan_gives_inf_norm(graph):
     a = tf.Variable(np.ones(3, np.float32), name="a")
-    _, _, variable = compute([tf.constant([1.0, np.inf, 2.0])], [a], graph=True)
+    _, _, variable = compute([tf.constant([1.0, np.inf, 2.0])], [a], graph)
     assert variable[0, COL["grad_norm"]] == np.inf and variable[0, COL["grad_max_abs"]] == np.inf
     assert variable[0, COL["grad_nonfinite"]] == 1
 
 
 @pytest.mark.parametrize("scale", [1e-30, 1e-22, 1e22, 1e30])
-def test_norm_survives_float32_under_and_overflow_of_squares(scale):
+@pytest.mark.parametrize("graph", [True, "xla"], ids=["tf_function", "xla"])
+def test_norm_survives_float32_under_and_overflow_of_squares(scale, graph):
     values = np.array([3.0, 4.0, 0.0, 12.0], np.float32) * np.float32(scale)
     a = tf.Variable(np.ones(4, np.float32), name="a")
-    _, layer, variable = compute([tf.constant(values)], [a], graph=True)
+    _, layer, variable = compute([tf.constant(values)], [a], graph)
     expected = 13.0 * scale  # ||(3, 4, 0, 12)|| = 13
     assert variable[0, COL["grad_norm"]] == pytest.approx(expected, rel=RTOL)
     assert layer[0, COL["grad_norm"]] == pytest.approx(expected, rel=RTOL)
     assert variable[0, COL["grad_nonfinite"]] == 0
 
 
-def test_layer_norm_of_huge_variable_norms_does_not_overflow():
+@pytest.mark.parametrize("graph", [True, "xla"], ids=["tf_function", "xla"])
+def test_layer_norm_of_huge_variable_norms_does_not_overflow(graph):
     m = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1, name="d")], name="sequential")
     kernel, bias = m.trainable_variables
     g = [tf.constant([[3e30]]), tf.constant([4e30])]
-    _, layer, _ = compute(g, [kernel, bias], graph=True)
+    _, layer, _ = compute(g, [kernel, bias], graph)
     assert layer[0, COL["grad_norm"]] == pytest.approx(5e30, rel=RTOL)
 
 
-def test_half_precision_and_float64():
+@pytest.mark.parametrize("graph", [True, "xla"], ids=["tf_function", "xla"])
+def test_half_precision_and_float64(graph):
     a = tf.Variable(np.ones(3, np.float16), name="a")
     b = tf.Variable(np.ones(2, np.float64), name="b")
     ga = tf.constant([300.0, 400.0, 0.0], tf.float16)  # squares overflow float16
     gb = tf.constant([1e-200, 0.0], tf.float64)  # below float32's range
-    _, _, variable = compute([ga, gb], [a, b], graph=True)
+    _, _, variable = compute([ga, gb], [a, b], graph)
     assert variable[0, COL["grad_norm"]] == pytest.approx(500.0, rel=1e-3)
     assert variable.dtype == np.float32  # stored as float32: 1e-200 flushes to 0 there
     assert variable[1, COL["grad_zero_fraction"]] == 0.5
@@ -230,7 +246,7 @@ def test_rows_group_keras_layers_and_plain_variables_in_first_appearance_order()
     assert rows.layer_sizes == [1, 2 + 1, 6 + 2, 1, 2 + 2]
 
 
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize("graph", MODES, ids=MODE_IDS)
 def test_quick_statistics_equal_the_full_ones(model, graph):
     grads = model_gradients(model, seed=1)
     grads[2] = grads[2] + np.float32(np.nan)  # one NaN layer
@@ -252,15 +268,43 @@ def test_quick_statistics_equal_the_full_ones(model, graph):
     assert full_v[2, COL["grad_zero_fraction"]] == 0  # NaN is not zero: the NaN step's count is recounted
 
 
-def test_zero_count_is_exact_past_float32_integers():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+def test_zero_count_is_exact_past_float32_integers(compiled):
     # 2**24 + 3 elements: the float32 sum of ones would round; the integer form counts exactly.
     n = 2**24 + 3
     g = np.ones(n, np.float32)
     g[:5] = 0.0
     g[-1] = -0.0
     v = tf.Variable(tf.zeros([n]))
-    _, variable = stats.compute([tf.constant(g)], stats.Rows([v]), weights=False)
+    rows = stats.Rows([v])
+    fn = tf.function(lambda gs: stats.compute(gs, rows, weights=False, compiled=True), jit_compile=True)
+    _, variable = fn([tf.constant(g)]) if compiled else stats.compute([tf.constant(g)], rows, weights=False)
     assert variable.numpy()[0, COL["grad_zero_fraction"]] == np.float32(6 / n)
+
+
+@pytest.mark.parametrize("graph", [True, "xla"], ids=["tf_function", "xla"])
+def test_weight_norms_survive_under_and_overflow_of_squares(graph):
+    tiny = tf.Variable(np.array([3e-30, 4e-30], np.float32), name="tiny")
+    huge = tf.Variable(np.array([3e30, 4e30], np.float32), name="huge")
+    small64 = tf.Variable(np.array([3e-170, 4e-170, 0.0], np.float64), name="small64")
+    zero = tf.Variable(np.zeros(3, np.float32), name="zero")
+    grads = [tf.ones([2]), tf.ones([2]), tf.ones([3], tf.float64), tf.ones([3])]
+    _, _, variable = compute(grads, [tiny, huge, small64, zero], graph)
+    assert variable[0, COL["weight_norm"]] == pytest.approx(5e-30, rel=RTOL)
+    assert variable[1, COL["weight_norm"]] == pytest.approx(5e30, rel=RTOL)
+    assert variable[2, COL["weight_norm"]] == 0.0  # 5e-170 is below float32, where it is stored
+    assert variable[3, COL["weight_norm"]] == 0.0
+
+
+def test_compiled_norms_equal_the_quick_ones(model):
+    grads = model_gradients(model, seed=3)
+    grads[2] = None  # the hidden layer keeps its kernel's norm
+    rows = stats.Rows(model.trainable_variables)
+    compiled = tf.function(lambda gs: stats.norms(gs, rows, compiled=True), jit_compile=True)(grads)
+    plain = stats.norms(grads, rows)
+    for a, b in zip(compiled, plain):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=RTOL)
+    assert plain[1].numpy()[2] == stats.MISSING
 
 
 def _layer_model(layer, input_shape, dtype="float32"):
@@ -289,7 +333,7 @@ def _masked_gradients(model, x, seed):
     ],
     ids=["dense", "conv2d", "depthwise", "layernorm"],
 )
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize("graph", MODES, ids=MODE_IDS)
 def test_dead_unit_fraction_matches_numpy_on_real_layers(layer, input_shape, unit_axes, graph):
     model = _layer_model(layer, input_shape)
     x = tf.constant(np.random.default_rng(0).normal(size=(3, *input_shape)), tf.float32)

@@ -22,19 +22,19 @@ def test_compiled_sums_equal_the_plain_ones(shape, dtype):
 
     @tf.function(jit_compile=True)
     def compiled(v, c):
-        return sums.half_sumsq(v, compiled=True), sums.total(c, compiled=True)
+        return sums.total(tf.square(v), compiled=True), sums.total(c, compiled=True), sums.count(v > 0, compiled=True)
 
-    half, total = compiled(tf.constant(values), tf.constant(counts))
-    assert half.dtype == total.dtype == tf.as_dtype(dtype)
-    np.testing.assert_allclose(half.numpy(), 0.5 * np.sum(values.astype(np.float64) ** 2), rtol=1e-6)
-    assert total.numpy() == counts.sum()  # a count of ones is exact in either order
-    assert sums.half_sumsq(tf.constant(values)).numpy() == pytest.approx(half.numpy(), rel=1e-6)
+    sumsq, total, count = compiled(tf.constant(values), tf.constant(counts))
+    assert sumsq.dtype == total.dtype == tf.as_dtype(dtype) and count.dtype == tf.float64
+    np.testing.assert_allclose(sumsq.numpy(), np.sum(values.astype(np.float64) ** 2), rtol=1e-6)
+    assert total.numpy() == count.numpy() == counts.sum()  # a count of ones is exact in either order
+    assert sums.count(tf.constant(values > 0)).numpy() == counts.sum()
 
 
 def test_non_finite_values_stay_non_finite():
     @tf.function(jit_compile=True)
-    def half(v):
-        return sums.half_sumsq(v, compiled=True)
+    def sumsq(v):
+        return sums.total(tf.square(v), compiled=True)
 
-    assert np.isinf(half(tf.constant([[1.0, np.inf], [2.0, 3.0]], tf.float32)).numpy())
-    assert np.isnan(half(tf.constant([[1.0, np.nan], [-np.inf, 3.0]], tf.float32)).numpy())
+    assert np.isinf(sumsq(tf.constant([[1.0, np.inf], [2.0, 3.0]], tf.float32)).numpy())
+    assert np.isnan(sumsq(tf.constant([[1.0, np.nan], [-np.inf, 3.0]], tf.float32)).numpy())
