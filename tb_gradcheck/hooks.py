@@ -13,6 +13,7 @@ import tensorflow as tf
 from tb_gradcheck import checks
 from tb_gradcheck import conds
 from tb_gradcheck import replica
+from tb_gradcheck import stash
 from tb_gradcheck import summary
 from tb_gradcheck import twin
 from tb_gradcheck import units
@@ -336,16 +337,19 @@ class Session:
             record()
 
     def after_compiled_step(self):
-        """After one call of the compiled train function: writes what it stashed, if a write can be due.
+        """After one call of the compiled train function: writes what is stashed, when it must be.
 
-        Each call is one host round trip of about a millisecond on a CPU, as
-        much as the statistics of a small step, and a window writes at one
-        step in N. A compiled fit runs one step per call (``why_not_compiled``)
-        and a step moves the stashed step on by at most one, so from the
-        step the last call saw, the next write step is at least
-        ``N - step % N`` calls away: the calls before it are skipped. If
-        fewer steps were stashed than calls made, that call finds nothing
-        due and counts again from there; it is never late.
+        Each write is one host round trip of about a millisecond on a CPU,
+        as much as the statistics of a small step, so it is made only when
+        it cannot wait. A compiled fit runs one step per call
+        (``why_not_compiled``), and a step moves the stashed step on by at
+        most one. Written every step, the stash holds the last
+        ``stash.DEPTH`` steps: a call every DEPTH calls writes them all
+        before any is overwritten. A window writes at one step in N: from
+        the step the last call saw, the next write step is at least
+        ``N - step % N`` calls away. If fewer steps were stashed than calls
+        made, the call finds nothing due and counts again from there; it is
+        never late. What is held at the end is written by ``close``.
         """
         if self._calls_to_skip > 0:
             self._calls_to_skip -= 1
@@ -353,7 +357,9 @@ class Session:
         step = self.writer.write_compiled()
         n = self.writer.every_n_steps
         if n == 1:
-            return  # every call writes; not reading the step leaves the host free to queue the next one
+            # Not reading the step leaves the host free to queue the next one.
+            self._calls_to_skip = stash.DEPTH - 1
+            return
         step = int(step)
         if step >= 0:
             self._calls_to_skip = n - step % n - 1

@@ -149,10 +149,11 @@ class Recording:
         give) and keeps them as the ``last`` slab of whichever step is written.
         """
         if self._stash is None:
-            self._stash = stash.Stash(self.rows, self.columns, self._extra_names())
+            depth = stash.DEPTH if self.every_n_steps == 1 else 1
+            self._stash = stash.Stash(self.rows, self.columns, self._extra_names(), depth)
         held = self._stash
         if held.extra:
-            held.store_extra(self._extra_values(extra, step))
+            held.store_extra(step, self._extra_values(extra, step))
         if self.every_n_steps == 1:
             held.store(step, *self.measure(gradients, step, compiled=True))
             return
@@ -192,16 +193,16 @@ class Recording:
         return conds.cond(tf.equal(step % self.every_n_steps, 0), compute, missing)
 
     def write_stashed(self, writer):
-        """After the compiled step: writes what ``stash`` stored through ``writer``, if new (and due).
+        """After compiled steps: writes through ``writer`` what ``stash`` holds that is new (and due).
 
-        Returns the step stashed (an int64 tensor; -1 before the first),
-        whether or not it was written.
+        Returns the latest step stashed (an int64 tensor; -1 before the
+        first), whether or not it was written.
 
-        One traced call, which decides inside the graph whether the stashed
-        step is new and due: reading the step into Python first (``.numpy()``)
-        made the host wait for the compiled step to finish before it could
-        queue the next one. One traced function, too, instead of a few dozen
-        eager ops per step (eager dispatch tripled a fast XLA step).
+        One traced call, which decides inside the graph what is new and due:
+        reading the steps into Python first (``.numpy()``) made the host wait
+        for the compiled step to finish before it could queue the next one.
+        One traced function, too, instead of a few dozen eager ops per step
+        (eager dispatch tripled a fast XLA step).
         """
         if self._stash is None:
             return tf.constant(-1, tf.int64)
@@ -211,26 +212,45 @@ class Recording:
 
     def _write_held_stats(self, writer):
         held = self._stash
-        step = held.step.read_value()
-        due = (step >= 0) & tf.not_equal(step, held.written)
-        if self.every_n_steps > 1:
-            due = due & tf.equal(step % self.every_n_steps, 0)
+        written = held.written.read_value()
+        latest = held.step.read_value()
+        due = latest > written
 
         def write():
-            held.written.assign(step)
-            # Leaving as_default() flushes the events (see summary.py's flush policy).
-            with writer.as_default():
-                values = held.extra_values() if held.extra else None
-                if self.every_n_steps == 1:
-                    layer, variable = self._fill(held.layer[None], held.variable[None], values=values)
-                    self._events.stats(self.content, layer, variable, step)
-                else:
-                    self.flush_window(step, held.weights, (held.layer, held.variable), values=values)
-            return tf.constant(True)
+            if self.every_n_steps > 1:
+                return self._write_held_window(writer, latest)
+            return self._write_held_steps(writer, written)
 
-        written = conds.cond(due, write, lambda: tf.constant(False))
-        with tf.control_dependencies([written]):
-            return tf.identity(step)
+        if self.every_n_steps > 1:
+            due = due & tf.equal(latest % self.every_n_steps, 0)
+        done = conds.cond(due, write, lambda: tf.constant(False))
+        with tf.control_dependencies([done]):
+            return tf.identity(latest)
+
+    def _write_held_window(self, writer, step):
+        held = self._stash
+        held.written.assign(step)
+        _, layer, variable, values = held.held(0)  # a window's stash holds one step
+        # Leaving as_default() flushes the events (see summary.py's flush policy).
+        with writer.as_default():
+            return self.flush_window(step, held.weights, (layer, variable), values=values or None)
+
+    def _write_held_steps(self, writer, written):
+        """Writes each held step after ``written``, oldest first."""
+        held = self._stash
+        order = held.slots()
+        with writer.as_default():
+            for k in range(held.depth):
+                step, layer, variable, values = held.held(order[k])
+
+                def write(step=step, layer=layer, variable=variable, values=values):
+                    layer, variable = self._fill(layer[None], variable[None], values=values or None)
+                    self._events.stats(self.content, layer, variable, step)
+                    return tf.constant(True)
+
+                conds.cond(step > written, write, lambda: tf.constant(False))
+        held.written.assign(tf.reduce_max(held.steps))
+        return tf.constant(True)
 
     def flush_window(self, step, weight_norms, last=None, extra=None, values=None):
         """Writes the window; with this step's full statistics ``last``, its ``last`` slab has every statistic."""

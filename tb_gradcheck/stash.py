@@ -4,9 +4,10 @@ XLA cannot compile summary ops, so a writer that records from a compiled step
 (``GradientWriter.record_compiled``) runs the same statistics ops as a traced
 step, compiled with the rest of the step, and stores the result in host
 variables; ``GradientWriter.write_compiled``, called after the step outside
-XLA, writes them. A window's per-step accumulation runs inside the step as
-usual; at a write step the stash holds that step's full statistics for the
-``last`` slab and the weight norms.
+XLA, writes them. Written every step, the stash holds the last ``DEPTH``
+steps, so one call after several steps writes them all. A window's per-step
+accumulation runs inside the step as usual; at a write step the stash holds
+that step's full statistics for the ``last`` slab and the weight norms.
 """
 
 import numpy as np
@@ -14,26 +15,43 @@ import tensorflow as tf
 
 from tb_gradcheck import replica
 
+# Steps a stash holds when every step is written. Writing is a host round
+# trip of about a millisecond after the compiled step (as much as a small
+# step's statistics), so the writes of DEPTH steps share one; a process
+# killed outright loses at most the DEPTH - 1 steps not yet written
+# (``GradientWriter.close`` writes them otherwise).
+DEPTH = 8
+
 
 class Stash:
-    """One layout's statistics of the latest compiled step, until they are written.
+    """One layout's statistics of the latest compiled steps, until they are written.
+
+    Args:
+      rows: The layout's ``stats.Rows``.
+      columns: The statistic columns the layout stores.
+      extra: Names of the optimizer values kept (``store_extra``).
+      depth: Steps held: a step goes to slot ``step % depth``, so the last
+        ``depth`` consecutive steps are all there.
 
     Attributes:
-      layer: float32 ``[L, C]`` variable: the step's layer statistics
-        (``C``: ``columns``, the statistic columns the layout stores).
-      variable: float32 ``[V, C]`` variable: the step's variable statistics.
-      weights: ``(layer, variable)`` float32 weight-norm variables (windows).
-      extra: Names of the optimizer values kept (``store_extra``).
-      step: int64 variable: the step stored, -1 before the first.
-      written: int64 variable: the last step written, -1 before the first.
+      layer: float32 ``[depth, L, C]`` variable: each held step's layer statistics.
+      variable: float32 ``[depth, V, C]`` variable: its variable statistics.
+      steps: int64 ``[depth]`` variable: the step in each slot, -1 if none.
+      weights: ``(layer, variable)`` float32 weight-norm variables of the
+        latest step (windows, whose depth is 1).
+      extra: Names of the optimizer values kept.
+      step: int64 variable: the latest step stored, -1 before the first.
+      written: int64 variable: the latest step written, -1 before the first.
     """
 
-    def __init__(self, rows, columns, extra=()):
-        c = columns
+    def __init__(self, rows, columns, extra=(), depth=1):
+        c, d = columns, depth
         n_l, n_v = len(rows.layer_names), len(rows.variable_names)
+        self.depth = depth
         self.step = replica.host_variable(-1, tf.int64, "tb_gradcheck_stash_step")
-        self.layer = replica.host_variable(np.zeros([n_l, c], np.float32), tf.float32, "tb_gradcheck_stash")
-        self.variable = replica.host_variable(np.zeros([n_v, c], np.float32), tf.float32, "tb_gradcheck_stash")
+        self.steps = replica.host_variable(np.full(d, -1, np.int64), tf.int64, "tb_gradcheck_stash_steps")
+        self.layer = replica.host_variable(np.zeros([d, n_l, c], np.float32), tf.float32, "tb_gradcheck_stash")
+        self.variable = replica.host_variable(np.zeros([d, n_v, c], np.float32), tf.float32, "tb_gradcheck_stash")
         self.weights = (
             replica.host_variable(np.zeros(n_l, np.float32), tf.float32, "tb_gradcheck_stash"),
             replica.host_variable(np.zeros(n_v, np.float32), tf.float32, "tb_gradcheck_stash"),
@@ -41,31 +59,43 @@ class Stash:
         # The last step written (recording.write_stashed), read in the graph.
         self.written = replica.host_variable(-1, tf.int64, "tb_gradcheck_stash_written")
         # Optional optimizer values of the write step (tb_gradcheck.updates):
-        # {name: (layer [L], variable [V])} float32 variables.
+        # {name: (layer [depth, L], variable [depth, V])} float32 variables.
         self.extra = tuple(extra)
         self._extra = {
             name: (
-                replica.host_variable(np.zeros(n_l, np.float32), tf.float32, "tb_gradcheck_stash"),
-                replica.host_variable(np.zeros(n_v, np.float32), tf.float32, "tb_gradcheck_stash"),
+                replica.host_variable(np.zeros([d, n_l], np.float32), tf.float32, "tb_gradcheck_stash"),
+                replica.host_variable(np.zeros([d, n_v], np.float32), tf.float32, "tb_gradcheck_stash"),
             )
             for name in self.extra
         }
 
-    def store_extra(self, values):
-        """Inside the compiled step: keeps the optimizer values ``{name: (layer, variable)}`` of this step."""
-        for name, (layer, variable) in values.items():
-            self._extra[name][0].assign(layer)
-            self._extra[name][1].assign(variable)
+    def _slot(self, step):
+        return [[tf.cast(step, tf.int64) % self.depth]]
 
-    def extra_values(self):
-        """The kept optimizer values as ``{name: (layer, variable)}`` tensors (for ``updates.fill``)."""
-        return {name: (lv.read_value(), vv.read_value()) for name, (lv, vv) in self._extra.items()}
+    def store_extra(self, step, values):
+        """Inside the compiled step: keeps the optimizer values ``{name: (layer, variable)}`` of ``step``."""
+        slot = self._slot(step)
+        for name, (layer, variable) in values.items():
+            self._extra[name][0].scatter_nd_update(slot, layer[None])
+            self._extra[name][1].scatter_nd_update(slot, variable[None])
 
     def store(self, step, layer, variable, weights=None):
         """Inside the compiled step: keeps this step's statistics (and weight norms) until they are written."""
-        self.layer.assign(layer)
-        self.variable.assign(variable)
+        step = tf.cast(step, tf.int64)
+        slot = self._slot(step)
+        self.layer.scatter_nd_update(slot, layer[None])
+        self.variable.scatter_nd_update(slot, variable[None])
         if weights is not None:
             self.weights[0].assign(weights[0])
             self.weights[1].assign(weights[1])
-        self.step.assign(tf.cast(step, tf.int64))
+        self.steps.scatter_nd_update(slot, step[None])
+        self.step.assign(step)
+
+    def slots(self):
+        """The slots in the order of their steps (an int32 ``[depth]`` tensor), oldest first."""
+        return tf.argsort(self.steps.read_value(), stable=True)
+
+    def held(self, slot):
+        """``(step, layer [L, C], variable [V, C], extra {name: (layer [L], variable [V])})`` of one slot."""
+        extra = {name: (lv[slot], vv[slot]) for name, (lv, vv) in self._extra.items()}
+        return self.steps[slot], self.layer[slot], self.variable[slot], extra

@@ -260,7 +260,7 @@ class GradientWriter:
 
         XLA cannot compile summary ops, so ``write`` cannot run there.
         ``stash`` computes the same statistics inside the compiled step
-        (compiled with it) into variables; call ``write_stashed()`` after each
+        (compiled with it) into variables; call ``write_stashed()`` after the
         step, outside the compiled function, to write them:
 
             @tf.function(jit_compile=True)
@@ -275,6 +275,12 @@ class GradientWriter:
                 train_step(x, y)
                 writer.write_stashed()
 
+        Each ``write_stashed()`` is a host round trip (about a millisecond
+        on a CPU), and fewer calls are enough: with ``every_n_steps=N > 1``,
+        one after each step that is a multiple of N; written every step, one
+        at least every ``stash.DEPTH`` (8) steps, since the stash holds the
+        last 8. ``close()`` writes what is still held.
+
         For one replica (no ``tf.distribute`` strategy with several). Args,
         returns and errors as for ``write``.
         """
@@ -284,7 +290,7 @@ class GradientWriter:
         self.record_compiled(gradients, variables, validate.step(step))
 
     def write_stashed(self):
-        """Writes what ``stash`` recorded since the last call (with ``every_n_steps=N``, every N steps)."""
+        """Writes what ``stash`` recorded since the last call and still holds (see ``stash`` for how often to call)."""
         self.write_compiled()
 
     # -- internal interface ---------------------------------------------------
@@ -433,7 +439,7 @@ class GradientWriter:
             self._summary_writer.flush()
 
     def close(self):
-        """Writes any partial window, flushes and (if this writer made it) closes the file.
+        """Writes any partial window and stashed step, flushes and (if this writer made it) closes the file.
 
         Safe to call twice. Calling ``write()`` after ``close()`` raises
         ValueError; a ``tf.function`` traced before ``close()`` and run after
@@ -446,6 +452,8 @@ class GradientWriter:
             self._open.assign(False)
         if self._summary_writer is not None:
             for layout in self._layouts.values():
+                # Steps a compiled step stashed that no write_compiled() wrote yet.
+                layout.write_stashed(self._summary_writer)
                 if layout.window is not None and bool(layout.window.pending()):
                     with self._summary_writer.as_default():
                         weights = stats.weight_norms(layout.rows)

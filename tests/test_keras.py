@@ -335,15 +335,34 @@ def test_error_in_the_training_step_detaches_the_callback(tmp_path):
     assert len(read_events(tmp_path / "train")) == 2
 
 
+def test_error_in_an_xla_fit_writes_the_steps_stashed_before_it(tmp_path):
+    """With XLA a step is written after it, from the stash: a failure must not lose the steps held."""
+    x, y = data(n=64)
+
+    def batches():
+        for i in range(5):
+            if i == 4:
+                raise ValueError("bad batch")
+            yield x[8 * i : 8 * i + 8], y[8 * i : 8 * i + 8]
+
+    model = tanh_mlp()
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    with pytest.raises(Exception, match="bad batch"):
+        model.fit(batches(), epochs=1, verbose=0, callbacks=[GradientCallback(tmp_path)])
+    assert model.train_function is None  # detached, the writer closed
+    assert [s for s, _, _ in read_events(tmp_path / "train")] == [1, 2, 3, 4]
+
+
 class Boom(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         raise RuntimeError("boom")
 
 
-def test_fit_after_an_error_outside_the_step_runs_without_the_hooks(tmp_path):
+@pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
+def test_fit_after_an_error_outside_the_step_runs_without_the_hooks(tmp_path, jit):
     x, y = data(n=16)
     model = tanh_mlp()
-    model.compile(optimizer="sgd", loss="mse")
+    model.compile(optimizer="sgd", loss="mse", jit_compile=jit)
     with pytest.raises(RuntimeError, match="boom"):
         model.fit(x, y, batch_size=8, verbose=0, callbacks=[GradientCallback(tmp_path), Boom()])
     # on_train_end never ran, and Keras still caches the hooked train function.
@@ -354,9 +373,9 @@ def test_fit_after_an_error_outside_the_step_runs_without_the_hooks(tmp_path):
     assert [s for s, _, _ in read_events(tmp_path / "train")] == [1, 2]  # and the file was closed
 
 
-@pytest.mark.parametrize("every", [1, 3])
-def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, monkeypatch, every):
-    """Statistics are computed inside the XLA-compiled step and written after it."""
+@pytest.mark.parametrize("every, clipnorm", [(1, None), (3, None), (1, 0.05)])
+def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, monkeypatch, every, clipnorm):
+    """Statistics are computed inside the XLA-compiled step and written after it, optimizer columns too."""
     x, y = data(n=64)
     weights, records = {}, {}
     calls = []
@@ -364,7 +383,7 @@ def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, monk
     monkeypatch.setattr(GradientWriter, "write_compiled", lambda self: calls.append(1) or write_compiled(self))
     for jit, callback in ((True, True), (True, False), (False, True)):
         model = tanh_mlp()
-        model.compile(optimizer="sgd", loss="mse", jit_compile=jit)
+        model.compile(optimizer=keras.optimizers.SGD(clipnorm=clipnorm), loss="mse", jit_compile=jit)
         run = tmp_path / f"{jit}_{callback}"
         callbacks = [GradientCallback(run, every_n_steps=every)] if callback else []
         with warnings.catch_warnings():
@@ -374,12 +393,16 @@ def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, monk
         weights[jit, callback] = [w.numpy() for w in model.weights]
         if callback:
             records[jit] = {s: v for s, v, _ in read_events(run / "train")}
+            columns = stats_content(run / "train")["columns"]
     assert all((a == b).all() for a, b in zip(weights[True, True], weights[True, False]))  # bit-identical
     expected = [3, 6, 8] if every == 3 else list(range(1, 9))  # 8: the partial window at close
     assert sorted(records[True]) == sorted(records[False]) == expected
-    # The host calls the writer after the first step and then only at write
-    # steps (3 and 6 of 8 with a window of 3); step 8 is written at close.
-    assert len(calls) == (3 if every == 3 else 8)
+    # The host calls the writer after the first step and then only when it
+    # must: at write steps (3 and 6 of 8 with a window of 3), or, written
+    # every step, when the stash is full (every 8 steps). What is left, the
+    # partial window or steps 2-8, is written at close.
+    assert len(calls) == (3 if every == 3 else 1)
+    assert ("grad_norm_before_clip" in columns) == (clipnorm is not None)
     # XLA may fuse and reorder the reductions: float32 rounding, nothing more.
     for step in expected:
         np.testing.assert_allclose(records[True][step], records[False][step], rtol=1e-5, atol=1e-7)

@@ -396,9 +396,13 @@ def test_new_columns_reach_readers_through_tensorboard(tmp_path, data_path):
     assert dead[:, 0].tolist() == [0.5, 0.5]
 
 
-@pytest.mark.parametrize("every", [1, 2])
-def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, every):
-    """The documented custom-loop pattern for tf.function(jit_compile=True)."""
+@pytest.mark.parametrize("every, write_every", [(1, 1), (2, 1), (1, 3)])
+def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, every, write_every):
+    """The documented custom-loop pattern for tf.function(jit_compile=True).
+
+    Written every step, the stash holds the last steps: write_stashed() every
+    few steps writes them all, and close() what is left.
+    """
     model = tf.keras.Sequential(
         [
             tf.keras.Input((3,)),
@@ -430,8 +434,9 @@ def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, ever
 
         for step in range(1, 6):
             xla_step(tf.constant(step, tf.int64))
-            compiled.write_stashed()
-            compiled.write_stashed()  # nothing new: writes nothing
+            if step % write_every == 0:
+                compiled.write_stashed()
+                compiled.write_stashed()  # nothing new: writes nothing
             plain_step(tf.constant(step, tf.int64))
     xla, ref = stats_events(tmp_path / "xla"), stats_events(tmp_path / "plain")
     assert [e[0] for e in xla] == [e[0] for e in ref] == ([1, 2, 3, 4, 5] if every == 1 else [2, 4, 5])
