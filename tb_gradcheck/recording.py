@@ -212,45 +212,46 @@ class Recording:
 
     def _write_held_stats(self, writer):
         held = self._stash
-        written = held.written.read_value()
+        fresh = held.fresh.read_value()
         latest = held.step.read_value()
-        due = latest > written
+        if self.every_n_steps > 1:  # a window's stash holds one step, written if it ends the window
+            due = fresh[0] & tf.equal(latest % self.every_n_steps, 0)
+        else:
+            due = tf.reduce_any(fresh)
 
         def write():
             if self.every_n_steps > 1:
-                return self._write_held_window(writer, latest)
-            return self._write_held_steps(writer, written)
+                self._write_held_window(writer, latest)
+            else:
+                self._write_held_steps(writer, fresh)
+            held.fresh.assign(tf.zeros_like(fresh))
+            return tf.constant(True)
 
-        if self.every_n_steps > 1:
-            due = due & tf.equal(latest % self.every_n_steps, 0)
         done = conds.cond(due, write, lambda: tf.constant(False))
         with tf.control_dependencies([done]):
             return tf.identity(latest)
 
     def _write_held_window(self, writer, step):
-        held = self._stash
-        held.written.assign(step)
-        _, layer, variable, values = held.held(0)  # a window's stash holds one step
+        _, layer, variable, values = self._stash.held(0)
         # Leaving as_default() flushes the events (see summary.py's flush policy).
         with writer.as_default():
-            return self.flush_window(step, held.weights, (layer, variable), values=values or None)
+            self.flush_window(step, self._stash.weights, (layer, variable), values=values or None)
 
-    def _write_held_steps(self, writer, written):
-        """Writes each held step after ``written``, oldest first."""
+    def _write_held_steps(self, writer, fresh):
+        """Writes each ``fresh`` slot's step, oldest first."""
         held = self._stash
         order = held.slots()
         with writer.as_default():
             for k in range(held.depth):
-                step, layer, variable, values = held.held(order[k])
+                slot = order[k]
+                step, layer, variable, values = held.held(slot)
 
                 def write(step=step, layer=layer, variable=variable, values=values):
                     layer, variable = self._fill(layer[None], variable[None], values=values or None)
                     self._events.stats(self.content, layer, variable, step)
                     return tf.constant(True)
 
-                conds.cond(step > written, write, lambda: tf.constant(False))
-        held.written.assign(tf.reduce_max(held.steps))
-        return tf.constant(True)
+                conds.cond(fresh[slot], write, lambda: tf.constant(False))
 
     def flush_window(self, step, weight_norms, last=None, extra=None, values=None):
         """Writes the window; with this step's full statistics ``last``, its ``last`` slab has every statistic."""

@@ -41,7 +41,7 @@ class Stash:
         latest step (windows, whose depth is 1).
       extra: Names of the optimizer values kept.
       step: int64 variable: the latest step stored, -1 before the first.
-      written: int64 variable: the latest step written, -1 before the first.
+      fresh: bool ``[depth]`` variable: the slot was stored since it was last written.
     """
 
     def __init__(self, rows, columns, extra=(), depth=1):
@@ -56,8 +56,8 @@ class Stash:
             replica.host_variable(np.zeros(n_l, np.float32), tf.float32, "tb_gradcheck_stash"),
             replica.host_variable(np.zeros(n_v, np.float32), tf.float32, "tb_gradcheck_stash"),
         )
-        # The last step written (recording.write_stashed), read in the graph.
-        self.written = replica.host_variable(-1, tf.int64, "tb_gradcheck_stash_written")
+        # Per slot: stored since it was last written (recording.write_stashed).
+        self.fresh = replica.host_variable(np.zeros(d, bool), tf.bool, "tb_gradcheck_stash_fresh")
         # Optional optimizer values of the write step (tb_gradcheck.updates):
         # {name: (layer [depth, L], variable [depth, V])} float32 variables.
         self.extra = tuple(extra)
@@ -89,6 +89,7 @@ class Stash:
             self.weights[0].assign(weights[0])
             self.weights[1].assign(weights[1])
         self.steps.scatter_nd_update(slot, step[None])
+        self.fresh.scatter_nd_update(slot, [True])
         self.step.assign(step)
 
     def slots(self):

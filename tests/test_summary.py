@@ -442,3 +442,22 @@ def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, ever
     assert [e[0] for e in xla] == [e[0] for e in ref] == ([1, 2, 3, 4, 5] if every == 1 else [2, 4, 5])
     for (_, _, a), (_, _, b) in zip(xla, ref):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)  # XLA may reorder float32 sums
+
+
+def test_stash_writes_a_step_stored_again_after_a_restart(tmp_path):
+    """A loop that starts again at step 1 with the same writer is written again, as write() would."""
+    v = tf.Variable([1.0, 2.0], name="v")
+    with GradientWriter(tmp_path) as writer:
+
+        @tf.function(jit_compile=True)
+        def xla_step(step):
+            writer.stash([tf.fill([2], tf.cast(step, tf.float32))], [v], step)
+
+        for steps in ([1, 2, 3], [1, 2]):
+            for step in steps:
+                xla_step(tf.constant(step, tf.int64))
+            writer.write_stashed()
+    events = stats_events(tmp_path)
+    assert [e[0] for e in events] == [1, 2, 3, 1, 2]
+    norm = metadata.STORED_STAT_COLUMNS.index("grad_norm")
+    assert [e[2][0, 0, norm] for e in events] == pytest.approx([s * np.sqrt(2) for s in (1, 2, 3, 1, 2)])
