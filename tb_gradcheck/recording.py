@@ -235,7 +235,7 @@ class Recording:
         _, layer, variable, values = self._stash.held(0)
         # Leaving as_default() flushes the events (see summary.py's flush policy).
         with writer.as_default():
-            self.flush_window(step, self._stash.weights, (layer, variable), values=values or None)
+            self.flush_window(step, self._stash.weights, (layer, variable), values=values)
 
     def _write_held_steps(self, writer, fresh):
         """Writes each ``fresh`` slot's step, oldest first."""
@@ -247,7 +247,7 @@ class Recording:
                 step, layer, variable, values = held.held(slot)
 
                 def write(step=step, layer=layer, variable=variable, values=values):
-                    layer, variable = self._fill(layer[None], variable[None], values=values or None)
+                    layer, variable = self._fill(layer[None], variable[None], values=values)
                     self._events.stats(self.content, layer, variable, step)
                     return tf.constant(True)
 

@@ -217,9 +217,12 @@ def norms(gradients, rows, compiled=False):
 
 
 def _missing_where_absent(values, present):
-    """float32 ``values``, MISSING where not ``present`` (a static list)."""
+    """float32 ``values`` (``[R]`` or ``[R, C]``), MISSING in the rows not ``present`` (a static list)."""
     values = tf.cast(values, tf.float32)
-    return values if all(present) else tf.where(tf.constant(present), values, MISSING)
+    if all(present):
+        return values
+    rows = tf.reshape(tf.constant(present), [-1] + [1] * (values.shape.rank - 1))
+    return tf.where(rows, values, MISSING)
 
 
 def window_columns(full):
@@ -230,10 +233,7 @@ def window_columns(full):
 def _window_columns(norm, nonfinite, present):
     """float32 ``[R, 3]``: ``WINDOW_COLUMNS`` of one step, MISSING where not ``present`` (a static list)."""
     finite_norm = _where(tf.math.is_finite(norm), norm, MISSING)
-    cols = tf.cast(tf.stack([norm, nonfinite, finite_norm], axis=1), tf.float32)
-    if all(present):
-        return cols
-    return tf.where(tf.constant(present)[:, None], cols, MISSING)
+    return _missing_where_absent(tf.stack([norm, nonfinite, finite_norm], axis=1), present)
 
 
 def _spread(vectors, where, n):
@@ -346,7 +346,7 @@ def _compiled_norms(values):
     below 1e-154 or above 1e154, and a norm made of such elements is 0 or
     Inf in the float32 it is stored as whichever way it is computed.
     """
-    return tf.stack([tf.sqrt(sums.total(tf.square(tf.cast(v, tf.float64)), compiled=True)) for v in values])
+    return tf.sqrt(tf.stack([sums.sumsq64(v, compiled=True) for v in values]))
 
 
 def _gather_partials(parts, where, rows):

@@ -32,6 +32,17 @@ def total(values, compiled=False):
     return tf.reduce_sum(values)
 
 
+def sumsq64(values, compiled=False):
+    """The sum of squares of ``values``, squared and summed in float64.
+
+    A float32 (or narrower) square cannot under- or overflow in float64, so
+    this needs no rare-case cond, which under XLA would take the tensor as
+    an operand. Compiled, it costs no more than the float32 sum (a GEMV
+    either way).
+    """
+    return total(tf.square(tf.cast(values, tf.float64)), compiled)
+
+
 def count(mask, compiled=False):
     """The number of true elements of the bool tensor ``mask``, as an exact float64.
 

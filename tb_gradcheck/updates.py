@@ -167,8 +167,8 @@ def _ratio(num, den):
 def _sumsq(x, compiled=False):
     if x.shape.num_elements() == 0:
         return tf.constant(0.0, tf.float64)
-    if compiled:  # float64 squares, as stats' compiled norms: no underflow of a tiny update
-        return sums.total(tf.square(tf.cast(x, tf.float64)), compiled=True)
+    if compiled:  # as stats' compiled norms: no cond, and no underflow of a tiny update
+        return sums.sumsq64(x, compiled=True)
     return tf.cast(tf.nn.l2_loss(x), tf.float64) * 2.0
 
 

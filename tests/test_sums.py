@@ -38,3 +38,12 @@ def test_non_finite_values_stay_non_finite():
 
     assert np.isinf(sumsq(tf.constant([[1.0, np.inf], [2.0, 3.0]], tf.float32)).numpy())
     assert np.isnan(sumsq(tf.constant([[1.0, np.nan], [-np.inf, 3.0]], tf.float32)).numpy())
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["graph", "xla"])
+def test_float64_sum_of_squares_keeps_float32_extremes(compiled):
+    values = tf.constant([[3e-30, 4e-30], [3e30, 4e30]], tf.float32)  # squares under- and overflow in float32
+    fn = tf.function(lambda v: [sums.sumsq64(v[i], compiled) for i in range(2)], jit_compile=compiled)
+    small, large = fn(values)
+    assert small.dtype == tf.float64
+    assert small.numpy() == pytest.approx(25e-60, rel=1e-6) and large.numpy() == pytest.approx(25e60, rel=1e-6)
