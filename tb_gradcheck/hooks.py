@@ -113,6 +113,9 @@ class Session:
                 self.jit_compile = self.model.jit_compile
                 self.model.jit_compile = False
         self._calls_to_skip = 0  # see after_compiled_step
+        # Read while a compiled train function is traced: it runs only at
+        # steps known not to be written (see between_writes_next).
+        self.between_writes = False
         self.saved = []
         # The apply() being traced (see _update_hook), per thread: under
         # MirroredStrategy each replica traces its step in a thread of its own.
@@ -214,8 +217,9 @@ class Session:
         # The scale this step's gradients were made with: read before the
         # LossScaleOptimizer doubles it after a run of finite steps.
         scale = None if self.loss_scale is None else tf.convert_to_tensor(self.loss_scale.dynamic_scale)
+        due = False if self.between_writes else self.writer.due(step)
         try:
-            with updates.UpdateBracket(variables, self.writer.due(step), compiled=self.compiled) as bracket:
+            with updates.UpdateBracket(variables, due, compiled=self.compiled) as bracket:
                 result = original(grads, trainable_variables)
         finally:
             self._calls.call = None
@@ -320,7 +324,7 @@ class Session:
             # over the small stores cost 0.25x). `enabled` is not needed
             # here: it is false only once detached, when this session's writer
             # is closed, and nothing reads this stash again.
-            self.writer.record_compiled(grads, variables, step, extra)
+            self.writer.record_compiled(grads, variables, step, extra, between_writes=self.between_writes)
             return
 
         def record():
@@ -363,6 +367,19 @@ class Session:
         step = int(step)
         if step >= 0:
             self._calls_to_skip = n - step % n - 1
+
+    def between_writes_next(self):
+        """Whether the next compiled call is known not to reach a write step (a window's other steps).
+
+        For those calls ``GradientCallback`` runs a second train function,
+        traced with ``between_writes`` set: under XLA a step cannot skip the
+        write step's statistics with a cond on the gradients
+        (``Recording.stash``), but a function compiled for the steps between
+        writes never computes them, nor the optimizer columns. The calls are
+        counted as in ``after_compiled_step``: a write step is never
+        predicted late.
+        """
+        return self.writer.every_n_steps > 1 and self._calls_to_skip > 0
 
     def _key(self, variable):
         key = getattr(self.target, "_var_key", None)

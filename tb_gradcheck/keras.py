@@ -69,7 +69,9 @@ class GradientCallback(keras.callbacks.Callback):
     ``steps_per_execution > 1``, ``tf.distribute`` strategies and mixed
     precision. With XLA (``jit_compile=True``, the default on a GPU without
     a distribution strategy) the statistics are computed inside the compiled
-    step and written after each batch; XLA is turned off for the fit, with a
+    step and written after it (with ``every_n_steps > 1`` the steps between
+    writes run a second compiled train function, which takes only what the
+    window reduces: one more compilation per fit); XLA is turned off for the fit, with a
     warning, only with ``steps_per_execution > 1``, several replicas or a
     ``LossScaleOptimizer`` (see ``hooks.why_not_compiled``).
 
@@ -193,7 +195,14 @@ class GradientCallback(keras.callbacks.Callback):
         # on_train_begin, and the loop looks it up on every step: a new one,
         # traced on first use, goes through the hooked optimizer.
         self.model.make_train_function(force=True)
-        self.model.train_function = self._guard(self.model.train_function)
+        train_function = self.model.train_function
+        between_writes = None
+        if self._session.compiled and self.every_n_steps > 1:
+            # A second compiled function for the steps between a window's
+            # writes (hooks.Session.between_writes_next), traced on first use.
+            self.model.make_train_function(force=True)
+            between_writes = self.model.train_function
+        self.model.train_function = self._guard(train_function, between_writes)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._in_batch = True
@@ -227,7 +236,7 @@ class GradientCallback(keras.callbacks.Callback):
             self._warned.add(key)
             warnings.warn(message, stacklevel=2)
 
-    def _guard(self, function):
+    def _guard(self, function, between_writes=None):
         """The hooked train function, which detaches the callback when it is not in a step of its own fit.
 
         It detaches when the step raises (other than fit's end-of-data
@@ -235,6 +244,9 @@ class GradientCallback(keras.callbacks.Callback):
         on_train_batch_begin/end: a fit that raised past on_train_end left it
         in ``model.train_function``, and a later fit without this callback
         reuses it. That call runs a clean function instead.
+
+        ``between_writes``: the train function for the steps the session
+        knows are not written (``hooks.Session.between_writes_next``), or None.
         """
         callback, model = self, self.model
 
@@ -246,8 +258,11 @@ class GradientCallback(keras.callbacks.Callback):
             # One call per on_train_batch_begin: another callback that raises
             # before this one's on_train_batch_end must not leave it set.
             callback._in_batch = False
+            session = callback._session
+            # Set before the call: a function traces (or retraces) inside it.
+            session.between_writes = between_writes is not None and session.between_writes_next()
             try:
-                return function(iterator)
+                return (between_writes if session.between_writes else function)(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise
             except BaseException:

@@ -75,20 +75,21 @@ class Recording:
         layer, variable = stats.quick(gradients, self.rows)
         return layer, variable, self._weight_norms(step)
 
-    def _weight_norms(self, step, compiled=False):
+    def _weight_norms(self, step, compiled=False, due=None):
         """The weight norms at a write step, MISSING between writes (and always, when an update bracket gives them).
 
         A cond of its own that reads only the step and the weights: inside the
         write's cond, which waits for every gradient, the weight reads would
         make the optimizer's updates wait for the whole backward pass,
         serialising the step; here the cond runs as soon as the step is known.
+        ``due``: False where the caller knows the step is not written (no cond).
         """
         n_l, n_v = len(self.rows.layer_names), len(self.rows.variable_names)
 
         def missing():
             return tf.fill([n_l], stats.MISSING), tf.fill([n_v], stats.MISSING)
 
-        if not self.own_weights:
+        if not self.own_weights or due is False:
             return missing()
         return conds.cond(
             tf.equal(step % self.every_n_steps, 0), lambda: stats.weight_norms(self.rows, compiled), missing
@@ -134,7 +135,7 @@ class Recording:
             values = extra.columns(self.rows)
         return updates.fill(layer, variable, self.optimizer_columns, values)
 
-    def stash(self, gradients, step, extra=None):
+    def stash(self, gradients, step, extra=None, between_writes=False):
         """Inside an XLA-compiled step: this step's statistics into variables (``stash.Stash``).
 
         With ``extra`` (an ``updates.Extra``), its optimizer columns (and the
@@ -147,15 +148,33 @@ class Recording:
         the full statistics at every step (XLA fuses their reductions into
         one pass per gradient; their window columns are what ``quick`` would
         give) and keeps them as the ``last`` slab of whichever step is written.
+
+        ``between_writes``: the caller knows, outside the step, that it is not
+        a write step (``GradientCallback`` compiles a second train function
+        for those steps). Then the step takes only what the window reduces,
+        and nothing of the optimizer. Should the step be written after all
+        (the step counter was moved by hand), its ``last`` slab has the
+        window's columns and MISSING for the others, rather than numbers of
+        another step.
         """
+        if between_writes and self.every_n_steps == 1:
+            raise ValueError(
+                "Expected `between_writes=True` only with a window (every_n_steps > 1): "
+                "every step of this writer is written. Received: every_n_steps=1"
+            )
         if self._stash is None:
             depth = stash.DEPTH if self.every_n_steps == 1 else 1
             self._stash = stash.Stash(self.rows, self.columns, self._extra_names(), depth)
         held = self._stash
         if held.extra:
-            held.store_extra(step, self._extra_values(extra, step))
+            held.store_extra(step, self._extra_values(extra, step, due=False if between_writes else None))
         if self.every_n_steps == 1:
             held.store(step, *self.measure(gradients, step, compiled=True))
+            return
+        if between_writes:
+            layer, variable = stats.quick(gradients, self.rows, compiled=True)
+            self.window.add(layer, variable, step)
+            held.store(step, None, None, weights=self._weight_norms(step, due=False))
             return
         layer, variable = stats.compute(gradients, self.rows, weights=False, compiled=True)
         self.window.add(stats.window_columns(layer), stats.window_columns(variable), step)
@@ -168,7 +187,7 @@ class Recording:
             names.append("weight_norm")
         return tuple(names)
 
-    def _extra_values(self, extra, step):
+    def _extra_values(self, extra, step, due=None):
         """``{name: (layer [L], variable [V])}`` of the stashed names: computed at a write step, MISSING between."""
         names = self._stash.extra
         n_l, n_v = len(self.rows.layer_names), len(self.rows.variable_names)
@@ -190,6 +209,8 @@ class Recording:
 
         if self.every_n_steps == 1:
             return compute()
+        if due is False:
+            return missing()
         return conds.cond(tf.equal(step % self.every_n_steps, 0), compute, missing)
 
     def write_stashed(self, writer):

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck import replica
+from tb_gradcheck import stats
 
 # Steps a stash holds when every step is written. Writing is a host round
 # trip of about a millisecond after the compiled step (as much as a small
@@ -80,8 +81,15 @@ class Stash:
             self._extra[name][1].scatter_nd_update(slot, variable[None])
 
     def store(self, step, layer, variable, weights=None):
-        """Inside the compiled step: keeps this step's statistics (and weight norms) until they are written."""
+        """Inside the compiled step: keeps this step's statistics (and weight norms) until they are written.
+
+        ``layer`` and ``variable`` None: the step's statistics were not taken
+        (a step known not to be written); MISSING is kept in their place.
+        """
         step = tf.cast(step, tf.int64)
+        if layer is None:
+            layer = tf.fill(self.layer.shape[1:], stats.MISSING)
+            variable = tf.fill(self.variable.shape[1:], stats.MISSING)
         slot = self._slot(step)
         self.layer.scatter_nd_update(slot, layer[None])
         self.variable.scatter_nd_update(slot, variable[None])

@@ -163,23 +163,30 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
     return layer_stats, variable_stats
 
 
-def quick(gradients, rows):
+def quick(gradients, rows, compiled=False):
     """The statistics a window reduces at every step (``WINDOW_COLUMNS``): one fused pass per gradient.
 
     Args:
       gradients: As for ``compute``.
       rows: As for ``compute``.
+      compiled: As for ``compute``: the same numbers with no cond (the
+        non-finite elements counted at every step).
 
     Returns:
       ``(layer, variable)``: float32 ``[L, 3]`` and ``[V, 3]``, columns
       ``WINDOW_COLUMNS``, MISSING in rows without a gradient. A gradient
       whose squares all underflow to an exact 0 (every element below ~1e-23)
-      reads as norm 0 here; ``compute`` scales it.
+      reads as norm 0 here, outside XLA; ``compute`` scales it.
     """
     present = [g is not None for g in gradients]
     where = [i for i, p in enumerate(present) if p]
     n_var, n_layer = len(rows.variables), len(rows.layer_names)
-    if where:
+    if where and compiled:
+        values = _compiled_values(gradients, where, rows)
+        norm_v = _compiled_norms(values)
+        nonfinite_v = _compiled_nonfinite(values)
+        norm_v, nonfinite_v = _spread((norm_v, nonfinite_v), where, n_var)
+    elif where:
         parts = [_partials(gradients[i], rows.variables[i], rows.unit_axes[i], full=False) for i in where]
         norm_v, _, _, nonfinite_v, _, _ = _gather_partials(parts, where, rows)
         norm_v, nonfinite_v = _spread((norm_v, nonfinite_v), where, n_var)
@@ -209,8 +216,7 @@ def norms(gradients, rows, compiled=False):
     n_var, n_layer = len(rows.variables), len(rows.layer_names)
     norm_v = tf.zeros([n_var], tf.float64)
     if where:
-        values = [_values(gradients[i], [int(d) for d in rows.variables[i].shape], rows.unit_axes[i]) for i in where]
-        (norm_v,) = _spread((_compiled_norms(values),), where, n_var)
+        (norm_v,) = _spread((_compiled_norms(_compiled_values(gradients, where, rows)),), where, n_var)
     seg = tf.constant(rows.layer_of, tf.int32)
     norm_l = _combine_norms(norm_v, seg, n_layer, _narrow(gradients))
     return _missing_where_absent(norm_l, _layers_present(rows, present)), _missing_where_absent(norm_v, present)
@@ -328,14 +334,24 @@ def _compiled_columns(gradients, where, rows):
     - Nonzero elements are counted as ``g != 0``, which counts NaN as
       nonzero, as the graph path's recount does: no recount needed.
     """
-    values = [_values(gradients[i], [int(d) for d in rows.variables[i].shape], rows.unit_axes[i]) for i in where]
+    values = _compiled_values(gradients, where, rows)
     tops, bottoms = zip(*[units.extremes(v, rows.variable_units[i]) for v, i in zip(values, where)])
     norms = _compiled_norms(values)
     nonzero = tf.stack([sums.count(tf.not_equal(v, 0), compiled=True) for v in values])
-    nonfinite = tf.stack([sums.count(tf.logical_not(tf.math.is_finite(v)), compiled=True) for v in values])
+    nonfinite = _compiled_nonfinite(values)
     max_abs, dead_v, dead_l = units.fractions(tops, bottoms, where, rows)
     zeros = tf.constant([float(rows.variable_sizes[i]) for i in where], tf.float64) - nonzero
     return norms, max_abs, zeros, nonfinite, dead_v, dead_l
+
+
+def _compiled_values(gradients, where, rows):
+    """The values (``_values``) of the gradients at ``where``, which a compiled step reduces whole."""
+    return [_values(gradients[i], [int(d) for d in rows.variables[i].shape], rows.unit_axes[i]) for i in where]
+
+
+def _compiled_nonfinite(values):
+    """float64 count of the non-finite elements of each tensor, with no cond (one count of a mask each)."""
+    return tf.stack([sums.count(tf.logical_not(tf.math.is_finite(v)), compiled=True) for v in values])
 
 
 def _compiled_norms(values):

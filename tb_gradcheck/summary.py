@@ -255,7 +255,7 @@ class GradientWriter:
         return tf.equal(step % self.every_n_steps, 0)
 
     @tf.autograph.experimental.do_not_convert
-    def stash(self, gradients, variables, step):
+    def stash(self, gradients, variables, step, *, between_writes=False):
         """Records this step's statistics from inside a ``tf.function(jit_compile=True)`` step.
 
         XLA cannot compile summary ops, so ``write`` cannot run there.
@@ -281,13 +281,21 @@ class GradientWriter:
         at least every ``stash.DEPTH`` (8) steps, since the stash holds the
         last 8. ``close()`` writes what is still held.
 
+        With a window, ``between_writes=True`` (a Python bool) says that
+        this step is not a write step: it then takes only what the window
+        reduces (the norm and the NaN/Inf count), not the write step's other
+        statistics, which a compiled step cannot skip with a cond. Trace the
+        step once for each value and pass ``step % N != 0``; a write step
+        stashed with it anyway has MISSING in the columns it did not take.
+
         For one replica (no ``tf.distribute`` strategy with several). Args,
         returns and errors as for ``write``.
         """
         self._check_open("write")
+        between_writes = validate.flag(between_writes, "between_writes")
         variables = validate.variables(variables)
         gradients = validate.gradients(gradients, variables)
-        self.record_compiled(gradients, variables, validate.step(step))
+        self.record_compiled(gradients, variables, validate.step(step), between_writes=between_writes)
 
     def write_stashed(self):
         """Writes what ``stash`` recorded since the last call and still holds (see ``stash`` for how often to call)."""
@@ -332,16 +340,18 @@ class GradientWriter:
             lambda: tf.constant(False),
         )
 
-    def record_compiled(self, gradients, variables, step, extra=None):
+    def record_compiled(self, gradients, variables, step, extra=None, between_writes=False):
         """Like ``record``, inside an XLA-compiled step: statistics into variables, no summary op.
 
         Call ``write_compiled`` after the step, outside XLA, to write them
         (``tb_gradcheck.stash``). For a single process without a
         distribution strategy, where replica 0 is the only replica.
+        ``between_writes``: a window's step that the caller knows is not a
+        write step takes only what the window reduces (``Recording.stash``).
         """
         self._check_open("write")
         layout = self._layout_for(variables, gradients, () if extra is None else extra.names)
-        layout.stash(gradients, step, extra)
+        layout.stash(gradients, step, extra, between_writes)
 
     def write_compiled(self):
         """Writes, eagerly, what ``record_compiled`` stored since the last call (every N steps with a window).

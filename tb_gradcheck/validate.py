@@ -15,6 +15,8 @@ import collections.abc
 import numbers
 import os
 
+import numpy as np
+
 INT64_MAX = 2**63 - 1
 
 
@@ -46,6 +48,16 @@ def one_of(value, name, choices):
     if value not in choices:
         raise ValueError(f"Expected `{name}` to be one of {list(choices)}. Received: {value!r}")
     return value
+
+
+def flag(value, name):
+    """``value`` as a Python ``bool``: a choice fixed when a step is traced, so not a tensor."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(
+            f"Expected `{name}` to be a Python bool (it is fixed when the step is traced). "
+            f"Received: {type(value).__name__} {value!r}"
+        )
+    return bool(value)
 
 
 def path(value, name):

@@ -118,8 +118,12 @@ class Window:
 
 
 def _with_last(slabs, full):
-    """``slabs`` whose ``last`` slab holds the write step's full gradient columns; onset and weights kept."""
+    """``slabs`` whose ``last`` slab holds the write step's full gradient columns; onset and weights kept.
+
+    Where ``full`` is MISSING (a row without a gradient, or a step whose full
+    statistics were not taken: ``Recording.stash``) the windowed column stays.
+    """
     keep = np.zeros(len(metadata.STORED_STAT_COLUMNS), bool)
     keep[[_FIRST_NONFINITE, _WEIGHT_NORM]] = True
-    last = tf.where(keep, slabs[0], full)
+    last = tf.where(keep | tf.equal(full, stats.MISSING), slabs[0], full)
     return tf.concat([last[None], slabs[1:]], axis=0)

@@ -252,12 +252,13 @@ def test_quick_statistics_equal_the_full_ones(model, graph):
     grads[2] = grads[2] + np.float32(np.nan)  # one NaN layer
     variables = model.trainable_variables
     rows = stats.Rows(variables)
-    full = (
-        tf.function(lambda gs: stats.compute(gs, rows, weights=False))
-        if graph
-        else (lambda gs: stats.compute(gs, rows, weights=False))
-    )
-    quick = tf.function(lambda gs: stats.quick(gs, rows)) if graph else (lambda gs: stats.quick(gs, rows))
+    xla = graph == "xla"
+
+    def run(fn):
+        return tf.function(fn, jit_compile=xla) if graph else fn
+
+    full = run(lambda gs: stats.compute(gs, rows, weights=False, compiled=xla))
+    quick = run(lambda gs: stats.quick(gs, rows, compiled=xla))
     full_l, full_v = (t.numpy() for t in full(grads))
     quick_l, quick_v = (t.numpy() for t in quick(grads))
     for q, f in ((quick_l, full_l), (quick_v, full_v)):

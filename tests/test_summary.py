@@ -396,12 +396,14 @@ def test_new_columns_reach_readers_through_tensorboard(tmp_path, data_path):
     assert dead[:, 0].tolist() == [0.5, 0.5]
 
 
-@pytest.mark.parametrize("every, write_every", [(1, 1), (2, 1), (1, 3)])
-def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, every, write_every):
+@pytest.mark.parametrize("every, write_every, between", [(1, 1, False), (2, 1, False), (1, 3, False), (2, 2, True)])
+def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, every, write_every, between):
     """The documented custom-loop pattern for tf.function(jit_compile=True).
 
     Written every step, the stash holds the last steps: write_stashed() every
-    few steps writes them all, and close() what is left.
+    few steps writes them all, and close() what is left. With a window, the
+    steps between writes may run a step function traced with
+    ``between_writes=True``, which takes only what the window reduces.
     """
     model = tf.keras.Sequential(
         [
@@ -425,15 +427,15 @@ def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, ever
     ):
 
         @tf.function(jit_compile=True)
-        def xla_step(step):
-            compiled.stash(grads(), variables, step)
+        def xla_step(step, between_writes):
+            compiled.stash(grads(), variables, step, between_writes=between_writes)
 
         @tf.function
         def plain_step(step):
             plain.write(grads(), variables, step)
 
         for step in range(1, 6):
-            xla_step(tf.constant(step, tf.int64))
+            xla_step(tf.constant(step, tf.int64), between and step % every != 0)
             if step % write_every == 0:
                 compiled.write_stashed()
                 compiled.write_stashed()  # nothing new: writes nothing
@@ -442,6 +444,36 @@ def test_stash_in_an_xla_compiled_step_records_what_write_records(tmp_path, ever
     assert [e[0] for e in xla] == [e[0] for e in ref] == ([1, 2, 3, 4, 5] if every == 1 else [2, 4, 5])
     for (_, _, a), (_, _, b) in zip(xla, ref):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)  # XLA may reorder float32 sums
+
+
+def test_a_write_step_stashed_as_between_writes_keeps_only_the_window_columns(tmp_path):
+    """A step wrongly taken for one between writes is written with what was measured, MISSING for the rest."""
+    v = tf.Variable([3.0, -4.0], name="v")
+    with GradientWriter(tmp_path, every_n_steps=2) as writer:
+
+        @tf.function(jit_compile=True)
+        def xla_step(step):
+            writer.stash([tf.constant([3.0, -4.0])], [v], step, between_writes=True)
+
+        for step in (1, 2):
+            xla_step(tf.constant(step, tf.int64))
+        writer.write_stashed()
+    (event,) = stats_events(tmp_path)
+    assert event[0] == 2
+    last = event[2][metadata.AGGREGATES.index("last"), 0]
+    column = {c: last[metadata.STORED_STAT_COLUMNS.index(c)] for c in metadata.STORED_STAT_COLUMNS}
+    assert column["grad_norm"] == pytest.approx(5.0)
+    assert column["grad_nonfinite"] == 0
+    assert column["grad_max_abs"] == column["grad_zero_fraction"] == column["weight_norm"] == stats.MISSING
+
+
+def test_between_writes_needs_a_window(tmp_path):
+    v = tf.Variable([1.0], name="v")
+    with GradientWriter(tmp_path) as writer:
+        with pytest.raises(ValueError, match="every_n_steps > 1.*Received: every_n_steps=1"):
+            writer.stash([tf.ones([1])], [v], 1, between_writes=True)
+        with pytest.raises(TypeError, match="between_writes.*bool"):
+            writer.stash([tf.ones([1])], [v], 2, between_writes="yes")
 
 
 def test_stash_writes_a_step_stored_again_after_a_restart(tmp_path):
