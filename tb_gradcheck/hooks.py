@@ -81,8 +81,10 @@ class Session:
             every_n_steps=every_n_steps,
             unit_axes=units.unit_axes(self.model),
         )
-        # Read inside the traced step, so a train function left behind by a
-        # fit that raised past this callback writes nothing once detached.
+        # Read inside the traced step by the refused-step hook, so a train
+        # function left behind by a fit that raised past this callback counts
+        # no refused step once detached (the writes need no such flag: the
+        # session's writer is closed by then, and writes nothing).
         self.enabled = replica.host_variable(True, tf.bool, "tb_gradcheck_enabled")
         self.skipped = None
         if self.loss_scale is not None:
@@ -163,9 +165,15 @@ class Session:
 
         @tf.autograph.experimental.do_not_convert
         def all_reduce_sum_gradients(grads_and_vars):
+            grads_and_vars = list(grads_and_vars)
             reduced = original(grads_and_vars)
             if session.attached:
-                session._record_applied(list(reduced))
+                # With one replica the all-reduce changes no value, but its
+                # outputs exist only once every gradient does: recording its
+                # inputs lets the statistics of each gradient start as soon
+                # as it is computed, beside the rest of the backward pass.
+                single = session.strategy.num_replicas_in_sync == 1
+                session._record_applied(grads_and_vars if single else list(reduced))
             return reduced
 
         return all_reduce_sum_gradients
@@ -310,35 +318,29 @@ class Session:
                     before_clip=unscaled if self.clips else None,
                     loss_scale=self._loss_scale_columns(scale),
                 )
-            self._write(unscaled, variables, step, check_enabled=False, extra=extra)
+            self._write(unscaled, variables, step, extra=extra)
             return tf.constant(True)
 
         conds.cond(tf.logical_and(self.enabled, tf.logical_not(finite)), skipped, lambda: tf.constant(False))
 
-    def _write(self, grads, variables, step, check_enabled=True, extra=None):
+    def _write(self, grads, variables, step, extra=None):
+        # No cond on `enabled` around the write: it is false only once
+        # detached, when this session's writer is closed, and a closed
+        # writer writes nothing (its own guard). Inside a cond the statistics
+        # would wait for every gradient and run alone, after the update.
         if self.compiled:
-            # Under XLA no cond at all: a conditional is a computation of its
-            # own, and one that takes every gradient as an operand stops XLA
-            # from fusing the backward pass into the updates (a 20-layer MLP
-            # fit: 2.1x the bare step with the cond, 1.7x without; even a cond
-            # over the small stores cost 0.25x). `enabled` is not needed
-            # here: it is false only once detached, when this session's writer
-            # is closed, and nothing reads this stash again.
+            # Under XLA a conditional is a computation of its own, and one
+            # that takes every gradient as an operand stops XLA from fusing
+            # the backward pass into the updates (a 20-layer MLP fit: 2.1x
+            # the bare step with the cond, 1.7x without; even a cond over the
+            # small stores cost 0.25x).
             self.writer.record_compiled(grads, variables, step, extra, between_writes=self.between_writes)
             return
-
-        def record():
-            # keras.callbacks.TensorBoard(update_freq=N) wraps training in a
-            # record_if whose condition is fixed when the step is traced;
-            # these records follow their own every_n_steps instead.
-            with tf.summary.record_if(True):
-                self.writer.record(grads, variables, step, extra)
-            return tf.constant(True)
-
-        if check_enabled:
-            conds.cond(self.enabled, record, lambda: tf.constant(False))
-        else:
-            record()
+        # keras.callbacks.TensorBoard(update_freq=N) wraps training in a
+        # record_if whose condition is fixed when the step is traced; these
+        # records follow their own every_n_steps instead.
+        with tf.summary.record_if(True):
+            self.writer.record(grads, variables, step, extra)
 
     def after_compiled_step(self):
         """After one call of the compiled train function: writes what is stashed, when it must be.
