@@ -1,7 +1,7 @@
 """Numeric-vs-analytic gradient check per layer: directional derivatives by central differences.
 
 ``check_gradients`` compares, for each layer (grouped as the writer groups
-them, see ``stats.Rows``) and optionally each variable, the analytic
+them, see ``grouping.Rows``) and optionally each variable, the analytic
 directional derivative <g, d> from one backward pass with a numeric one from
 central differences of the loss along the same direction d. The cost is a
 fixed number of loss evaluations per row, 4 per probe, plus 9 in all and one
@@ -66,8 +66,8 @@ from tb_gradcheck import check_locate
 from tb_gradcheck import check_probes
 from tb_gradcheck import check_state
 from tb_gradcheck import check_verdict
+from tb_gradcheck import grouping
 from tb_gradcheck import metadata
-from tb_gradcheck import stats
 from tb_gradcheck import validate
 from tb_gradcheck.check_report import BLOCK
 from tb_gradcheck.check_report import GRADIENT
@@ -178,7 +178,7 @@ def check_gradients(
     if not callable(loss_fn):
         raise TypeError(f"Expected `loss_fn` to be a zero-argument callable. Received: {type(loss_fn).__name__}")
     variables = validate.variables(variables)  # non-empty, distinct, floating-point variables
-    rows = stats.Rows(variables)
+    rows = grouping.Rows(variables)
     probes = validate.positive_int(probes, "probes")
     if epsilon is not None:
         epsilon = validate.fraction(epsilon, "epsilon")

@@ -10,6 +10,7 @@ step, ``stash`` and after it ``write_stashed``.
 import tensorflow as tf
 
 from tb_gradcheck import conds
+from tb_gradcheck import grouping
 from tb_gradcheck import metadata
 from tb_gradcheck import stash
 from tb_gradcheck import stats
@@ -31,7 +32,7 @@ class Recording:
     """
 
     def __init__(self, variables, sparse, every_n_steps, unit_axes, events, optimizer_columns=()):
-        self.rows = stats.Rows(variables, unit_axes)
+        self.rows = grouping.Rows(variables, unit_axes)
         self.every_n_steps = every_n_steps
         self._events = events
         sparse_variables = [n for n, s in zip(self.rows.variable_names, sparse) if s]

@@ -28,7 +28,7 @@ class Stash:
     """One layout's statistics of the latest compiled steps, until they are written.
 
     Args:
-      rows: The layout's ``stats.Rows``.
+      rows: The layout's ``grouping.Rows``.
       columns: The statistic columns the layout stores.
       extra: Names of the optimizer values kept (``store_extra``).
       depth: Steps held: a step goes to slot ``step % depth``, so the last

@@ -1,8 +1,8 @@
 """Per-layer and per-variable gradient statistics, computed inside the training step.
 
-``Rows`` groups variables into layers (static, from Python objects); ``compute``
-turns one step's gradients into two float32 matrices, one row per layer and one
-row per variable, one column per name in ``metadata.STORED_STAT_COLUMNS``. Missing
+``compute`` turns one step's gradients into two float32 matrices, one row per
+layer and one row per variable (``grouping.Rows``), one column per name in
+``metadata.STORED_STAT_COLUMNS``. Missing
 gradients are written as ``MISSING`` (-1): every gradient column is
 non-negative by definition, so a negative value can only mean "no gradient".
 
@@ -17,7 +17,6 @@ from tb_gradcheck import conds
 from tb_gradcheck import metadata
 from tb_gradcheck import sums
 from tb_gradcheck import units
-from tb_gradcheck import validate
 
 # Stored in every gradient column of a row whose gradient is None (the
 # variable does not affect the loss). Distinct from NaN, which is data.
@@ -37,61 +36,6 @@ _SUMSQ_LOW = 1e-30
 _SUMSQ_HIGH = 1e30
 
 
-class Rows:
-    """How variables map to rows: layers in depth order, and the variables themselves.
-
-    A Keras 3 variable belongs to the layer that owns it (the parent of its
-    ``path``, so ``sequential/dense/kernel`` is in ``sequential/dense``); a
-    plain ``tf.Variable`` is its own layer. Layers are ordered by their first
-    variable's position in ``variables``. Names that repeat (two plain
-    variables both called ``Variable``) get ``#2``, ``#3``... appended, so
-    every row name is unique.
-
-    Args:
-      variables: The checked variables (``validate.variables``).
-      unit_axes: ``{variable name: number of trailing axes that index a
-        unit}`` for variables whose units do not follow from their shape
-        (``units.unit_axes(model)``); None for none.
-
-    Attributes:
-      variables: The variables, in the order given.
-      layer_names: Layer row names, depth order.
-      variable_names: Variable row names, in the order given.
-      layer_of: For each variable, the index of its layer row.
-      variable_sizes: Element count of each variable.
-      layer_sizes: Element count of each layer.
-      variable_units: Unit count of each variable.
-      layer_units: Unit count of each layer (its last variable's).
-    """
-
-    def __init__(self, variables, unit_axes=None):
-        self.variables = variables = list(variables)
-        unit_axes = unit_axes or {}
-        names = [validate.variable_name(v) for v in variables]
-        self.variable_names = _unique(names)
-        owners = [_owner(v, name) for v, name in zip(variables, self.variable_names)]
-        self.layer_names = []
-        index = {}
-        for owner in owners:
-            if owner not in index:
-                index[owner] = len(self.layer_names)
-                self.layer_names.append(owner)
-        self.layer_names = _unique(self.layer_names)
-        self.layer_of = [index[o] for o in owners]
-        shapes = [tuple(int(d) for d in v.shape) for v in variables]
-        self.variable_sizes = [int(np.prod(s)) for s in shapes]
-        self.layer_sizes = [0] * len(self.layer_names)
-        for size, layer in zip(self.variable_sizes, self.layer_of):
-            self.layer_sizes[layer] += size
-        # Trailing axes that index a unit: the last one from rank 1 up (a
-        # vector's elements, a kernel's output channels), none for a scalar.
-        self.unit_axes = [units.trailing_axes(s, n, unit_axes) for s, n in zip(shapes, names)]
-        self.variable_units = [int(np.prod(s[len(s) - k :])) for s, k in zip(shapes, self.unit_axes)]
-        self.layer_units = [0] * len(self.layer_names)
-        for count, layer in zip(self.variable_units, self.layer_of):
-            self.layer_units[layer] = count  # the last variable of the layer wins
-
-
 def compute(gradients, rows, weights=True, onset=True, compiled=False):
     """Computes one step's statistics.
 
@@ -99,7 +43,7 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
       gradients: One checked gradient per variable (``validate.gradients``):
         a dense tensor, a ``tf.IndexedSlices`` (summed over repeated indices,
         as the optimizer would apply it) or None (recorded as missing).
-      rows: The ``Rows`` of the variables, in the order of ``gradients``.
+      rows: The ``grouping.Rows`` of the variables, in the order of ``gradients``.
       weights: Bool, default True. When False the weight column holds
         MISSING; the windowed writer takes ``weight_norms`` itself.
       onset: Bool, default True: include ``metadata.ONSET_STAT_COLUMNS``
@@ -512,28 +456,3 @@ def _where(condition, x, y):
     """tf.where that gives Python numbers the dtype of the tensor beside them."""
     dtype = next(t.dtype for t in (x, y) if isinstance(t, (tf.Tensor, tf.Variable)))
     return tf.where(condition, tf.cast(x, dtype), tf.cast(y, dtype))
-
-
-def _owner(v, name):
-    if isinstance(getattr(v, "path", None), str) and "/" in name:
-        return name.rsplit("/", 1)[0]
-    return name
-
-
-def _unique(names):
-    """``names`` with repeats numbered ``#2``, ``#3``...; a number already taken (a name that ends in ``#2``) is skipped."""
-    taken = set(names)
-    counts = {}
-    out = []
-    for n in names:
-        if n not in counts:
-            counts[n] = 1
-            out.append(n)
-            continue
-        candidate = n
-        while candidate in taken:
-            counts[n] += 1
-            candidate = f"{n}#{counts[n]}"
-        taken.add(candidate)
-        out.append(candidate)
-    return out

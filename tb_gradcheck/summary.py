@@ -57,7 +57,8 @@ Modules of the writer: ``summary`` (this one: the public ``GradientWriter``
 and its internal interface ``record`` / ``record_compiled`` /
 ``write_compiled`` for ``tb_gradcheck.keras``), ``validate`` (argument checks
 at the entry points), ``recording`` (one list of variables: gradients to
-events), ``stats`` and ``units`` (the statistics, inside the step),
+events), ``grouping`` (variables to layer and variable rows), ``stats``
+and ``units`` (the statistics, inside the step),
 ``window`` (``every_n_steps > 1``), ``stash`` (from an XLA-compiled step),
 ``events`` (tags and metadata), ``replica`` (which replica records),
 ``conds`` (its conds, kept as one ``If`` op each), ``sums`` (its full-size

@@ -153,7 +153,7 @@ def before_clip_columns(gradients, rows, compiled=False):
     Args:
       gradients: One per variable of ``rows`` (None where missing), already
         summed over replicas.
-      rows: The ``stats.Rows`` of the write.
+      rows: The ``grouping.Rows`` of the write.
       compiled: Whether the step is XLA-compiled (``stats.norms``).
     """
     return {BEFORE_CLIP_COLUMN: stats.norms(gradients, rows, compiled)}

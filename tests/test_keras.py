@@ -14,6 +14,7 @@ from conftest import read_events
 from conftest import stats_content
 from conftest import wait_for_steps
 from tb_gradcheck import GradientWriter
+from tb_gradcheck import hooks
 from tb_gradcheck import metadata
 from tb_gradcheck.keras import GradientCallback
 
@@ -378,9 +379,13 @@ def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, monk
     """Statistics are computed inside the XLA-compiled step and written after it, optimizer columns too."""
     x, y = data(n=64)
     weights, records = {}, {}
-    calls = []
+    calls, between = [], []
     write_compiled = GradientWriter.write_compiled
     monkeypatch.setattr(GradientWriter, "write_compiled", lambda self: calls.append(1) or write_compiled(self))
+    between_writes_next = hooks.Session.between_writes_next
+    monkeypatch.setattr(
+        hooks.Session, "between_writes_next", lambda self: between.append(between_writes_next(self)) or between[-1]
+    )
     for jit, callback in ((True, True), (True, False), (False, True)):
         model = tanh_mlp()
         model.compile(optimizer=keras.optimizers.SGD(clipnorm=clipnorm), loss="mse", jit_compile=jit)
@@ -402,6 +407,11 @@ def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, monk
     # every step, when the stash is full (every 8 steps). What is left, the
     # partial window or steps 2-8, is written at close.
     assert len(calls) == (3 if every == 3 else 1)
+    # A window's steps that cannot be write steps run the train function
+    # compiled for them (the statistics of the window only): with a window
+    # of 3, steps 2, 4, 5, 7 and 8 (step 1 comes before any count).
+    if every == 3:
+        assert [s for s, b in enumerate(between[:8], 1) if b] == [2, 4, 5, 7, 8]
     assert ("grad_norm_before_clip" in columns) == (clipnorm is not None)
     # XLA may fuse and reorder the reductions: float32 rounding, nothing more.
     for step in expected:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tb_gradcheck import grouping
 from tb_gradcheck import metadata
 from tb_gradcheck import stats
 from tb_gradcheck import units
@@ -76,7 +77,7 @@ MODE_IDS = ["eager", "tf_function", "xla"]
 
 
 def compute(gradients, variables, graph):
-    rows = stats.Rows(variables)
+    rows = grouping.Rows(variables)
     if graph == "xla":
         fn = tf.function(lambda gs: stats.compute(gs, rows, compiled=True), jit_compile=True)
         layer, variable = fn(gradients)
@@ -239,7 +240,7 @@ def test_rows_group_keras_layers_and_plain_variables_in_first_appearance_order()
     p1 = tf.Variable(1.0, name="Variable")
     p2 = tf.Variable(2.0, name="Variable")
     k1, b1, gamma, beta, k2, b2 = m.trainable_variables
-    rows = stats.Rows([p1, k2, k1, p2, b1, gamma, b2, beta])
+    rows = grouping.Rows([p1, k2, k1, p2, b1, gamma, b2, beta])
     assert rows.layer_names == ["Variable", "sequential/second", "sequential/first", "Variable#2", "sequential/bn"]
     assert rows.variable_names[0] == "Variable" and rows.variable_names[3] == "Variable#2"
     assert rows.layer_of == [0, 1, 2, 3, 2, 4, 1, 4]
@@ -251,7 +252,7 @@ def test_quick_statistics_equal_the_full_ones(model, graph):
     grads = model_gradients(model, seed=1)
     grads[2] = grads[2] + np.float32(np.nan)  # one NaN layer
     variables = model.trainable_variables
-    rows = stats.Rows(variables)
+    rows = grouping.Rows(variables)
     xla = graph == "xla"
 
     def run(fn):
@@ -277,7 +278,7 @@ def test_zero_count_is_exact_past_float32_integers(compiled):
     g[:5] = 0.0
     g[-1] = -0.0
     v = tf.Variable(tf.zeros([n]))
-    rows = stats.Rows([v])
+    rows = grouping.Rows([v])
     fn = tf.function(lambda gs: stats.compute(gs, rows, weights=False, compiled=True), jit_compile=True)
     _, variable = fn([tf.constant(g)]) if compiled else stats.compute([tf.constant(g)], rows, weights=False)
     assert variable.numpy()[0, COL["grad_zero_fraction"]] == np.float32(6 / n)
@@ -300,7 +301,7 @@ def test_weight_norms_survive_under_and_overflow_of_squares(graph):
 def test_compiled_norms_equal_the_quick_ones(model):
     grads = model_gradients(model, seed=3)
     grads[2] = None  # the hidden layer keeps its kernel's norm
-    rows = stats.Rows(model.trainable_variables)
+    rows = grouping.Rows(model.trainable_variables)
     compiled = tf.function(lambda gs: stats.norms(gs, rows, compiled=True), jit_compile=True)(grads)
     plain = stats.norms(grads, rows)
     for a, b in zip(compiled, plain):
@@ -342,7 +343,7 @@ def test_dead_unit_fraction_matches_numpy_on_real_layers(layer, input_shape, uni
     variables = model.trainable_variables
     # Found from the model, not told: only the depthwise kernel differs from the shape rule.
     assert units.unit_axes(model) == {validate_name(variables[i]): k for i, k in unit_axes.items()}
-    rows = stats.Rows(variables, units.unit_axes(model))
+    rows = grouping.Rows(variables, units.unit_axes(model))
 
     def fn(gs):
         return stats.compute(gs, rows)
@@ -365,10 +366,10 @@ def test_depthwise_units_are_input_channel_times_multiplier():
     x = tf.constant(np.random.default_rng(0).normal(size=(2, 6, 6, 3)), tf.float32)
     grads = _masked_gradients(model, x, seed=2)
     variables = model.trainable_variables
-    layer_s, variable_s = stats.compute(grads, stats.Rows(variables, units.unit_axes(model)))
+    layer_s, variable_s = stats.compute(grads, grouping.Rows(variables, units.unit_axes(model)))
     assert variable_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(4 / 6)
     assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(4 / 6)
-    _, by_shape = stats.compute(grads, stats.Rows(variables))
+    _, by_shape = stats.compute(grads, grouping.Rows(variables))
     assert by_shape.numpy()[0, COL["dead_unit_fraction"]] == 0.5
 
 
@@ -378,7 +379,7 @@ def test_embedding_dead_units_are_columns_of_the_summed_slices():
     grads = _masked_gradients(model, x, seed=3)
     assert isinstance(grads[0], tf.IndexedSlices)
     variables = model.trainable_variables
-    _, variable_s = stats.compute(grads, stats.Rows(variables))
+    _, variable_s = stats.compute(grads, grouping.Rows(variables))
     np.testing.assert_allclose(variable_s.numpy(), reference(grads, variables, [[0]]), rtol=RTOL)
     assert variable_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(2 / 4)  # columns 1 and 3
 
@@ -411,7 +412,7 @@ def test_planted_dead_relu_units_are_dead_and_their_successor_is_not():
     pre = x.numpy() @ kernel.numpy() + b
     assert sorted(np.flatnonzero((pre <= 0).all(axis=0))) == planted
     assert (grads[2].numpy()[planted] == 0).all()  # out's kernel rows from them are zero
-    rows = stats.Rows(variables)
+    rows = grouping.Rows(variables)
     layer_s, variable_s = stats.compute(grads, rows)
     dead = layer_s.numpy()[:, COL["dead_unit_fraction"]]
     assert dead[0] == pytest.approx(len(planted) / 10) and dead[1] == 0.0
@@ -427,16 +428,16 @@ def test_layer_units_are_and_over_variables_with_the_layer_unit_count():
     kernel, bias = model.trainable_variables
     gk = tf.constant([[0.0, 1.0, 0.0], [0.0, 2.0, 0.0]])
     gb = tf.constant([0.0, 0.0, 5.0])
-    layer_s, variable_s = stats.compute([gk, gb], stats.Rows([kernel, bias]))
+    layer_s, variable_s = stats.compute([gk, gb], grouping.Rows([kernel, bias]))
     assert variable_s.numpy()[:, COL["dead_unit_fraction"]].tolist() == pytest.approx([2 / 3, 2 / 3])
     assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(1 / 3)  # only unit 0
     # Without the bias's gradient the layer's units come from the kernel alone.
-    layer_s, _ = stats.compute([gk, None], stats.Rows([kernel, bias]))
+    layer_s, _ = stats.compute([gk, None], grouping.Rows([kernel, bias]))
     assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(2 / 3)
     # Without any variable of the layer's unit count there is no fraction.
     v = tf.Variable(np.ones((2, 2), np.float32), name="w")
     s = tf.Variable(1.0, name="s")
-    layer_s, _ = stats.compute([None, tf.ones(())], stats.Rows([v, s]))
+    layer_s, _ = stats.compute([None, tf.ones(())], grouping.Rows([v, s]))
     assert layer_s.numpy()[1, COL["dead_unit_fraction"]] == 0.0  # the scalar's one unit is alive
 
 
@@ -445,7 +446,7 @@ def test_row_names_stay_unique_when_a_name_already_ends_in_a_suffix():
     # third "#2" would give two rows of one name, and the reader rejects a
     # layout with duplicate rows (the whole tag would show as a problem).
     vs = [tf.Variable(1.0, name=n) for n in ("Variable", "Variable#2", "Variable")]
-    rows = stats.Rows(vs)
+    rows = grouping.Rows(vs)
     assert rows.variable_names == ["Variable", "Variable#2", "Variable#3"]
     assert rows.layer_names == rows.variable_names
     assert (
