@@ -10,12 +10,11 @@ import weakref
 import keras
 import tensorflow as tf
 
-from tb_gradcheck import checks
 from tb_gradcheck import conds
+from tb_gradcheck import fit_check
 from tb_gradcheck import replica
 from tb_gradcheck import stash
 from tb_gradcheck import summary
-from tb_gradcheck import twin
 from tb_gradcheck import units
 from tb_gradcheck import updates
 
@@ -49,6 +48,7 @@ class Session:
       every_n_steps: The callback's window length.
       check_every_n_steps: Int or None, the callback's check interval.
       check_data: The callback's check batch, or None.
+      check_dtype: The callback's check dtype (``fit_check.PeriodicCheck``).
       warn_once: ``warn_once(key, message)``, the callback's once-per-key warning.
     """
 
@@ -66,10 +66,6 @@ class Session:
         check_dtype=None,
     ):
         self.model = model
-        self.check_every_n_steps = check_every_n_steps
-        self.check_data = check_data
-        self.check_dtype = check_dtype
-        self.twin = None  # the float64 twin, built at the first check with check_dtype="float64"
         self.warn_once = warn_once
         self.attached = False
         self.optimizer = optimizer
@@ -94,7 +90,11 @@ class Session:
                 _SKIPPED[optimizer] = self.skipped
             # The skipped count at this fit's previous write (updates.LossScale).
             self.skipped_written = replica.host_variable(self.skipped.numpy(), tf.int64, "tb_gradcheck_skipped")
-        self.last_check = None
+        self.checker = None
+        if check_every_n_steps is not None:
+            self.checker = fit_check.PeriodicCheck(
+                model, check_every_n_steps, check_data, check_dtype, self.writer, self.strategy
+            )
         self.jit_compile = None
         # With XLA on, the statistics are computed inside the compiled step
         # into variables and written after it (on_train_batch_end). That needs
@@ -399,51 +399,11 @@ class Session:
         return step
 
     def maybe_check(self):
-        n = self.check_every_n_steps
-        step = self.current_step()
-        if self.last_check is None:
-            self.last_check = (step - 1) // n * n if step else 0
-        if step // n <= self.last_check // n or not self.strategy.extended.should_save_summary:
-            return
-        self.last_check = step
-        self.check(step)
-
-    def check(self, step):
-        model = self.model
-        x, y, *rest = self.check_data
-        sample_weight = rest[0] if rest else None
-        if self.check_dtype == "float64":
-            # The twin is built once and its weights synced from the live
-            # model at each check; the live model is only read.
-            if self.twin is None:
-                self.twin = twin.float64_twin(model)
-            twin.sync_twin(model, self.twin)
-            model = self.twin
-            x, y, sample_weight = (tf.nest.map_structure(_to_float64, v) for v in (x, y, sample_weight))
-
-        def loss_fn():
-            y_pred = model(x, training=False)
-            return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
-
-        # check_gradients promises to leave every variable bit-identical; the
-        # snapshot makes that true of the whole model here whatever it does.
-        snapshot = [(v, v.numpy()) for v in model.variables]
-        try:
-            report = checks.check_gradients(loss_fn, model.trainable_variables)
-        finally:
-            for v, value in snapshot:
-                v.assign(value)
-        self.writer.write_check(report, step)
+        """After a batch: runs the periodic gradient check if this step is due for one."""
+        self.checker.after_step(self.current_step())
 
 
 _ABSENT = object()
-
-
-def _to_float64(value):
-    if value is None:
-        return None
-    value = tf.convert_to_tensor(value)
-    return tf.cast(value, tf.float64) if value.dtype.is_floating else value
 
 
 def why_not_compiled(model, strategy, loss_scale):
