@@ -418,6 +418,22 @@ def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, monk
         np.testing.assert_allclose(records[True][step], records[False][step], rtol=1e-5, atol=1e-7)
 
 
+def test_xla_window_over_epochs_and_a_partial_batch_records_what_the_uncompiled_fit_records(tmp_path):
+    """Both compiled train functions retrace for the last, smaller batch, each as what it is."""
+    x, y = data(n=60)  # 7 batches of 8 and one of 4, twice
+    records = {}
+    for jit in (True, False):
+        model = tanh_mlp()
+        model.compile(optimizer="sgd", loss="mse", jit_compile=jit)
+        run = tmp_path / str(jit)
+        callback = GradientCallback(run, every_n_steps=3)
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[callback])
+        records[jit] = {s: v for s, v, _ in read_events(run / "train", granularity="variable")}
+    assert sorted(records[True]) == sorted(records[False]) == [3, 6, 9, 12, 15, 16]
+    for step in records[True]:
+        np.testing.assert_allclose(records[True][step], records[False][step], rtol=1e-5, atol=1e-7)
+
+
 def test_xla_is_turned_off_when_several_steps_run_per_call(tmp_path):
     x, y = data(n=16)
     model = tanh_mlp()
