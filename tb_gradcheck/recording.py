@@ -146,9 +146,10 @@ class Recording:
         computation of its own, and one that takes every gradient as an
         operand stops XLA from fusing the backward pass into the updates,
         which costs more than the statistics themselves. So a window computes
-        the full statistics at every step (XLA fuses their reductions into
-        one pass per gradient; their window columns are what ``quick`` would
-        give) and keeps them as the ``last`` slab of whichever step is written.
+        the full statistics at every step that may be written (XLA fuses
+        their reductions into one pass per gradient; their window columns are
+        what ``quick`` would give) and keeps them as the ``last`` slab of
+        whichever step is written.
 
         ``between_writes``: the caller knows, outside the step, that it is not
         a write step (``GradientCallback`` compiles a second train function

@@ -123,19 +123,8 @@ def quick(gradients, rows, compiled=False):
       reads as norm 0 here, outside XLA; ``compute`` scales it.
     """
     present = [g is not None for g in gradients]
-    where = [i for i, p in enumerate(present) if p]
-    n_var, n_layer = len(rows.variables), len(rows.layer_names)
-    if where and compiled:
-        values = _compiled_values(gradients, where, rows)
-        norm_v = _compiled_norms(values)
-        nonfinite_v = _compiled_nonfinite(values)
-        norm_v, nonfinite_v = _spread((norm_v, nonfinite_v), where, n_var)
-    elif where:
-        parts = [_partials(gradients[i], rows.variables[i], rows.unit_axes[i], full=False) for i in where]
-        norm_v, _, _, nonfinite_v, _, _ = _gather_partials(parts, where, rows)
-        norm_v, nonfinite_v = _spread((norm_v, nonfinite_v), where, n_var)
-    else:
-        norm_v = nonfinite_v = tf.zeros([n_var], tf.float64)
+    n_layer = len(rows.layer_names)
+    norm_v, nonfinite_v = _norms_and_nonfinite(gradients, rows, compiled)
     seg = tf.constant(rows.layer_of, tf.int32)
     layer = _window_columns(
         _combine_norms(norm_v, seg, n_layer, _narrow(gradients)),
@@ -148,22 +137,37 @@ def quick(gradients, rows, compiled=False):
 def norms(gradients, rows, compiled=False):
     """Per-layer and per-variable gradient norms alone: float32 ``[L]`` and ``[V]``, MISSING where missing.
 
-    ``compiled``: the step is XLA-compiled, where the norms take the form
-    that needs no cond (``_compiled_norms``); elsewhere they are ``quick``'s.
+    ``compiled``: as for ``quick``, whose norms these are; compiled, the
+    non-finite elements are not counted.
     """
-    if not compiled:
-        layer, variable = quick(gradients, rows)
-        col = WINDOW_COLUMNS.index("grad_norm")
-        return layer[:, col], variable[:, col]
     present = [g is not None for g in gradients]
-    where = [i for i, p in enumerate(present) if p]
-    n_var, n_layer = len(rows.variables), len(rows.layer_names)
-    norm_v = tf.zeros([n_var], tf.float64)
-    if where:
-        (norm_v,) = _spread((_compiled_norms(_compiled_values(gradients, where, rows)),), where, n_var)
+    norm_v, _ = _norms_and_nonfinite(gradients, rows, compiled, nonfinite=False)
     seg = tf.constant(rows.layer_of, tf.int32)
-    norm_l = _combine_norms(norm_v, seg, n_layer, _narrow(gradients))
+    norm_l = _combine_norms(norm_v, seg, len(rows.layer_names), _narrow(gradients))
     return _missing_where_absent(norm_l, _layers_present(rows, present)), _missing_where_absent(norm_v, present)
+
+
+def _norms_and_nonfinite(gradients, rows, compiled, nonfinite=True):
+    """float64 ``[V]``: each variable's gradient norm and non-finite element count, 0 where it has no gradient.
+
+    Compiled, the count is a pass of its own (``_compiled_nonfinite``), taken
+    only with ``nonfinite`` (None without it). Outside XLA it comes with the
+    norms: a finite sum of squares proves there are none, and only a bad
+    step counts them (``_gather_partials``).
+    """
+    where = [i for i, g in enumerate(gradients) if g is not None]
+    n_var = len(rows.variables)
+    if not where:
+        return tf.zeros([n_var], tf.float64), tf.zeros([n_var], tf.float64)
+    if compiled:
+        values = _compiled_values(gradients, where, rows)
+        columns = (_compiled_norms(values),) + ((_compiled_nonfinite(values),) if nonfinite else ())
+    else:
+        parts = [_partials(gradients[i], rows.variables[i], rows.unit_axes[i], full=False) for i in where]
+        norm_v, _, _, nonfinite_v, _, _ = _gather_partials(parts, where, rows)
+        columns = (norm_v, nonfinite_v)
+    columns = _spread(columns, where, n_var)
+    return columns[0], columns[1] if len(columns) > 1 else None
 
 
 def _missing_where_absent(values, present):
