@@ -102,10 +102,11 @@ class Recording:
         ``writer`` is the ``tf.summary`` writer; ``extra`` (an
         ``updates.Extra``) gives the optimizer columns of the write step.
         ``guard(write)`` runs ``write`` (a function returning a bool tensor)
-        if the writer is still open (``GradientWriter._while_open``). Leaving ``writer.as_default()`` flushes it: that makes
-        every written step survive a SIGKILL (summary.py's flush policy), so
-        it is entered only where something is written, never at a window's
-        other steps, which run no more than the window's update and one cond.
+        if the writer is still open (``closing.Guard.run``). Leaving
+        ``writer.as_default()`` flushes it: that makes every written step
+        survive a SIGKILL (summary.py's flush policy), so it is entered only
+        where something is written, never at a window's other steps, which
+        run no more than the window's update and one cond.
         """
         layer, variable = measured[:2]
         if self.every_n_steps == 1:

@@ -1,77 +1,17 @@
 """The writer: per-layer gradient statistics -> TensorBoard summaries under plugin ``gradients``.
 
-Stored layout (content version 1). Every summary has plugin name
-``gradients`` and ``DATA_CLASS_TENSOR``; its metadata content is the JSON
-layout from ``metadata.stats_layout``. One event per written step:
+What it writes, tag by tag and byte by byte, is in ``docs/stored_format.md``
+(versioned in ``metadata.CONTENT_VERSION``).
 
-- tag ``gradients/stats/<fp>``, float32 ``[A, L + V + 1, C]``:
-  - ``A`` slabs, the window aggregates named in the content's ``aggregates``:
-    only ``last`` when every step is written; ``last, mean, max, min, sum``
-    over the training steps since the previous write otherwise.
-  - rows: the ``L`` layers in depth order (``content["layer"]["rows"]``),
-    then the ``V`` variables (``content["variable"]["rows"]``), then one
-    header row whose column 0 is the number of writes this writer has made
-    (the plugin reads it to say "N of M steps" when TensorBoard sampled).
-  - ``C`` columns, named in the content's ``columns`` (readers go by name
-    and skip names they do not know), ``metadata.stored_columns(window)``:
-    grad_norm, grad_max_abs, grad_zero_fraction, grad_nonfinite,
-    dead_unit_fraction (units: ``tb_gradcheck.units``), weight_norm, and
-    only in a windowed layout grad_norm_finite and first_nonfinite_offset
-    (written every step they would restate grad_norm and grad_nonfinite;
-    readers of a layout without them use those). A row without a gradient holds -1
-    in every gradient column (all are non-negative when present); a cell
-    with no value (an aggregate a column is not reduced over) holds -1 too.
-    grad_to_weight is derived on read.
-  - Optional optimizer columns after those (``metadata.OPTIMIZER_STAT_COLUMNS``,
-    in that order, only those the layout's ``columns`` name; see
-    ``tb_gradcheck.updates``): grad_norm_before_clip, update_norm,
-    update_to_weight, loss_scale, refused_steps. Taken at the write step: the
-    value in the ``last`` slab, -1 in the others (and in every slab of a
-    partial window written at close). Writing them also sets weight_norm from
-    the weights read before the update.
-  - The onset columns. ``grad_norm_finite`` is grad_norm over the steps
-    whose gradient was finite, reduced like grad_norm: its ``max`` slab is
-    the largest finite norm of the window, which a later NaN (grad_norm's
-    ``max`` is then NaN) does not hide; -1 if no step was finite.
-    ``first_nonfinite_offset`` is the first step of the window with a NaN or
-    Inf gradient element, stored as ``write step - that step`` (0: the
-    write step itself), the same value in every slab; -1 if none. An offset
-    is an integer below the window length, exact in float32 up to 2**24,
-    where the step itself (up to 2**63) would not be: a reader gets the
-    step back as ``step - offset``. Older logs also stored them with every
-    step written (offset 0 on a non-finite step); they read the same.
-- tag ``gradients/check/<granularity>/<fp>`` (from ``write_check``):
-  float32 ``[R, C]``, rows as in the content's ``rows`` (the same grouping
-  and names as the stats rows), columns ``metadata.CHECK_COLUMNS``: analytic
-  and numeric directional derivative, relative error, noise floor, the
-  smallest relative error the check would have caught (+inf: none), and the
-  status as its index in ``metadata.CHECK_STATUSES`` (0 ok, 1 inconclusive,
-  2 mismatch; ordered by severity, so binning several steps keeps the worst
-  with a plain max). A row that was not checked has status NaN.
-
-The full metadata (with row names) rides on the first event of each tag a
-writer writes (``tb_gradcheck.events``). Under ``tf.distribute`` one event is
-written per step, by replica 0 of the chief (``tb_gradcheck.replica``).
-
-Modules of the writer: ``summary`` (this one: the public ``GradientWriter``
-and its internal interface ``record`` / ``record_compiled`` /
-``write_compiled`` for ``tb_gradcheck.keras``), ``validate`` (argument checks
-at the entry points), ``recording`` (one list of variables: gradients to
-events), ``grouping`` (variables to layer and variable rows), ``stats``
-and ``units`` (the statistics, inside the step),
-``window`` (``every_n_steps > 1``), ``stash`` (from an XLA-compiled step),
-``events`` (tags and metadata), ``replica`` (which replica records),
-``conds`` (its conds, kept as one ``If`` op each), ``sums`` (its full-size
-sums, in the form cheap where the step runs).
+The writer's other modules, each with one job, are listed in
+``docs/architecture.md``; ``recording`` does the work for one list of
+variables, ``closing`` guards a closed writer's traced graphs.
 """
-
-import atexit
-import sys
-import weakref
 
 import tensorflow as tf
 
 from tb_gradcheck import checks
+from tb_gradcheck import closing
 from tb_gradcheck import conds
 from tb_gradcheck import events
 from tb_gradcheck import metadata
@@ -162,9 +102,8 @@ class GradientWriter:
         self._closed = False
         self._layouts = {}  # (variable ids, sparse flags) -> recording.Recording
         self._events = events.Events()  # tags, fresh flags, the header row's write counter
-        self._open = None  # variable(bool): False after close(), read by traced graphs
-        self._warned = None  # variable(bool): the after-close warning was printed
-        _open_writers.add(self)
+        self._guard = closing.Guard()  # what traced graphs do after close()
+        closing.opened(self)
 
     # -- public API ---------------------------------------------------------
 
@@ -365,41 +304,9 @@ class GradientWriter:
         steps = [layout.write_stashed(self._writer) for layout in self._layouts.values()]
         return tf.reduce_max(tf.stack(steps)) if steps else tf.constant(-1, tf.int64)
 
-    def _while_open(self, write, step):
-        """Runs ``write`` (which returns a bool tensor) now, or, in a graph, only while the writer is open.
-
-        A tf.function traced now may still run after close(), when Python
-        code (and so _check_open) no longer runs and the file is gone: the
-        graph checks the writer is open and otherwise skips the write,
-        warning once, instead of failing the training step. Every write to
-        the file from a traced step (write, the Keras callback) goes through
-        here; a window's accumulation between writes does not need to (it
-        touches no file), so its steps pay for no cond of this kind.
-        """
-        if tf.executing_eagerly():
-            return write()
-        if self._open is None:
-            self._open = replica.host_variable(True, tf.bool, "tb_gradcheck_open")
-            self._warned = replica.host_variable(False, tf.bool, "tb_gradcheck_warned")
-        return conds.cond(self._open, write, lambda: self._skip_closed(step))
-
     def _record(self, layout, measured, gradients, step, extra=None):
-        layout.record(measured, gradients, step, self._writer, extra, guard=lambda write: self._while_open(write, step))
+        layout.record(measured, gradients, step, self._writer, extra, guard=lambda write: self._guard.run(write, step))
         return tf.constant(True)
-
-    def _skip_closed(self, step):
-        def warn():
-            tf.print(
-                "WARNING: tb_gradcheck: GradientWriter.write() ran at step",
-                step,
-                "after close(), from a tf.function traced before close(); gradient statistics are not "
-                "recorded from this step on (this warning is printed once).",
-                output_stream=sys.stderr,
-            )
-            self._warned.assign(True)
-            return tf.constant(False)
-
-        return conds.cond(self._warned, lambda: tf.constant(False), warn)
 
     def write_check(self, report, step):
         """Records a gradient check report for the tab's ``check_error`` heatmap.
@@ -459,8 +366,7 @@ class GradientWriter:
         """
         if self._closed:
             return
-        if self._open is not None:
-            self._open.assign(False)
+        self._guard.close()
         if self._summary_writer is not None:
             for layout in self._layouts.values():
                 # Steps a compiled step stashed that no write_compiled() wrote yet.
@@ -473,7 +379,7 @@ class GradientWriter:
             if self._owns_writer:
                 self._summary_writer.close()
         self._closed = True
-        _open_writers.discard(self)
+        closing.closed(self)
 
     def __enter__(self):
         return self
@@ -508,17 +414,3 @@ class GradientWriter:
             )
             self._layouts[key] = layout
         return layout
-
-
-# Writers still open at interpreter exit get flushed and closed, so a normal
-# exit never loses the tail of a run.
-_open_writers = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_writers():
-    for w in list(_open_writers):
-        try:
-            w.close()
-        except Exception:  # at exit TensorFlow may already be half torn down
-            pass
