@@ -147,7 +147,9 @@ def _plain_finding(finding):
     in JSON those invisible marks break ``grep``. The report asks diagnose
     for plain names and escapes such characters visibly instead (``_visible``).
     """
-    return finding.to_dict(quote=str)
+    from tb_gradcheck import diagnose
+
+    return dict(finding.to_dict(), message=diagnose.describe(finding, str))
 
 
 # Characters that change how the text around them is shown, or are not

@@ -1,17 +1,17 @@
 """Findings from stored gradient matrices: vanishing, exploding, dead, non-finite, check failures; numpy only.
 
 ``find`` runs the rules (``tb_gradcheck.rules``) over the layer-granularity
-matrices the plugin serves and returns ``Finding`` objects that name the run,
-the layers (plain names, as written), the step range and the numbers behind
-the verdict. The thresholds are in ``Thresholds``, each with the reasoning for
+matrices the plugin serves and returns ``finding.Finding`` objects that name
+the run, the layers (plain names, as written), the step range and the numbers
+behind the verdict. The thresholds are in ``Thresholds``, each with the reasoning for
 its default. Every sentence is worded by ``describe``, which takes the quoting
-of names from its consumer: bidi isolates in the tab (``isolate``, the
-default ``message``), visible escapes in a terminal (``escape``).
+of names from its consumer: bidi isolates in the tab (``finding.isolate``,
+the default ``message``), plain names in the command line's report.
 """
 
 import dataclasses
-import unicodedata
 
+from tb_gradcheck import finding
 from tb_gradcheck import metadata
 from tb_gradcheck import optimizer_findings
 from tb_gradcheck import rules
@@ -100,44 +100,6 @@ _METRICS = {
 }
 
 
-@dataclasses.dataclass
-class Finding:
-    """One diagnosis.
-
-    Attributes:
-      kind: One of ``KINDS``.
-      severity: ``"error"`` or ``"warning"``: error for non-finite gradients,
-        failed checks, and rises that are large and sustained or end in
-        non-finite values; warning for everything weaker.
-      run: The run.
-      layers: Affected layer names (plain, as written), in depth order.
-      steps: ``[first, last]`` step over all affected layers.
-      metric: The heatmap metric that shows it (``grad_norm``, ...).
-      aggregate: The aggregate that shows it best.
-      message: One readable sentence, names bidi-isolated (``describe(f)``);
-        a consumer that wants other quoting calls ``describe(f, quote)``.
-      evidence: ``{layer: {number name: value}}``, each with its own
-        ``first_step`` and ``last_step``.
-    """
-
-    kind: str
-    severity: str
-    run: str
-    layers: list
-    steps: list
-    metric: str
-    aggregate: str
-    message: str
-    evidence: dict
-
-    def to_dict(self, quote=None):
-        """The finding as JSON-able data; ``quote`` (e.g. ``escape``) rewords the message for another consumer."""
-        out = dataclasses.asdict(self)
-        if quote is not None:
-            out["message"] = describe(self, quote)
-        return out
-
-
 def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
     """Runs every rule over one run's layer matrices.
 
@@ -149,7 +111,7 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
       sparse_rows: Names of layers with sparse gradients (exempt from "dead").
 
     Returns:
-      A list of ``Finding``, most severe kinds first.
+      A list of ``finding.Finding``, most severe kinds first.
     """
     out = []
     for kind, verdict in verdicts(stats, checks, thresholds, sparse_rows).items():
@@ -191,36 +153,36 @@ def _finding(kind, run, verdict):
     names = list(evidence)
     severity = "error" if "error" in verdict.severity.values() else "warning"
     steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
-    f = Finding(kind, severity, run, names, steps, _METRICS[kind], verdict.aggregate, "", evidence)
+    f = finding.Finding(kind, severity, run, names, steps, _METRICS[kind], verdict.aggregate, "", evidence)
     f.message = describe(f)
     return f
 
 
-def describe(finding, quote=None):
+def describe(found, quote=None):
     """The finding as one sentence, each layer name passed through ``quote``.
 
     All sentences are built here, from the finding's plain names and its
     evidence, so each consumer chooses how names appear: the tab keeps the
-    default (``isolate``: a bidi isolate), a terminal report passes
-    ``escape`` (plain text, control characters made visible).
+    default (``finding.isolate``: a bidi isolate), the command line passes
+    ``str`` and escapes control characters in its whole output.
 
     Args:
-      finding: A ``Finding``.
-      quote: Callable name -> text; ``isolate`` when None.
+      found: A ``finding.Finding``.
+      quote: Callable name -> text; ``finding.isolate`` when None.
 
     Returns:
       The sentence.
     """
-    if finding.kind not in KINDS:  # the optimizer's findings
-        return optimizer_findings.describe(finding, quote)
-    quote = quote or isolate
-    f, e = finding, finding.evidence
-    names = _list(f.layers, quote)
+    if found.kind not in KINDS:  # the optimizer's findings
+        return optimizer_findings.describe(found, quote)
+    quote = quote or finding.isolate
+    f, e = found, found.evidence
+    names = finding.name_list(f.layers, quote)
     first, last = f.steps
     if f.kind == "non_finite":
         before = [x["max_finite_norm_before"] for x in e.values() if x.get("max_finite_norm_before") is not None]
         firsts = [n for n in f.layers if e[n]["first_step"] == first]
-        where = "" if len(firsts) == len(f.layers) else f" in {_list(firsts, quote)}"
+        where = "" if len(firsts) == len(f.layers) else f" in {finding.name_list(firsts, quote)}"
         text = (
             f"NaN/Inf gradients in {names}, first at step {first}{where} "
             f"({sum(x['steps_with_nonfinite'] for x in e.values())} layer-steps affected)"
@@ -262,40 +224,3 @@ def describe(finding, quote=None):
         )
     worst = max(x["max_relative_error"] for x in e.values())
     return f"Gradient check failed for {names}: analytic and numeric gradients differ by up to {worst:.2%}."
-
-
-def _list(names, quote, limit=3):
-    names = [quote(n) for n in names]
-    if len(names) <= limit:
-        return ", ".join(names)
-    return f"{len(names)} layers ({', '.join(names[:limit])}, ...)"
-
-
-def isolate(name):
-    """A layer name as a Unicode bidi isolate (FSI ... PDI) inside a message.
-
-    Names are user data: one holding a right-to-left override (U+202E)
-    would otherwise reverse the rest of the sentence, numbers included, in
-    the tab and in a terminal. The isolate ends every override the name
-    opens; the marks themselves are invisible.
-    """
-    return f"\u2068{name}\u2069"
-
-
-def escape(name):
-    """A layer name as plain text with control and format characters shown as escapes (``\\u202e``).
-
-    For terminals, logs and JSON read by scripts: ``grep dense_0`` finds the
-    name, and an override or a newline in it is shown, not obeyed.
-    Backslashes are doubled so that an escape cannot be forged.
-    """
-    out = []
-    for ch in name:
-        if ch == "\\":
-            out.append("\\\\")
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
-            code = ord(ch)
-            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
-        else:
-            out.append(ch)
-    return "".join(out)

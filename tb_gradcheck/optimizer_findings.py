@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from tb_gradcheck import diagnose
+from tb_gradcheck import finding
 
 KINDS = ("clipping", "not_learning")
 
@@ -71,7 +71,7 @@ def find(run, stats, thresholds=None):
         this module knows are read by name), or None for the defaults.
 
     Returns:
-      A list of ``diagnose.Finding`` (kinds ``clipping``, ``not_learning``).
+      A list of ``finding.Finding`` (kinds ``clipping``, ``not_learning``).
     """
     t = _thresholds(thresholds)
     if stats is None or not len(stats.steps):
@@ -135,7 +135,7 @@ def _clipping(run, stats, t):
         e["run_steps_bound"] = int(steps_bound.sum())
         e["run_steps_written"] = int(steps_here.sum())
     steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
-    f = diagnose.Finding("clipping", "warning", run, names, steps, "grad_norm_before_clip", "last", "", evidence)
+    f = finding.Finding("clipping", "warning", run, names, steps, "grad_norm_before_clip", "last", "", evidence)
     f.message = describe(f)
     return [f]
 
@@ -188,17 +188,17 @@ def _not_learning(run, stats, t):
         return []
     names = list(evidence)
     steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
-    f = diagnose.Finding("not_learning", "warning", run, names, steps, "update_to_weight", "last", "", evidence)
+    f = finding.Finding("not_learning", "warning", run, names, steps, "update_to_weight", "last", "", evidence)
     f.message = describe(f)
     return [f]
 
 
-def describe(finding, quote=None):
+def describe(found, quote=None):
     """The sentence of a ``clipping`` or ``not_learning`` finding, names passed through ``quote`` (``diagnose.describe``)."""
-    quote = quote or diagnose.isolate
-    e = finding.evidence
-    names = diagnose._list(finding.layers, quote)
-    if finding.kind == "clipping":
+    quote = quote or finding.isolate
+    e = found.evidence
+    names = finding.name_list(found.layers, quote)
+    if found.kind == "clipping":
         first = next(iter(e.values()))
         return (
             f"Clipping bound in {first['fraction_of_steps']:.0%} of steps ({first['run_steps_bound']} of "

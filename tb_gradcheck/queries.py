@@ -4,7 +4,7 @@ Both the plugin's routes and ``tb-gradcheck report | export`` call these
 functions, so the tab and the command line always see the same numbers.
 Each takes a ``store.Store`` and the request's context and experiment id,
 reads only the runs it is asked about, and returns plain data (dicts,
-``Heatmap``, ``diagnose.Finding``); turning that into bytes is the caller's
+``Heatmap``, ``finding.Finding``); turning that into bytes is the caller's
 job. Errors are ``NotFound`` (HTTP 404, exit code 2) and ``BadRequest``
 (HTTP 400, exit code 2). numpy only.
 """
@@ -188,7 +188,7 @@ def matrix(st, ctx, experiment_id, index, kind, granularity):
 
 
 def findings(st, ctx, experiment_id, run, thresholds=None):
-    """``diagnose.find`` over one run's layer-level stats and checks: a list of ``diagnose.Finding``."""
+    """``diagnose.find`` over one run's layer-level stats and checks: a list of ``finding.Finding``."""
     index = st.run(ctx, experiment_id, run)
     # The same data gives the same findings, and they cost a pass over the
     # whole matrix (seconds at 2,000 rows x 10,000 steps): the tab asks again

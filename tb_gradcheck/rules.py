@@ -2,7 +2,7 @@
 
 Each rule returns a ``Verdict``: a boolean flag per write and layer, a
 severity and the numbers behind it per layer. ``diagnose`` turns verdicts
-into ``Finding`` objects and sentences.
+into ``finding.Finding`` objects and sentences.
 
 Every rule is causal: its verdict about write ``t`` reads only writes up to
 ``t`` and, for the severity of a rise, at most ``Thresholds.sustained_writes``

@@ -279,6 +279,4 @@ def test_describe_quotes_names_for_each_consumer(tmp_path):
     (f,) = diagnose.find("r", queries.matrix(s, ctx, eid, index, "stats", "layer"))
     assert f.kind == "non_finite" and f.layers == [hostile] and f.steps == [1, 1]
     assert f.message == diagnose.describe(f) and "\u2068" + hostile + "\u2069" in f.message
-    plain = f.to_dict(diagnose.escape)["message"]
-    assert "evil\\u202e\\u000alayer" in plain and "\u202e" not in plain and "\u2068" not in plain
-    assert diagnose.escape("a\\u202e") == "a\\\\u202e"  # a literal backslash cannot forge an escape
+    assert hostile in diagnose.describe(f, str) and "\u2068" not in diagnose.describe(f, str)
