@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from tb_gradcheck import metadata
+from tb_gradcheck import trailing
 
 # Stored columns this module reads when a log has them (metadata.py says what
 # each holds). Older logs lack them and the rules that need them stay silent
@@ -88,63 +89,6 @@ class StatsView:
         return self.present & ((count > 0) | broken)
 
 
-def _log(values, present):
-    """log10 of a positive finite value, NaN otherwise (a zero norm has no level to rise from)."""
-    ok = present & np.isfinite(values) & (values > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(ok, np.log10(np.where(ok, values, 1.0)), np.nan)
-
-
-def _trailing(values, length, reduce):
-    """``reduce`` over the ``length`` writes before each write (not including it), per column; NaN when none."""
-    s, n_rows = values.shape
-    padded = np.concatenate([np.full((length, n_rows), np.nan), values], axis=0)
-    windows = np.lib.stride_tricks.sliding_window_view(padded, length, axis=0)[:s]  # [S, L, length], a view
-    out = np.empty((s, n_rows))
-    # A few columns at a time: the reduction copies its input, and S x L x
-    # length at once is hundreds of megabytes for a long run of a big model.
-    chunk = max(1, (1 << 20) // max(1, s * length))
-    with np.errstate(all="ignore"), _quiet():
-        for j in range(0, n_rows, chunk):
-            out[:, j : j + chunk] = reduce(windows[:, j : j + chunk], axis=-1)
-    return out
-
-
-class _quiet:
-    """Silences numpy's "All-NaN slice" and "Mean of empty slice" warnings: an empty window is NaN on purpose."""
-
-    def __enter__(self):
-        import warnings
-
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc):
-        return self._catch.__exit__(*exc)
-
-
-def _nanmedian(windows, axis=-1):
-    """``np.nanmedian`` over the last axis by one sort: NaN sorts last, the median sits among the finite values.
-
-    numpy's own nanmedian falls back to a Python-level loop per window, which
-    is seconds for a long run of a big model.
-    """
-    ordered = np.sort(windows, axis=axis)
-    n = np.sum(~np.isnan(windows), axis=axis)
-    lo = np.clip((n - 1) // 2, 0, None)[..., None]
-    hi = np.clip(n // 2, 0, windows.shape[axis] - 1)[..., None]
-    middle = (np.take_along_axis(ordered, lo, axis) + np.take_along_axis(ordered, hi, axis))[..., 0] / 2
-    return np.where(n > 0, middle, np.nan)
-
-
-def _running_max_before(values):
-    """Largest finite value over the writes before each write, -inf when none."""
-    filled = np.where(np.isnan(values), -np.inf, values)
-    running = np.maximum.accumulate(filled, axis=0)
-    return np.concatenate([np.full((1, values.shape[1]), -np.inf), running[:-1]], axis=0)
-
-
 def non_finite(v):
     """Writes whose gradients hold NaN or Inf. Always an error: the update they feed is garbage."""
     bad = v.bad()
@@ -192,11 +136,11 @@ def exploding(v, t):
     warning otherwise.
     """
     s, n_rows = v.norm.shape
-    lt = _log(v.norm, v.present)
-    lp = _log(v.peak, v.present)
+    lt = trailing.log_level(v.norm, v.present)
+    lp = trailing.log_level(v.peak, v.present)
     bad = v.bad()
-    base = _trailing(lt, t.baseline_writes, _nanmedian)
-    high = _running_max_before(lt)
+    base = trailing.before(lt, t.baseline_writes, trailing.nanmedian)
+    high = trailing.running_max_before(lt)
     network = np.nanmax(np.where(np.isnan(base), -np.inf, base), axis=1, keepdims=True)  # [S, 1]
     rise = lp - base
     with np.errstate(invalid="ignore"):
@@ -313,8 +257,8 @@ def _growth(lt, t):
     half = max(1, t.baseline_writes // 2)
     pad = np.full((half, n_rows), np.nan)
     shifted = np.concatenate([lt[1:], np.full((1, n_rows), np.nan)])
-    recent = _trailing(shifted, half, _nanmedian)  # writes (t - half, t]
-    counts = _trailing(np.isfinite(shifted).astype(float), half, np.nansum)
+    recent = trailing.before(shifted, half, trailing.nanmedian)  # writes (t - half, t]
+    counts = trailing.before(np.isfinite(shifted).astype(float), half, np.nansum)
     earlier = np.concatenate([pad, recent])[:s]  # writes (t - 2 half, t - half]
     earlier_counts = np.concatenate([np.zeros((half, n_rows)), counts])[:s]
     filled = np.where(np.isnan(lt), -np.inf, lt)
@@ -325,22 +269,6 @@ def _growth(lt, t):
     with np.errstate(invalid="ignore"):
         growing = enough & (growth >= t.growth_orders) & (recent > before) & (recent > network)
     return growth, growing
-
-
-def _persistent(condition, here, t):
-    """Writes where ``condition`` holds and held in at least ``persistence`` of the trailing window's writes."""
-    window = t.baseline_writes
-    c = (condition & here).astype(np.float64)
-    n = here.astype(np.float64)
-    # Sums over the window ending at each write (inclusive), by cumulative sums.
-    zeros = np.zeros((1, c.shape[1]))
-    cc = np.concatenate([zeros, np.cumsum(c, axis=0)])
-    cn = np.concatenate([zeros, np.cumsum(n, axis=0)])
-    lo = np.maximum(np.arange(1, len(c) + 1) - window, 0)
-    hits = cc[1:] - cc[lo]
-    counts = cn[1:] - cn[lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return condition & here & (counts >= t.min_writes) & (hits >= t.persistence * counts)
 
 
 def dead(v, t, sparse):
@@ -365,8 +293,8 @@ def dead(v, t, sparse):
     # minimum over enough batches leaves the selective units out.
     dead_share = np.where(here, v.dead, np.nan)
     shifted = np.concatenate([dead_share[1:], np.full((1, n_rows), np.nan)])
-    lowest = _trailing(shifted, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
-    count = _trailing(
+    lowest = trailing.before(shifted, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
+    count = trailing.before(
         np.concatenate([here[1:], np.zeros((1, n_rows), bool)]).astype(float), t.baseline_writes, np.nansum
     )
     with np.errstate(invalid="ignore"):
@@ -419,7 +347,7 @@ def vanishing(v, t, exclude=()):
     with np.errstate(invalid="ignore"):
         tiny = finite & (v.ratio < t.vanishing_ratio) if v.ratio is not None else np.zeros((s, n_rows), bool)
     excluded = np.array([name in exclude for name in v.rows])
-    flags = _persistent((decayed | tiny) & ~excluded[None, :], finite, t)
+    flags = trailing.persistent((decayed | tiny) & ~excluded[None, :], finite, t)
     evidence = {}
     for j, name in enumerate(v.rows):
         if not flags[:, j].any():
