@@ -29,6 +29,8 @@ inside ``tf.function`` alike; under ``tf.distribute`` each replica reads its
 own copy of the (mirrored) weights, which the update leaves equal.
 """
 
+import sys
+
 import tensorflow as tf
 
 from tb_gradcheck import conds
@@ -112,22 +114,45 @@ class UpdateBracket:
                 "(`with writer.applying(variables, step) as update: optimizer.apply_gradients(...)`). "
                 "Received: a bracket that was never entered"
             )
+        names = ("update_norm", "update_to_weight", "weight_norm")
+        if self.compiled:  # made by the callback, whose bracket and write share one step
+            return dict(zip(names, self._measured(rows)))
+
+        def unmeasured():
+            # The write's step is due and the bracket's was not: they were
+            # given different steps (a variable read before and after the
+            # update it counts). Say so, and store no update rather than 0.
+            tf.print(
+                "WARNING: tb_gradcheck: GradientWriter.write(update=...) at a write step whose update bracket "
+                "was not: pass applying() and write() the same step value (read optimizer.iterations once, "
+                "before the update). update_norm is not recorded at this step.",
+                output_stream=sys.stderr,
+            )
+            layer_w, variable_w = stats.weight_norms(rows)
+            missing = (tf.fill(tf.shape(layer_w), stats.MISSING), tf.fill(tf.shape(variable_w), stats.MISSING))
+            return missing, missing, (layer_w, variable_w)
+
+        measured = tf.reduce_all(self._update >= 0)
+        return dict(zip(names, conds.cond(measured, lambda: self._measured(rows), unmeasured)))
+
+    def _measured(self, rows):
+        """``(update_norm, update_to_weight, weight_norm)``, each ``(layer [L], variable [V])`` float32."""
         seg = tf.constant(rows.layer_of, tf.int32)
         n = len(rows.layer_names)
-        out = {}
-        update_v = tf.sqrt(tf.maximum(self._update, 0.0))
-        weight_v = tf.sqrt(tf.maximum(self._weight, 0.0))
+        update_v = tf.sqrt(self._update)
+        weight_v = tf.sqrt(self._weight)
         # A layer's norms from its variables' squared norms (no square root
         # then square again: these sums are exact enough in float64).
-        update_l = tf.sqrt(tf.math.unsorted_segment_sum(tf.maximum(self._update, 0.0), seg, n))
-        weight_l = tf.sqrt(tf.math.unsorted_segment_sum(tf.maximum(self._weight, 0.0), seg, n))
-        for name, (lv, vv) in (
-            ("update_norm", (update_l, update_v)),
-            ("update_to_weight", (_ratio(update_l, weight_l), _ratio(update_v, weight_v))),
-            ("weight_norm", (weight_l, weight_v)),
+        update_l = tf.sqrt(tf.math.unsorted_segment_sum(self._update, seg, n))
+        weight_l = tf.sqrt(tf.math.unsorted_segment_sum(self._weight, seg, n))
+        out = []
+        for lv, vv in (
+            (update_l, update_v),
+            (_ratio(update_l, weight_l), _ratio(update_v, weight_v)),
+            (weight_l, weight_v),
         ):
-            out[name] = (tf.cast(lv, tf.float32), tf.cast(vv, tf.float32))
-        return out
+            out.append((tf.cast(lv, tf.float32), tf.cast(vv, tf.float32)))
+        return tuple(out)
 
 
 class RefusedUpdate:

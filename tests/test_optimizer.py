@@ -17,6 +17,7 @@ from conftest import make_app
 from conftest import read_events
 from conftest import stats_content
 from conftest import wait_for_steps
+from tb_gradcheck import stats
 from tb_gradcheck import summary
 from tb_gradcheck.keras import GradientCallback
 
@@ -233,6 +234,40 @@ def test_custom_loop_bracket_inside_tf_function(tmp_path):
         np.testing.assert_allclose(
             col["grad_norm_before_clip"], variable_norms(mlp_gradients(before, x, y)), rtol=HAND_RTOL
         )
+
+
+def test_bracket_given_another_step_than_write_stores_no_update_and_says_why(tmp_path, capfd):
+    """``optimizer.iterations`` passed to both: applying() reads it before the update, write() after it.
+
+    With a window the two then disagree on which steps are written. The
+    writer must not store the skipped bracket's placeholder as a zero update
+    (real-looking data): update columns are MISSING, weight_norm is still the
+    weights' norm, and a warning names the fix.
+    """
+    x, y = data()
+    model = tanh_mlp()
+    optimizer = keras.optimizers.SGD(0.01)
+    writer = summary.GradientWriter(tmp_path, every_n_steps=2)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        with writer.applying(model.trainable_variables, optimizer.iterations) as update:
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        writer.write(grads, model.trainable_variables, optimizer.iterations, update=update)
+
+    for _ in range(4):
+        step()
+    writer.close()
+    written = columns(tmp_path)
+    assert [s for s, _ in written] == [2, 4]
+    for _, col in written:
+        assert (col["update_norm"] == stats.MISSING).all()
+        assert (col["update_to_weight"] == stats.MISSING).all()
+    np.testing.assert_allclose(written[-1][1]["weight_norm"], variable_norms(model.trainable_variables), rtol=1e-6)
+    assert "pass applying() and write() the same step value" in capfd.readouterr().err
 
 
 def test_update_and_before_clip_under_mirrored_strategy(tmp_path):
