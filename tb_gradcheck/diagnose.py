@@ -114,12 +114,14 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
       A list of ``finding.Finding``, most severe kinds first.
     """
     out = []
-    for kind, verdict in verdicts(stats, checks, thresholds, sparse_rows).items():
+    found = verdicts(stats, checks, thresholds, sparse_rows)
+    for kind, verdict in found.items():
         if verdict.evidence:
             out.append(_finding(kind, run, verdict))
     # The optimizer's findings (clipping, layers not learning) follow the rest.
+    dead = found["dead"].evidence if "dead" in found else ()
     return sorted(out, key=lambda f: (f.severity != "error", KINDS.index(f.kind))) + optimizer_findings.find(
-        run, stats, thresholds
+        run, stats, thresholds, dead
     )
 
 
@@ -189,6 +191,12 @@ def describe(found, quote=None):
         )
         if before:
             text += f"; the largest finite norm before it was {max(before):.3g}"
+        scales = [x["loss_scale"] for x in e.values() if x.get("loss_scale") is not None]
+        if scales:
+            text += (
+                f"; the loss scaler refused these steps and cut its scale to {min(scales):.3g}, "
+                "so the gradient is not finite even unscaled"
+            )
         return text + "."
     if f.kind == "exploding":
         worst = max(e.values(), key=lambda x: x["max_norm"] or 0.0)

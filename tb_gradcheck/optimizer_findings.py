@@ -61,7 +61,7 @@ class OptimizerThresholds:
     not_learning_persistence: float = 0.5
 
 
-def find(run, stats, thresholds=None):
+def find(run, stats, thresholds=None, dead=()):
     """The optimizer findings of one run.
 
     Args:
@@ -69,6 +69,9 @@ def find(run, stats, thresholds=None):
       stats: ``store.Matrix`` of kind stats at layer granularity.
       thresholds: ``diagnose.Thresholds`` or ``OptimizerThresholds`` (fields
         this module knows are read by name), or None for the defaults.
+      dead: Names of layers already found dead. Their units get no gradient,
+        so they do not move either: that is one cause, reported once, as
+        dead, not again as ``not_learning``.
 
     Returns:
       A list of ``finding.Finding`` (kinds ``clipping``, ``not_learning``).
@@ -76,7 +79,7 @@ def find(run, stats, thresholds=None):
     t = _thresholds(thresholds)
     if stats is None or not len(stats.steps):
         return []
-    return _clipping(run, stats, t) + _not_learning(run, stats, t)
+    return _clipping(run, stats, t) + _not_learning(run, stats, t, set(dead))
 
 
 def _thresholds(given):
@@ -140,7 +143,7 @@ def _clipping(run, stats, t):
     return [f]
 
 
-def _not_learning(run, stats, t):
+def _not_learning(run, stats, t, dead):
     ratio, missing = _column(stats, "update_to_weight")
     if ratio is None:
         return []
@@ -155,7 +158,7 @@ def _not_learning(run, stats, t):
     n = len(stats.rows)
     for j, name in enumerate(stats.rows):
         present = here[:, j]
-        if not present.any():
+        if not present.any() or name in dead:
             continue
         below_floor = present & (ratio[:, j] < t.not_learning_floor)
         behind = np.zeros_like(present)

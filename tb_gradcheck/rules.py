@@ -25,6 +25,7 @@ from tb_gradcheck import trailing
 DEAD_UNITS = "dead_unit_fraction"
 FINITE_NORM = "grad_norm_finite"
 ONSET_OFFSET = "first_nonfinite_offset"
+LOSS_SCALE = "loss_scale"
 
 
 @dataclasses.dataclass
@@ -65,6 +66,8 @@ class StatsView:
         self.ratio, _, _ = self._pick("grad_to_weight", ("mean", "last"))
         self.dead, _, _ = self._pick(DEAD_UNITS, ("last",))
         self.onset_offset, _, _ = self._pick(ONSET_OFFSET, ("last",))
+        # The dynamic loss scale of a mixed-precision fit, at each write step.
+        self.loss_scale, _, _ = self._pick(LOSS_SCALE, ("last",))
         # The first training step each write summarises: the step after the
         # previous write (the write step itself when every step is written).
         self.starts = np.concatenate([self.steps[:1], self.steps[:-1] + 1]) if len(self.steps) else self.steps
@@ -90,21 +93,38 @@ class StatsView:
 
 
 def non_finite(v):
-    """Writes whose gradients hold NaN or Inf. Always an error: the update they feed is garbage."""
+    """Writes whose gradients hold NaN or Inf. Always an error: the update they feed is garbage.
+
+    Except where dynamic loss scaling is at work: a ``LossScaleOptimizer``
+    refuses every step whose gradient is not finite (no update) and halves
+    its scale, so an overflow of the scaled float16 gradient is how it finds
+    its scale, not a fault. That holds while the scale is at least 1. Below
+    1 the scaler is shrinking the loss itself, so the gradient is not finite
+    even unscaled: an overflow no scale cures, or a NaN of the model's own,
+    which is refused at every step and stops training. Those writes are
+    errors, and the finding counts back to the first refused write of the
+    streak that led there.
+    """
     bad = v.bad()
+    flags, scale = bad, None
+    if v.loss_scale is not None and v.loss_scale.size:
+        scale = np.fmax.reduce(v.loss_scale, axis=1)  # the same in every row; NaN where not recorded
+        flags = bad & ~(scale >= 1.0)[:, None]  # NaN is not excused
     evidence = {}
     peak = np.where(v.present & np.isfinite(v.peak), v.peak, np.nan)
     for j, name in enumerate(v.rows):
-        if not bad[:, j].any():
+        if not flags[:, j].any():
             continue
-        steps = v.steps[bad[:, j]]
-        first = int(np.argmax(bad[:, j]))
+        steps = v.steps[flags[:, j]]
+        first = int(np.argmax(flags[:, j]))
+        while first > 0 and bad[first - 1, j]:  # the refused writes that led to it
+            first -= 1
         before = peak[: first + 1, j]
         # The window's own record of its first non-finite step, when the log
         # has it: a write every N steps otherwise only says "by step s".
         offset = v.onset_offset[first, j] if v.onset_offset is not None else np.nan
-        onset = int(steps[0] - offset) if np.isfinite(offset) else int(steps[0])
-        count = v.nonfinite[bad[:, j], j] if v.nonfinite is not None else np.zeros(0)
+        onset = int(v.steps[first] - offset) if np.isfinite(offset) else int(v.steps[first])
+        count = v.nonfinite[flags[:, j], j] if v.nonfinite is not None else np.zeros(0)
         evidence[name] = {
             "steps_with_nonfinite": len(steps),
             "nonfinite_elements": float(np.nansum(count)),
@@ -114,7 +134,10 @@ def non_finite(v):
             "first_step": onset,
             "last_step": int(steps[-1]),
         }
-    return Verdict(bad, {name: "error" for name in evidence}, evidence, v.total)
+        at = scale[np.argmax(flags[:, j])] if scale is not None else np.nan
+        if np.isfinite(at):  # the scale that no longer cured it
+            evidence[name]["loss_scale"] = _float(at)
+    return Verdict(flags, {name: "error" for name in evidence}, evidence, v.total)
 
 
 def exploding(v, t):

@@ -72,3 +72,73 @@ def test_layer_with_frozen_relative_update_is_not_learning(tmp_path):
 def test_healthy_layers_are_learning(tmp_path, optimizer):
     opt = keras.optimizers.SGD(0.1) if optimizer == "sgd" else keras.optimizers.Adam(1e-3)
     assert "not_learning" not in kinds(fit(tmp_path, opt))
+
+
+def mixed_precision_fit(logdir, nan_labels_from=None, steps=40):
+    """A mixed_float16 fit whose summed loss overflows float16 at the default starting scale (2**15).
+
+    ``nan_labels_from``: from this batch on the labels are NaN, so every
+    gradient is NaN whatever the scale: the model's own NaN, not an overflow.
+    """
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(64 * steps, 16)).astype(np.float32)
+    y = (x @ rng.normal(size=(16, 1))).astype(np.float32) * 30.0
+    if nan_labels_from is not None:
+        y[64 * (nan_labels_from - 1) :] = np.nan
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential(
+            [
+                keras.Input((16,)),
+                keras.layers.Dense(64, activation="relu", name="hidden"),
+                keras.layers.Dense(1, name="out", dtype="float32"),
+            ],
+            name="net",
+        )
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.MeanSquaredError(reduction="sum"))
+        model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[GradientCallback(logdir)])
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    st, ctx, eid = store.local_store(logdir)
+    refused = queries.heatmap(st, ctx, eid, "train", "refused_steps", "layer")
+    scale = queries.heatmap(st, ctx, eid, "train", "loss_scale", "layer")
+    return queries.findings(st, ctx, eid, "train"), refused, scale
+
+
+def test_steps_the_loss_scaler_refuses_while_it_finds_its_scale_are_no_finding(tmp_path):
+    found, refused, scale = mixed_precision_fit(tmp_path)
+    assert np.nansum(refused.values[:, 0]) >= 2  # the premise: overflows were refused ...
+    assert np.nanmin(scale.values[:, 0]) >= 1  # ... and a scale above 1 cured them
+    assert "non_finite" not in kinds(found), [f.message for f in found]
+
+
+def test_a_nan_no_loss_scale_cures_is_an_error_from_its_first_refused_step(tmp_path):
+    # From batch 20, after the scaler settled (refusing steps 1-10 on the way).
+    found, refused, scale = mixed_precision_fit(tmp_path, nan_labels_from=20)
+    assert (refused.values[19:, 0] == 1).all() and np.nanmin(scale.values[:, 0]) < 1  # refused until below 1
+    nan = kinds(found)["non_finite"]
+    assert nan.severity == "error" and nan.steps[0] == 20
+    assert "not finite even unscaled" in nan.message
+
+
+def test_a_dead_layer_is_reported_once_as_dead_not_again_as_not_learning(tmp_path):
+    # Its units never fire (bias -10 against pre-activations of about 1), so
+    # its update is exactly 0: one cause. A skip around it keeps the layers
+    # after it learning.
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    y = x.sum(axis=1, keepdims=True).astype(np.float32)
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((8,))
+    first = keras.layers.Dense(16, activation="relu", name="first")(inputs)
+    dead = keras.layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(-10.0), name="dead")
+    joined = keras.layers.Concatenate()([first, dead(first)])
+    model = keras.Model(inputs, keras.layers.Dense(1, name="last")(joined), name="net")
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    model.fit(x, y, batch_size=64, epochs=30, verbose=0, callbacks=[GradientCallback(tmp_path)])
+    st, ctx, eid = store.local_store(tmp_path)
+    found = kinds(queries.findings(st, ctx, eid, "train"))
+    assert found["dead"].layers == ["dead"]  # a functional model's layers are named plainly
+    assert "not_learning" not in found or "dead" not in found["not_learning"].layers
