@@ -279,9 +279,8 @@ def _growth(lt, t):
     s, n_rows = lt.shape
     half = max(1, t.baseline_writes // 2)
     pad = np.full((half, n_rows), np.nan)
-    shifted = np.concatenate([lt[1:], np.full((1, n_rows), np.nan)])
-    recent = trailing.before(shifted, half, trailing.nanmedian)  # writes (t - half, t]
-    counts = trailing.before(np.isfinite(shifted).astype(float), half, np.nansum)
+    recent = trailing.through(lt, half, trailing.nanmedian)  # writes (t - half, t]
+    counts = trailing.through(np.isfinite(lt).astype(float), half, np.nansum)
     earlier = np.concatenate([pad, recent])[:s]  # writes (t - 2 half, t - half]
     earlier_counts = np.concatenate([np.zeros((half, n_rows)), counts])[:s]
     filled = np.where(np.isnan(lt), -np.inf, lt)
@@ -315,11 +314,8 @@ def dead(v, t, sparse):
     # every batch, so the share dead is at most the window's minimum, and the
     # minimum over enough batches leaves the selective units out.
     dead_share = np.where(here, v.dead, np.nan)
-    shifted = np.concatenate([dead_share[1:], np.full((1, n_rows), np.nan)])
-    lowest = trailing.before(shifted, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
-    count = trailing.before(
-        np.concatenate([here[1:], np.zeros((1, n_rows), bool)]).astype(float), t.baseline_writes, np.nansum
-    )
+    lowest = trailing.through(dead_share, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
+    count = trailing.through(here.astype(float), t.baseline_writes, np.nansum)
     with np.errstate(invalid="ignore"):
         flags = here & (count >= t.min_writes) & (lowest >= t.dead_units) & ~exempt[None, :]
     evidence = {}
@@ -327,12 +323,18 @@ def dead(v, t, sparse):
         if not flags[:, j].any():
             continue
         steps = v.steps[flags[:, j]]
+        # The rule is sure only once a whole window has passed; the layer was
+        # dead from the first write of the unbroken run that led there.
+        onset = int(np.argmax(flags[:, j]))
+        while onset > 0 and here[onset - 1, j] and dead_share[onset - 1, j] >= t.dead_units:
+            onset -= 1
         evidence[name] = {
             "median_dead_unit_fraction": float(np.median(v.dead[flags[:, j], j])),
             "lowest_dead_unit_fraction": float(np.min(lowest[flags[:, j], j])),
             "max_dead_unit_fraction": float(np.max(v.dead[flags[:, j], j])),
             "fraction_of_steps": float(flags[:, j].sum() / here[:, j].sum()),
-            "first_step": int(steps[0]),
+            "first_step": int(v.steps[onset]),
+            "confirmed_at_step": int(steps[0]),
             "last_step": int(steps[-1]),
         }
     return Verdict(flags, {name: "warning" for name in evidence}, evidence, "last")

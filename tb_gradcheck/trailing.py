@@ -1,8 +1,8 @@
 """Trailing windows over a run's writes: the arithmetic the rules share; numpy only.
 
 Every matrix here is ``[writes, rows]``, one column per layer. The window
-``before`` write ``t`` holds writes ``t - length .. t - 1``; ``persistent``
-counts the window that ends at ``t``. Neither reads a write after ``t``,
+``before`` write ``t`` holds writes ``t - length .. t - 1``; ``through`` and
+``persistent`` take the window that ends at ``t``. Neither reads a write after ``t``,
 which is what keeps the rules causal (``tb_gradcheck.rules``).
 """
 
@@ -31,6 +31,12 @@ def before(values, length, reduce):
         for j in range(0, n_rows, chunk):
             out[:, j : j + chunk] = reduce(windows[:, j : j + chunk], axis=-1)
     return out
+
+
+def through(values, length, reduce):
+    """``reduce`` over the ``length`` writes that end at each write (including it), per column."""
+    pad = np.full((1, values.shape[1]), np.nan)
+    return before(np.concatenate([values, pad]), length, reduce)[1:]
 
 
 class _quiet:

@@ -211,6 +211,9 @@ def test_dead_layer_is_found_and_embeddings_are_exempt(tmp_path):
     findings = by_kind(get_json(client, "/data/plugin/gradients/findings?run=r")["findings"])
     assert findings["dead"]["layers"] == ["dead"]  # table's 99.7% zeros are sparsity, not death
     assert findings["dead"]["evidence"]["dead"]["median_dead_unit_fraction"] == 1.0
+    # Dead from the first write, though the rule needs min_writes (5) to be sure.
+    assert findings["dead"]["steps"] == [0, 19]
+    assert findings["dead"]["evidence"]["dead"]["confirmed_at_step"] == 4  # the fifth write
     assert "vanishing" not in findings  # a dead layer is reported once, as dead
 
 

@@ -1,0 +1,31 @@
+"""Trailing windows over writes (tb_gradcheck.trailing) against a plain loop: which writes each window holds."""
+
+import numpy as np
+import pytest
+
+from tb_gradcheck import trailing
+
+
+def naive(values, lo, hi, reduce):
+    """``reduce`` over rows ``lo..hi`` (clipped to the matrix), NaN when none."""
+    rows = values[max(lo, 0) : max(hi + 1, 0)]
+    return reduce(rows, axis=0) if len(rows) else np.full(values.shape[1], np.nan)
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the naive loop on a window of one NaN
+def test_before_and_through_hold_the_writes_they_say():
+    values = np.random.default_rng(0).normal(size=(30, 3))
+    values[4, 1] = np.nan
+    for length in (1, 3, 20):
+        got_before = trailing.before(values, length, np.nanmax)
+        got_through = trailing.through(values, length, np.nanmax)
+        for t in range(len(values)):
+            np.testing.assert_array_equal(got_before[t], naive(values, t - length, t - 1, np.nanmax))
+            np.testing.assert_array_equal(got_through[t], naive(values, t - length + 1, t, np.nanmax))
+
+
+def test_through_counts_the_first_write():
+    # The first write belongs to every window that reaches back to it: a
+    # layer dead from write 0 has min_writes behind it at write min_writes - 1.
+    counts = trailing.through(np.ones((6, 1)), 20, np.nansum)[:, 0]
+    assert counts.tolist() == [1, 2, 3, 4, 5, 6]
