@@ -262,3 +262,13 @@ def stats_content(run_dir):
                 if value.tag.startswith("gradients/stats/") and value.metadata.plugin_data.content:
                     return metadata.parse(value.metadata.plugin_data.content)
     raise AssertionError(f"no stats tag in {run_dir}")
+
+
+@pytest.fixture
+def policy():
+    """Restores Keras' global dtype policy, so a mixed-precision test leaves float32 behind."""
+    import keras  # here, not at the top: only the tests that ask for this fixture need it
+
+    previous = keras.mixed_precision.global_policy()
+    yield keras.mixed_precision.set_global_policy
+    keras.mixed_precision.set_global_policy(previous)

@@ -22,14 +22,6 @@ COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 LAST = 0  # the "last" slab: every step is written
 
 
-@pytest.fixture
-def policy():
-    """Restores Keras' global dtype policy, so a mixed-precision test leaves float32 behind."""
-    previous = keras.mixed_precision.global_policy()
-    yield keras.mixed_precision.set_global_policy
-    keras.mixed_precision.set_global_policy(previous)
-
-
 class WeightRecorder(keras.callbacks.Callback):
     """Keeps the trainable weights (as numpy) before and after every training batch."""
 

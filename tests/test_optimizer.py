@@ -24,14 +24,6 @@ from tb_gradcheck.keras import GradientCallback
 LAST = 0
 
 
-@pytest.fixture
-def policy():
-    """Restores Keras' global dtype policy, so a mixed-precision test leaves float32 behind."""
-    previous = keras.mixed_precision.global_policy()
-    yield keras.mixed_precision.set_global_policy
-    keras.mixed_precision.set_global_policy(previous)
-
-
 def columns(run_dir, granularity="variable"):
     """``[(step, {column: values of the last slab})]`` of one run, columns by the layout's names."""
     names = stats_content(run_dir)["columns"]

@@ -74,9 +74,10 @@ def test_healthy_layers_are_learning(tmp_path, optimizer):
     assert "not_learning" not in kinds(fit(tmp_path, opt))
 
 
-def mixed_precision_fit(logdir, nan_labels_from=None, steps=40):
+def mixed_precision_fit(logdir, policy, nan_labels_from=None, steps=40):
     """A mixed_float16 fit whose summed loss overflows float16 at the default starting scale (2**15).
 
+    ``policy``: the ``policy`` fixture, which restores float32 afterwards.
     ``nan_labels_from``: from this batch on the labels are NaN, so every
     gradient is NaN whatever the scale: the model's own NaN, not an overflow.
     """
@@ -85,38 +86,34 @@ def mixed_precision_fit(logdir, nan_labels_from=None, steps=40):
     y = (x @ rng.normal(size=(16, 1))).astype(np.float32) * 30.0
     if nan_labels_from is not None:
         y[64 * (nan_labels_from - 1) :] = np.nan
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        keras.utils.set_random_seed(3)
-        model = keras.Sequential(
-            [
-                keras.Input((16,)),
-                keras.layers.Dense(64, activation="relu", name="hidden"),
-                keras.layers.Dense(1, name="out", dtype="float32"),
-            ],
-            name="net",
-        )
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.MeanSquaredError(reduction="sum"))
-        model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[GradientCallback(logdir)])
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
+    policy("mixed_float16")
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            keras.layers.Dense(64, activation="relu", name="hidden"),
+            keras.layers.Dense(1, name="out", dtype="float32"),
+        ],
+        name="net",
+    )
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.MeanSquaredError(reduction="sum"))
+    model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[GradientCallback(logdir)])
     st, ctx, eid = store.local_store(logdir)
     refused = queries.heatmap(st, ctx, eid, "train", "refused_steps", "layer")
     scale = queries.heatmap(st, ctx, eid, "train", "loss_scale", "layer")
     return queries.findings(st, ctx, eid, "train"), refused, scale
 
 
-def test_steps_the_loss_scaler_refuses_while_it_finds_its_scale_are_no_finding(tmp_path):
-    found, refused, scale = mixed_precision_fit(tmp_path)
+def test_steps_the_loss_scaler_refuses_while_it_finds_its_scale_are_no_finding(tmp_path, policy):
+    found, refused, scale = mixed_precision_fit(tmp_path, policy)
     assert np.nansum(refused.values[:, 0]) >= 2  # the premise: overflows were refused ...
     assert np.nanmin(scale.values[:, 0]) >= 1  # ... and a scale above 1 cured them
     assert "non_finite" not in kinds(found), [f.message for f in found]
 
 
-def test_a_nan_no_loss_scale_cures_is_an_error_from_its_first_refused_step(tmp_path):
+def test_a_nan_no_loss_scale_cures_is_an_error_from_its_first_refused_step(tmp_path, policy):
     # From batch 20, after the scaler settled (refusing steps 1-10 on the way).
-    found, refused, scale = mixed_precision_fit(tmp_path, nan_labels_from=20)
+    found, refused, scale = mixed_precision_fit(tmp_path, policy, nan_labels_from=20)
     assert (refused.values[19:, 0] == 1).all() and np.nanmin(scale.values[:, 0]) < 1  # refused until below 1
     nan = kinds(found)["non_finite"]
     assert nan.severity == "error" and nan.steps[0] == 20
