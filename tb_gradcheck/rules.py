@@ -116,9 +116,8 @@ def non_finite(v):
         if not flags[:, j].any():
             continue
         steps = v.steps[flags[:, j]]
-        first = int(np.argmax(flags[:, j]))
-        while first > 0 and bad[first - 1, j]:  # the refused writes that led to it
-            first -= 1
+        flagged = int(np.argmax(flags[:, j]))
+        first = trailing.run_start(bad[:, j], flagged)  # with the refused writes that led to it
         before = peak[: first + 1, j]
         # The window's own record of its first non-finite step, when the log
         # has it: a write every N steps otherwise only says "by step s".
@@ -134,7 +133,7 @@ def non_finite(v):
             "first_step": onset,
             "last_step": int(steps[-1]),
         }
-        at = scale[np.argmax(flags[:, j])] if scale is not None else np.nan
+        at = scale[flagged] if scale is not None else np.nan
         if np.isfinite(at):  # the scale that no longer cured it
             evidence[name]["loss_scale"] = _float(at)
     return Verdict(flags, {name: "error" for name in evidence}, evidence, v.total)
@@ -325,9 +324,9 @@ def dead(v, t, sparse):
         steps = v.steps[flags[:, j]]
         # The rule is sure only once a whole window has passed; the layer was
         # dead from the first write of the unbroken run that led there.
-        onset = int(np.argmax(flags[:, j]))
-        while onset > 0 and here[onset - 1, j] and dead_share[onset - 1, j] >= t.dead_units:
-            onset -= 1
+        with np.errstate(invalid="ignore"):
+            dead_here = here[:, j] & (dead_share[:, j] >= t.dead_units)
+        onset = trailing.run_start(dead_here, int(np.argmax(flags[:, j])))
         evidence[name] = {
             "median_dead_unit_fraction": float(np.median(v.dead[flags[:, j], j])),
             "lowest_dead_unit_fraction": float(np.min(lowest[flags[:, j], j])),

@@ -39,6 +39,14 @@ def through(values, length, reduce):
     return before(np.concatenate([values, pad]), length, reduce)[1:]
 
 
+def run_start(mask, end):
+    """The first write of the unbroken run of true writes in ``mask`` (one column, bool) that ends at ``end``."""
+    start = end
+    while start > 0 and mask[start - 1]:
+        start -= 1
+    return start
+
+
 class _quiet:
     """Silences numpy's "All-NaN slice" and "Mean of empty slice" warnings: an empty window is NaN on purpose."""
 

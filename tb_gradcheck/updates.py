@@ -106,7 +106,9 @@ class UpdateBracket:
         """``{column: (layer [L], variable [V])}`` float32: update_norm, update_to_weight, weight_norm.
 
         Call at the write step (inside the writer's write branch). A bracket
-        that was never entered gives MISSING update columns.
+        that was never entered raises ValueError; one that was given another
+        step than the write, and so did not measure this one, gives MISSING
+        update columns and the writer's own weight norms.
         """
         if self._update is None:
             raise ValueError(

@@ -29,3 +29,9 @@ def test_through_counts_the_first_write():
     # layer dead from write 0 has min_writes behind it at write min_writes - 1.
     counts = trailing.through(np.ones((6, 1)), 20, np.nansum)[:, 0]
     assert counts.tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_run_start_walks_back_over_the_unbroken_run_only():
+    mask = np.array([True, False, True, True, True, False])
+    assert trailing.run_start(mask, 4) == 2  # not past the gap at write 1
+    assert trailing.run_start(mask, 0) == 0
