@@ -6,7 +6,9 @@ custom step in several ways: bare; tb_gradcheck's GradientWriter;
 per-variable ``tf.summary.histogram`` of the gradients (what Keras'
 TensorBoard callback used to do); hand-written per-layer
 ``tf.summary.scalar`` of the gradient norm. Each way writes every step and
-every 10 steps. Figures are medians of interleaved rounds, as ratios to the
+every 10 steps. One more way takes one ``l2_loss`` per gradient and writes
+nothing: the floor under any exact record of every step, a window's
+included. Figures are medians of interleaved rounds, as ratios to the
 bare step timed in the same rounds.
 
 The ``fit`` rows time ``model.fit`` on the MLP per batch, with XLA
@@ -105,6 +107,10 @@ def _steps(model, x_shape, y_shape, logdir):
         writer = GradientWriter(directory, every_n_steps=every) if (record or "").startswith("tb_gradcheck") else None
         # tb_gradcheck_update: the update bracket too (update_norm, update_to_weight).
         bracketed = record == "tb_gradcheck_update"
+        # norm: one l2_loss per gradient, kept in a variable and never
+        # written: the least an exact record of every step can cost, which is
+        # what a window takes at the steps between its writes.
+        norms = tf.Variable(tf.zeros([len(variables)])) if record == "norm" else None
 
         @tf.function
         def train():
@@ -119,6 +125,8 @@ def _steps(model, x_shape, y_shape, logdir):
                 return
             if writer is not None:
                 writer.write(grads, variables, step)
+            elif norms is not None:
+                norms.assign(tf.stack([tf.nn.l2_loss(g) for g in grads]))
             elif summary_writer is not None:
                 with summary_writer.as_default(step=step), tf.summary.record_if(step % every == 0):
                     if record == "histogram":
@@ -141,7 +149,7 @@ def _steps(model, x_shape, y_shape, logdir):
 
         return train, directory, close, step
 
-    ways = {"bare": make(None, 1)}
+    ways = {"bare": make(None, 1), "norm": make("norm", 1)}
     for every in (1, 10):
         for record in ("tb_gradcheck", "histogram", "scalar"):
             ways[f"{record}_every{every}"] = make(record, every)
@@ -273,6 +281,14 @@ def run(quick=False):
                             target if record == "tb_gradcheck" else None,
                         )
                     )
+            rows.append(
+                row(
+                    f"step time, {name}, one l2_loss per gradient and nothing written (a window's floor)",
+                    bare * 1e3,
+                    times["norm"] * 1e3,
+                    "ms",
+                )
+            )
             for every in (1, 10, 1_000_000):
                 rows.append(
                     row(
