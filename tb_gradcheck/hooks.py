@@ -114,9 +114,11 @@ class Session:
                 )
                 self.jit_compile = self.model.jit_compile
                 self.model.jit_compile = False
-        self._calls_to_skip = 0  # see after_compiled_step
+        # When the host writes what compiled steps stashed, and which calls
+        # are known not to be written.
+        self.schedule = stash.Schedule(self.writer)
         # Read while a compiled train function is traced: it runs only at
-        # steps known not to be written (see between_writes_next).
+        # steps known not to be written (``stash.Schedule.between_writes_next``).
         self.between_writes = False
         self.saved = []
         # The apply() being traced (see _update_hook), per thread: under
@@ -341,47 +343,6 @@ class Session:
         # records follow their own every_n_steps instead.
         with tf.summary.record_if(True):
             self.writer.record(grads, variables, step, extra)
-
-    def after_compiled_step(self):
-        """After one call of the compiled train function: writes what is stashed, when it must be.
-
-        Each write is one host round trip of about a millisecond on a CPU,
-        as much as the statistics of a small step, so it is made only when
-        it cannot wait. A compiled fit runs one step per call
-        (``why_not_compiled``), and a step moves the stashed step on by at
-        most one. Written every step, the stash holds the last
-        ``stash.DEPTH`` steps: a call every DEPTH calls writes them all
-        before any is overwritten. A window writes at one step in N: from
-        the step the last call saw, the next write step is at least
-        ``N - step % N`` calls away. If fewer steps were stashed than calls
-        made, the call finds nothing due and counts again from there; it is
-        never late. What is held at the end is written by ``close``.
-        """
-        if self._calls_to_skip > 0:
-            self._calls_to_skip -= 1
-            return
-        step = self.writer.write_compiled()
-        n = self.writer.every_n_steps
-        if n == 1:
-            # Not reading the step leaves the host free to queue the next one.
-            self._calls_to_skip = stash.DEPTH - 1
-            return
-        step = int(step)
-        if step >= 0:
-            self._calls_to_skip = n - step % n - 1
-
-    def between_writes_next(self):
-        """Whether the next compiled call is known not to reach a write step (a window's other steps).
-
-        For those calls ``GradientCallback`` runs a second train function,
-        traced with ``between_writes`` set: under XLA a step cannot skip the
-        write step's statistics with a cond on the gradients
-        (``Recording.stash``), but a function compiled for the steps between
-        writes never computes them, nor the optimizer columns. The calls are
-        counted as in ``after_compiled_step``: a write step is never
-        predicted late.
-        """
-        return self.writer.every_n_steps > 1 and self._calls_to_skip > 0
 
     def _key(self, variable):
         key = getattr(self.target, "_var_key", None)

@@ -199,7 +199,7 @@ class GradientCallback(keras.callbacks.Callback):
         between_writes = None
         if self._session.compiled and self.every_n_steps > 1:
             # A second compiled function for the steps between a window's
-            # writes (hooks.Session.between_writes_next), traced on first use.
+            # writes (stash.Schedule.between_writes_next), traced on first use.
             self.model.make_train_function(force=True)
             between_writes = self.model.train_function
         self.model.train_function = self._guard(train_function, between_writes)
@@ -209,7 +209,7 @@ class GradientCallback(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self._session is not None and self._session.compiled:
-            self._session.after_compiled_step()
+            self._session.schedule.after_call()
         if self._session is not None and self.check_every_n_steps is not None:
             self._session.maybe_check()
 
@@ -246,7 +246,7 @@ class GradientCallback(keras.callbacks.Callback):
         reuses it. That call runs a clean function instead.
 
         ``between_writes``: the train function for the steps the session
-        knows are not written (``hooks.Session.between_writes_next``), or None.
+        knows are not written (``stash.Schedule.between_writes_next``), or None.
         """
         callback, model = self, self.model
 
@@ -260,7 +260,7 @@ class GradientCallback(keras.callbacks.Callback):
             callback._in_batch = False
             session = callback._session
             # Set before the call: a function traces (or retraces) inside it.
-            session.between_writes = between_writes is not None and session.between_writes_next()
+            session.between_writes = between_writes is not None and session.schedule.between_writes_next()
             try:
                 return (between_writes if session.between_writes else function)(iterator)
             except (StopIteration, tf.errors.OutOfRangeError):

@@ -108,3 +108,54 @@ class Stash:
         """``(step, layer [L, C], variable [V, C], extra {name: (layer [L], variable [V])})`` of one slot."""
         extra = {name: (lv[slot], vv[slot]) for name, (lv, vv) in self._extra.items()}
         return self.steps[slot], self.layer[slot], self.variable[slot], extra
+
+
+class Schedule:
+    """When a compiled fit's host writes what its steps stashed, counted in train-function calls.
+
+    Each write is one host round trip of about a millisecond on a CPU, as
+    much as the statistics of a small step, so it is made only when it
+    cannot wait. A compiled fit runs one step per call
+    (``hooks.why_not_compiled``), and a step moves the stashed step on by at
+    most one. Written every step, the stash holds the last ``DEPTH`` steps:
+    a call every DEPTH calls writes them all before any is overwritten. A
+    window writes at one step in N: from the step the last call saw, the
+    next write step is at least ``N - step % N`` calls away. If fewer steps
+    were stashed than calls made, the call finds nothing due and counts
+    again from there; it is never late. What is held at the end is written
+    by ``GradientWriter.close``.
+
+    Args:
+      writer: The fit's ``GradientWriter``.
+    """
+
+    def __init__(self, writer):
+        self.writer = writer
+        self._calls_to_skip = 0
+
+    def after_call(self):
+        """After one call of the compiled train function: writes what is stashed, when it must be."""
+        if self._calls_to_skip > 0:
+            self._calls_to_skip -= 1
+            return
+        step = self.writer.write_compiled()
+        n = self.writer.every_n_steps
+        if n == 1:
+            # Not reading the step leaves the host free to queue the next one.
+            self._calls_to_skip = DEPTH - 1
+            return
+        step = int(step)
+        if step >= 0:
+            self._calls_to_skip = n - step % n - 1
+
+    def between_writes_next(self):
+        """Whether the next compiled call is known not to reach a write step (a window's other steps).
+
+        For those calls ``GradientCallback`` runs a second train function,
+        traced with ``between_writes`` set: under XLA a step cannot skip the
+        write step's statistics with a cond on the gradients
+        (``Recording.stash``), but a function compiled for the steps between
+        writes never computes them, nor the optimizer columns. The calls are
+        counted as in ``after_call``: a write step is never predicted late.
+        """
+        return self.writer.every_n_steps > 1 and self._calls_to_skip > 0
