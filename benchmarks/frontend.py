@@ -102,7 +102,7 @@ def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS):
     by row name, as it merges two models written through one writer. One
     layout of 2,000 rows x 10,000 steps would be a 0.96 GB tag, more than one
     read of TensorBoard's data server carries (256 MiB): the plugin would
-    show a uniform sample of about 2,100 of its steps (``store.READ_BUDGET_BYTES``).
+    show a uniform sample of about 2,100 of its steps (``points.READ_BUDGET_BYTES``).
     The layouts are written in row order at every step, so their newest
     points, by which the plugin orders them, keep that order.
     """

@@ -54,7 +54,7 @@ class Matrix:
       values: float32 ``[S, A, R, C]``.
       missing: bool ``[S, A, R, C]``: no value (no gradient, row absent from
         that step's layout, or an aggregate the layout did not store).
-      problems: ``store.Problem`` for every point or tag that was skipped.
+      problems: ``points.Problem`` for every point or tag that was skipped.
     """
 
     rows: list

@@ -1,8 +1,8 @@
 """Reads gradient tags through a TensorBoard data provider, with one bounded cache; numpy only.
 
 This is the only module that talks to the data provider. It lists runs and
-tags, parses each tag's layout, decodes its points (skipping malformed ones,
-with the reason as a ``Problem``) and keeps what it decoded in one cache
+tags, parses each tag's layout, decodes its points (``points.py``: skipping
+malformed ones, with the reason as a ``Problem``) and keeps what it decoded in one cache
 bounded by bytes (``cache.Cache``), so the plugin's memory follows what the
 tab is looking at, not the size of the logdir. Merging layouts is
 ``merge.py``'s job, answering requests ``queries.py``'s.
@@ -16,20 +16,8 @@ import numpy as np
 from tb_gradcheck import cache
 from tb_gradcheck import merge
 from tb_gradcheck import metadata
-
-# read_tensors takes a sampling hint and returns at most that many points. The
-# plugin keeps every point by default (see plugin.py), so it asks for all of
-# them, up to the bound below; a hint of 0 would return nothing at all.
-#
-# TensorBoard's client refuses an answer from its Rust data server over 256 MiB
-# (tensorboard/data/server_ingester.py sets grpc.max_receive_message_length),
-# and one read_tensors answer carries every point of a tag. A tag larger than
-# that (2,000 layers x 10,000 steps is 1.28 GB) made every read of it fail,
-# and with it the listing of every run. So a read asks for at most this many
-# bytes of points, leaving room for the answer's framing; the data server
-# then sends a uniform sample of the tag. The Python path gets the same bound,
-# which also bounds the plugin's memory per tag.
-READ_BUDGET_BYTES = 192 << 20
+from tb_gradcheck import points
+from tb_gradcheck.points import Problem
 
 # Enough for the runs a tab shows at once (one run, or two compared) at
 # 200 layers x 10,000 steps (about 80 MB of float32 each), with room for the
@@ -43,17 +31,6 @@ class NotFound(LookupError):
 
 class BadRequest(ValueError):
     """A parameter outside what the data can answer (HTTP 400, exit code 2)."""
-
-
-@dataclasses.dataclass
-class Problem:
-    """A tag that could not be read, and why."""
-
-    tag: str
-    reason: str
-
-    def to_dict(self):
-        return {"tag": self.tag, "reason": self.reason}
 
 
 @dataclasses.dataclass
@@ -83,8 +60,8 @@ class Summary:
 
     @property
     def capped(self):
-        """Whether the read was cut to ``READ_BUDGET_BYTES`` and the tag holds more points than were read."""
-        return any(isinstance(p, Capped) for p in self.problems)
+        """Whether the read was cut to ``points.READ_BUDGET_BYTES`` and the tag holds more points than were read."""
+        return any(isinstance(p, points.Capped) for p in self.problems)
 
 
 @dataclasses.dataclass
@@ -127,7 +104,7 @@ class RunIndex:
     def read_bytes(self):
         """About what reading every tag of the run again costs: a miss's cost for ``cache.Cache``."""
         tags = {s.tag: s for layouts in self.series.values() for s in layouts}
-        return sum(point_bytes(s.content) * (s.max_step + 1) for s in tags.values())
+        return sum(points.point_bytes(s.content) * (s.max_step + 1) for s in tags.values())
 
     def window(self):
         return max((s.content.get("window", 1) for s in self.layouts(metadata.KIND_STATS, "layer")), default=1)
@@ -273,7 +250,7 @@ class Store:
         hit = self.cache.get(key)
         if hit is not None and hit[0] == version:
             return hit[1]
-        limit = read_limit(series.content)
+        limit = points.read_limit(series.content)
         result = self._provider.read_tensors(
             ctx,
             experiment_id=experiment_id,
@@ -281,7 +258,7 @@ class Store:
             run_tag_filter=_filter(run, series.tag),
             downsample=limit,
         )
-        decoded = _decode(series, result.get(run, {}).get(series.tag, []), limit)
+        decoded = points.decode(series, result.get(run, {}).get(series.tag, []), limit)
         steps, values, _ = decoded
         # The summary is put apart from the values: a listing of many runs
         # needs only summaries, which stay cached when the values are dropped
@@ -297,27 +274,10 @@ class Store:
         return decoded
 
 
-def point_bytes(content):
-    """Bytes of one point (one step's float32 tensor) of a tag with this layout."""
-    return 4 * int(np.prod(metadata.shape_of(content)))
-
-
-def read_limit(content):
-    """The most points of a tag with this layout that one read asks for (``READ_BUDGET_BYTES`` of them)."""
-    return max(1, READ_BUDGET_BYTES // max(1, point_bytes(content)))
-
-
 def _summarize(series, decoded):
     steps, values, problems = decoded
-    count = _write_count(series, values) if len(steps) else None
+    count = points.write_count(series, values) if len(steps) else None
     return Summary(steps, problems, count)
-
-
-def _write_count(series, values):
-    """The write counter in the header row of the last point (stats tags), or None."""
-    if series.content["kind"] != metadata.KIND_STATS:
-        return None
-    return float(values[-1, 0, metadata.header_row(series.content), 0])
 
 
 def _version(series):
@@ -328,75 +288,6 @@ def _filter(run, tag):
     from tensorboard.data import provider  # light: pure Python, no TensorFlow
 
     return provider.RunTagFilter(runs=[run], tags=None if tag is None else [tag])
-
-
-class Capped(Problem):
-    """A tag with more points than one read may carry: a uniform sample of them was read."""
-
-
-def _capped(series, read, limit):
-    shape = metadata.shape_of(series.content)
-    return Capped(
-        series.tag,
-        f"{read:,} of its points were read, a uniform sample: each point is {point_bytes(series.content) / 1024:,.0f} KiB "
-        f"({' x '.join(map(str, shape))} float32) and TensorBoard's data server sends at most 256 MiB per "
-        f"read, so at most {limit:,} points of this layout can be shown. Writing with every_n_steps "
-        "keeps a whole run readable (each write then covers N steps)",
-    )
-
-
-def _decode(series, data, limit=None):
-    """Stacks a tag's datums into ``(steps [S], values [S, ...], problems)``, skipping bad ones.
-
-    ``limit`` is the number of points the read asked for at most: a read that
-    returned that many may have been cut (``Capped``) when the tag's write
-    counter says more were written.
-    """
-    shape = metadata.shape_of(series.content)
-    expected_dtype = np.float32
-    expected = f"shape {shape} {np.dtype(expected_dtype)}"
-    kind = series.content["kind"]
-    if kind == metadata.KIND_CHECK:
-        status = series.content["columns"].index("status")
-        codes = np.arange(len(metadata.CHECK_STATUSES))
-    good, bad = [], {}  # bad: (what, expected) -> count
-    for d in data:
-        arr = d.numpy
-        if arr.shape != shape or arr.dtype != expected_dtype:
-            key = (f"shape {arr.shape} {_dtype_name(arr)}", expected)
-        elif kind == metadata.KIND_CHECK and not np.all(np.isnan(arr[:, status]) | np.isin(arr[:, status], codes)):
-            key = (
-                "an unknown check status code",
-                f"NaN or one of {codes.tolist()} ({', '.join(metadata.CHECK_STATUSES)})",
-            )
-        else:
-            good.append(d)
-            continue
-        bad[key] = bad.get(key, 0) + 1
-    problems = [
-        Problem(series.tag, f"{n} of {len(data)} points have {what}; expected {want}")
-        for (what, want), n in bad.items()
-    ]
-    # The provider returns points in step order; keep the last point of a
-    # step that appears twice (a rewritten step after a restart).
-    by_step = {}
-    for d in good:
-        by_step[d.step] = d
-    steps = np.array(sorted(by_step), dtype=np.int64)
-    if not len(steps):
-        return steps, np.zeros((0,) + shape, expected_dtype), problems
-    values = np.stack([by_step[s].numpy for s in steps])
-    if limit is not None and len(data) >= limit:
-        # Cut, unless the writer's counter says this is all it wrote.
-        count = _write_count(series, values)
-        if count is None or not np.isfinite(count) or count > len(steps):
-            problems.append(_capped(series, len(steps), limit))
-    return steps, values, problems
-
-
-def _dtype_name(arr):
-    # TensorBoard hands string tensors over as object arrays of bytes.
-    return "string" if arr.dtype == object else str(arr.dtype)
 
 
 def local_store(logdir, cache_bytes=DEFAULT_CACHE_BYTES):

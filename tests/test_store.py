@@ -13,6 +13,7 @@ import pytest
 
 from conftest import synthetic_run
 from tb_gradcheck import cache
+from tb_gradcheck import points
 from tb_gradcheck import queries
 from tb_gradcheck import store
 
@@ -228,7 +229,7 @@ def test_a_layout_larger_than_one_data_server_read_is_sampled_not_a_failed_listi
 
     rows, steps = 8_000, 720  # 375 KiB per point, 264 MiB in all
     content = _write_wide(tmp_path / "wide", rows, steps)
-    limit = store.read_limit(content)
+    limit = points.read_limit(content)
     assert limit < steps
     client, _ = make_app(tmp_path, "rust")
     deadline = time.time() + 120
@@ -247,8 +248,8 @@ def test_the_python_data_path_reads_within_the_same_budget(tmp_path, monkeypatch
 
     rows, steps = 10, 30
     point = 4 * (2 * rows + 1) * len(metadata.stored_columns(1))
-    monkeypatch.setattr(store, "READ_BUDGET_BYTES", 12 * point)
+    monkeypatch.setattr(points, "READ_BUDGET_BYTES", 12 * point)
     content = _write_wide(tmp_path / "wide", rows, steps)
-    assert store.read_limit(content) == 12
+    assert points.read_limit(content) == 12
     client, _ = make_app(tmp_path, "python")
     _check_capped(client, 12, steps)
