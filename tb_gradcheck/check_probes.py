@@ -284,7 +284,42 @@ class Prober:
         needs = kind != GRADIENT and judged.status == MISMATCH and math.isfinite(judged.analytic)
         if step is None and (needs or check_verdict.blocked_by_kink(m, self.sigma, self.tolerance)):
             judged = self.confirm(row, direction, judged, reference)
+        if judged.status == MISMATCH and math.isfinite(judged.analytic) and math.isfinite(judged.numeric):
+            judged = self.off_the_point(row, direction, judged)
         return judged
+
+    def off_the_point(self, row, direction, probe):
+        """A conviction read again a step away on each side: a wrong gradient, or a convention where the loss has no derivative.
+
+        Where the loss is not differentiable (a ReLU input exactly at 0, a
+        max-pool window with a tie: Keras' zero biases and zero-padded rows
+        put many elements there at once), TensorFlow's gradient takes one
+        convention per element (relu'(0) = 0, the whole gradient to one of
+        the tied inputs). Summed over many such elements with upstream
+        gradients of both signs, the directional derivative it gives can lie
+        outside both one-sided slopes, and no error bar around the central
+        difference covers that; in float32 the fourth difference often
+        cannot see the kinks either. One step h to each side the elements
+        leave the kink, and the analytic derivatives there are the one-sided
+        slopes, whose mean the central difference measures. A wrong gradient
+        is wrong on both sides as well, so its conviction stands. Two
+        gradient evaluations, paid only by a probe that would convict.
+        """
+        h = probe.step
+        right = self.evaluator.slope_at(row.variables, row.theta, direction, h)
+        left = self.evaluator.slope_at(row.variables, row.theta, direction, -h)
+        mean, n = (right + left) / 2, probe.numeric
+        if not math.isfinite(mean) or abs(mean - n) > probe.error_bound + self.tolerance * max(abs(mean), abs(n)):
+            return probe
+        return dataclasses.replace(
+            probe,
+            status=INCONCLUSIVE,
+            reason=(
+                f"the loss is not differentiable at this point: the analytic derivative is {probe.analytic:.4g} "
+                f"here but {left:.4g} and {right:.4g} a step to either side, whose mean the difference "
+                f"({n:.4g}) matches"
+            ),
+        )
 
     def confirm(self, row, direction, probe, reference):
         """Re-measures a probe at step h/8; a mismatch stands only if it convicts there too.

@@ -63,6 +63,27 @@ class Evaluator:
             applied.append(value.astype(np.float64) - t)
         return applied
 
+    def slope_at(self, variables, theta, direction, step):
+        """The analytic derivative along ``direction`` with ``variables`` at fl(theta + step * d), then put back.
+
+        The derivative is the gradient there dotted with the perturbation
+        actually applied, over ``step``; counted as one evaluation.
+        """
+        applied = self.perturb(variables, theta, direction, step)
+        try:
+            grads = self.gradients()
+        finally:
+            for v in variables:
+                self.reset(v)
+        self.evaluations += 1
+        by_id = {id(v): g for v, g in zip(self._checked, grads)}
+        dots = [
+            np.sum(np.asarray(by_id[id(v)], np.float64) * p)
+            for v, p in zip(variables, applied)
+            if by_id[id(v)] is not None
+        ]
+        return float(sum(dots)) / step
+
     def reset(self, v):
         v.assign(self._saved[id(v)])
 

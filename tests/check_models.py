@@ -46,16 +46,37 @@ class ScaledGradient(tf.keras.layers.Layer):
         return self.activation(affine(x, tf.convert_to_tensor(self.kernel), tf.convert_to_tensor(self.bias)))
 
 
+class PositionBias(tf.keras.layers.Layer):
+    """Adds a bias of its own to every position and channel (a flat vector, so ``Case.reseed`` draws it as a bias)."""
+
+    def build(self, input_shape):
+        self.shape = tuple(input_shape[1:])
+        self.bias = self.add_weight(name="bias", shape=(int(np.prod(self.shape)),), initializer="zeros")
+
+    def call(self, x):
+        return x + tf.reshape(tf.cast(self.bias, x.dtype), self.shape)
+
+
 class Case:
     """A model, its data in variables and one traced loss; ``reseed`` redraws all of it in place."""
 
-    def __init__(self, model, batch, loss="mse", bias_scale=0.1, loss_scale=1.0, vocab=None, train_steps=0):
+    def __init__(
+        self, model, batch, loss="mse", bias_scale=0.1, loss_scale=1.0, vocab=None, train_steps=0, zero_rows=0
+    ):
         """``loss_scale`` multiplies the loss; ``vocab`` draws integer inputs below it; ``train_steps`` SGD steps
-        (learning rate 0.1) run after every reseed, so the check sees a trained model."""
+        (learning rate 0.1) run after every reseed, so the check sees a trained model; the first ``zero_rows``
+        inputs of the batch are zeros (padding)."""
         self.model = model
         self.settings = dict(
-            batch=batch, loss=loss, bias_scale=bias_scale, loss_scale=loss_scale, vocab=vocab, train_steps=train_steps
+            batch=batch,
+            loss=loss,
+            bias_scale=bias_scale,
+            loss_scale=loss_scale,
+            vocab=vocab,
+            train_steps=train_steps,
+            zero_rows=zero_rows,
         )
+        self.zero_rows = zero_rows
         self.dtype = tf.as_dtype(model.outputs[0].dtype)
         self.in_dtype = tf.as_dtype(model.inputs[0].dtype)
         self.bias_scale = bias_scale
@@ -107,7 +128,9 @@ class Case:
         if self.vocab:
             self.x.assign(rng.integers(0, self.vocab, size=self.x.shape).astype(self.in_dtype.as_numpy_dtype))
         else:
-            self.x.assign(rng.normal(size=self.x.shape).astype(self.in_dtype.as_numpy_dtype))
+            x = rng.normal(size=self.x.shape)
+            x[: self.zero_rows] = 0.0
+            self.x.assign(x.astype(self.in_dtype.as_numpy_dtype))
         if self.classes:
             self.y.assign(rng.integers(0, self.classes, size=self.y.shape).astype(np.int32))
         else:
@@ -386,6 +409,25 @@ def clean(kind, dtype="float32", batch=16):
             name="pool",
         )
         return Case(model, batch, loss="xent")
+    if kind == "relu_padded":
+        # Keras' zero biases and zero-padded rows: three quarters of the
+        # batch puts every ReLU input exactly at its kink.
+        model = mlp((10, 32, 32, 1), activation="relu", dtype=dtype, batch=batch).model
+        return Case(model, batch, bias_scale=0.0, zero_rows=3 * batch // 4)
+    if kind == "max_pool_ties":
+        # Every pooling window holds four copies of one value: a four-way tie.
+        model = tf.keras.Sequential(
+            [
+                tf.keras.Input((4, 4, 2), dtype=dtype),
+                tf.keras.layers.UpSampling2D(2, dtype=dtype),
+                PositionBias(name="position_bias", dtype=dtype),
+                tf.keras.layers.MaxPooling2D(2, dtype=dtype),
+                tf.keras.layers.Flatten(dtype=dtype),
+                tf.keras.layers.Dense(3, name="logits", dtype=dtype),
+            ],
+            name="ties",
+        )
+        return Case(model, batch, loss="xent", bias_scale=0.0)
     if kind == "abs_maximum":
         inputs = tf.keras.Input((8,), dtype=dtype)
         h = tf.keras.layers.Dense(16, name="dense_0", dtype=dtype)(inputs)
@@ -426,6 +468,8 @@ CLEAN_KINDS = (
     "relu",
     "relu_trained",
     "max_pool",
+    "relu_padded",
+    "max_pool_ties",
     "abs_maximum",
     "batch_norm",
     "float16",

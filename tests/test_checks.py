@@ -90,7 +90,14 @@ def test_inconclusive_rows_say_why():
         for row in report.rows:
             if row.status != "inconclusive":
                 assert row.reason == "" or row.status == "ok", row
-    causes = ("kink", "noise floor", "random direction", "exceeds the tolerance", "second one does not")
+    causes = (
+        "kink",
+        "noise floor",
+        "random direction",
+        "exceeds the tolerance",
+        "second one does not",
+        "not differentiable",
+    )
     assert reasons and all(any(c in r for c in causes) for r in reasons), reasons
 
 

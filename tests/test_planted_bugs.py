@@ -129,6 +129,27 @@ def test_correct_models_never_mismatch_in_any_mode(kind):
         assert sum(r.status == "ok" for r in report.rows) >= len(report.rows) // 2, str(report)
 
 
+@pytest.mark.parametrize("kind", ("relu_padded", "max_pool_ties"))
+def test_a_correct_gradient_at_exact_kinks_is_never_a_mismatch(kind):
+    """Many elements exactly at a kink: TensorFlow's convention there is no one-sided slope, and not a bug.
+
+    Zero biases with zero-padded rows (every ReLU input at 0) and max-pool
+    windows of equal values: before the check read a conviction again a step
+    to either side, 5 or more of these 30 seeds of each convicted a correct layer in float32.
+    """
+    case = check_models.clean(kind)
+    convicted, excused = [], []
+    for seed in range(30):
+        report = check(case.reseed(seed), seed)
+        convicted += [(seed, r.name, r.relative_error) for r in report.failures]
+        excused += [
+            seed for r in report.rows for p in r.probes if p.reason.startswith("the loss is not differentiable")
+        ]
+    assert not convicted, convicted
+    # And it is that reading which spared them, not a luckier draw.
+    assert excused
+
+
 def test_power_is_in_the_table_the_dict_and_the_stored_check_column(tmp_path):
     case, _ = check_models.planted("element")
     report = check(case.reseed(0), 0)
