@@ -133,12 +133,20 @@ def judge(m, sigma, tolerance, reference=0.0):
             # Neither derivative rises above the rounding part of the error
             # bar: float precision cannot resolve a change this small.
             reason = "the directional derivative is below the finite-difference noise floor"
-        else:
+        elif bound > tolerance * max(scale, reference):
             # The derivative is resolved, but its error bar is wider than
             # the tolerance allows: a different cause from the one above.
             reason = (
                 f"the error bound ({bound / max(scale, reference):.2g} of the derivative) "
                 f"exceeds the tolerance ({tolerance:g})"
+            )
+        else:
+            # A narrow error bar, but the difference sits within it of the
+            # tolerance: an error of about the tolerance's size.
+            reason = (
+                f"the difference ({diff / max(scale, reference):.2g} of the derivative) is within its error "
+                f"bound ({bound / max(scale, reference):.2g}) of the tolerance ({tolerance:g}): it may be on "
+                "either side"
             )
     return Probe(m["direction"], m["h"], a, n, bound, rel, status, reason)
 

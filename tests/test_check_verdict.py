@@ -50,6 +50,9 @@ JUDGE_CASES = [
     # Resolved (2.4e-1 against a rounding bar of 4.2e-3 at a step of 1e-4)
     # but the bar is over 1% of it: the error bound is the cause, not noise.
     (m(0.237, 0.2368, h=1e-4), 0.01, 0.0, "inconclusive", "exceeds the tolerance"),
+    # A narrow bar (4e-4) but a difference of 1.0% against a 1% tolerance:
+    # the error is about the tolerance's size, not the bar too wide.
+    (m(1.0101, 1.0), 0.01, 0.0, "inconclusive", "either side"),
     # A blind-spot probe (zero analytic derivative by construction): a
     # resolved numeric derivative is a mismatch, however small against the reference...
     (m(1e-9, 2e-3, direction=BLOCK), 0.01, 1.0, "mismatch", ""),
