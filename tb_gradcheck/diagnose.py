@@ -40,6 +40,14 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
         trailing median to be a rise ("exploding"). 2: a hundredfold jump in
         one write is not optimiser noise (mini-batch noise changes a norm by
         factors of a few, a learning-rate schedule by less per step).
+      spike_margin_orders: Orders of magnitude a one-write rise that
+        recovers must also sit above the largest peak of its trailing window.
+        1: under light-tailed mini-batch noise a window's largest peak is a
+        few tenths of an order above its median, so a rise of ``rise_orders``
+        clears it by more than this and nothing changes; only a layer whose
+        own recent writes already spread over an order of magnitude or more
+        (tiny batches; a converged classifier whose rare hard examples carry
+        the whole gradient) needs its spike to stand out of that spread.
       growth_orders: Orders of magnitude the median norm of the latest half
         of the trailing window must sit above the half before it to be steady
         growth. 1: a polynomial climb from zero (a layer behind a
@@ -78,6 +86,7 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
 
     baseline_writes: int = 20
     rise_orders: float = 2.0
+    spike_margin_orders: float = 1.0
     growth_orders: float = 1.0
     sustained_writes: int = 3
     persistence: float = 0.5
@@ -206,7 +215,8 @@ def describe(found, quote=None):
         if worst["growth_orders_half_window"] is not None:
             detail.append(f"grew {worst['growth_orders_half_window']:.1f} orders in half a baseline window")
         outcomes = {x["outcome"] for x in e.values()}
-        detail.append(next(o for o in ("ends in NaN/Inf", "sustained", "recovered") if o in outcomes))
+        order = ("ends in NaN/Inf", "ends with no gradient at all", "sustained", "recovered")
+        detail.append(next(o for o in order if o in outcomes))
         return (
             f"Exploding gradients in {names}: norm up to {worst['max_norm']:.3g} "
             f"({', '.join(detail)}), steps {first}-{last}."

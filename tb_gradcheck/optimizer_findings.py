@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 
 from tb_gradcheck import finding
+from tb_gradcheck import trailing
 
 KINDS = ("clipping", "not_learning")
 
@@ -51,6 +52,18 @@ class OptimizerThresholds:
       not_learning_persistence: Fraction of a layer's steps (those in which
         some layer moved: a refused loss-scale step moves none) a condition
         must hold. 0.5: "most steps", as for vanishing gradients.
+      slow_pace: The whole network does not learn when its pace (the median
+        layer's update_to_weight, as a median over ``slow_pace_writes``
+        writes) has never reached this. 1e-6: three orders below the usual
+        healthy ~1e-3 per step, as ``not_learning_orders`` measures a layer
+        against the others; at 1e-6 a weight needs 10,000 steps to change by
+        1% of its size, so the learning rate is too small for the model
+        (every layer equally slow, so none lags the rest, and above the
+        float32 floor, so each does move). "Never": a run that learned and
+        then slowed (a decayed learning rate, a converged loss) is not slow.
+      slow_pace_writes: Writes the pace is a median over, and the least a
+        run must have before it is called slow. 20: the trailing window the
+        other slow rules use; one large first step moves no median of 20.
     """
 
     clip_tolerance: float = 1e-3
@@ -59,6 +72,8 @@ class OptimizerThresholds:
     not_learning_floor: float = 1e-7
     not_learning_orders: float = 3.0
     not_learning_persistence: float = 0.5
+    slow_pace: float = 1e-6
+    slow_pace_writes: int = 20
 
 
 def find(run, stats, thresholds=None, dead=()):
@@ -148,18 +163,26 @@ def _not_learning(run, stats, t, dead):
     if ratio is None:
         return []
     here = ~missing & np.isfinite(ratio)
+    _, no_gradient = _column(stats, "grad_norm")
+    if no_gradient is not None:
+        # A layer the loss does not reach (a head without a loss, a branch
+        # not in use) gets no gradient, so it moves 0. That is no finding,
+        # with the update measured or not: the gradient columns say the same.
+        here &= ~no_gradient
     # A step in which nothing moved (a refused loss-scale step, a zero
     # learning rate) says nothing about any one layer.
     moving = (here & (ratio > 0)).any(axis=1)
     here &= moving[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratio = np.where(here, np.log10(ratio), np.nan)  # 0 -> -inf: no update at all
+    slow, pace = _slow_network(ratio, here, t)
     evidence = {}
     n = len(stats.rows)
     for j, name in enumerate(stats.rows):
         present = here[:, j]
         if not present.any() or name in dead:
             continue
+        network = _slow_evidence(ratio[:, j], present, slow, pace, stats.steps, t)
         below_floor = present & (ratio[:, j] < t.not_learning_floor)
         behind = np.zeros_like(present)
         gap = np.full(len(present), np.nan)
@@ -174,6 +197,8 @@ def _not_learning(run, stats, t, dead):
         sick = below_floor | behind
         fraction = sick.sum() / present.sum()
         if fraction < t.not_learning_persistence:
+            if network is not None:
+                evidence[name] = network
             continue
         steps = stats.steps[sick]
         finite_gap = gap[behind][np.isfinite(gap[behind])]
@@ -194,6 +219,40 @@ def _not_learning(run, stats, t, dead):
     f = finding.Finding("not_learning", "warning", run, names, steps, "update_to_weight", "last", "", evidence)
     f.message = describe(f)
     return [f]
+
+
+def _slow_network(ratio, here, t):
+    """``(slow [S] bool, pace [S])``: the writes at which the whole network has never learned at ``slow_pace``.
+
+    The pace at a write is the median layer's update_to_weight there, as a
+    median over the ``slow_pace_writes`` writes that end at it. It is judged
+    once that many writes have moved, against the largest pace so far, so
+    the slow writes are the run's first ones, up to where it speeds up.
+    """
+    per_write = trailing.nanmedian(np.where(here, ratio, np.nan), axis=1)  # [S], NaN where nothing moved
+    pace = trailing.through(per_write[:, None], t.slow_pace_writes, trailing.nanmedian)[:, 0]
+    best = np.maximum.accumulate(np.where(np.isnan(pace), -np.inf, pace))
+    seen = np.cumsum(np.isfinite(per_write)) >= t.slow_pace_writes
+    return seen & (best < t.slow_pace), pace
+
+
+def _slow_evidence(ratio, present, slow, pace, steps, t):
+    """A layer's evidence of the whole network's slow pace, or None when the network is not slow."""
+    flagged = slow & present
+    if not flagged.any():
+        return None
+    return {
+        "median_update_to_weight": float(np.median(ratio[present])),
+        "median_orders_below_other_layers": None,
+        "network_pace": float(np.nanmax(pace[flagged])),
+        "fraction_of_steps": float(flagged.sum() / present.sum()),
+        # From the run's first write: the pace was never higher.
+        "first_step": int(steps[np.argmax(present)]),
+        "confirmed_at_step": int(steps[flagged][0]),
+        "last_step": int(steps[flagged][-1]),
+        "reason": f"the whole network moves under {t.slow_pace:g} of its weights per step: "
+        "a learning rate too small for it",
+    }
 
 
 def describe(found, quote=None):

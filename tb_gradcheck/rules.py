@@ -153,15 +153,21 @@ def exploding(v, t):
     ``growth_orders`` above the median of the half before it, and above
     anything before.
 
+    A rise of one write that recovers must also clear the largest peak of
+    the trailing window by ``spike_margin_orders``: where the layer's own
+    recent writes already spread that wide, one more such write is its
+    noise, not an event.
+
     Severity: error when the rise lasts ``sustained_writes`` writes or more,
-    ends in non-finite gradients, or the growth reaches ``rise_orders``;
-    warning otherwise.
+    ends in non-finite gradients or in a norm of exactly 0, or the growth
+    reaches ``rise_orders``; warning otherwise.
     """
     s, n_rows = v.norm.shape
     lt = trailing.log_level(v.norm, v.present)
     lp = trailing.log_level(v.peak, v.present)
     bad = v.bad()
     base = trailing.before(lt, t.baseline_writes, trailing.nanmedian)
+    top = trailing.before(lp, t.baseline_writes, np.fmax.reduce)  # the window's largest peak
     high = trailing.running_max_before(lt)
     network = np.nanmax(np.where(np.isnan(base), -np.inf, base), axis=1, keepdims=True)  # [S, 1]
     rise = lp - base
@@ -173,9 +179,22 @@ def exploding(v, t):
     severity, evidence = {}, {}
     for j, name in enumerate(v.rows):
         starts, ends = _rises(np.flatnonzero(onset[:, j]), base[:, j] + t.rise_orders, lt[:, j], lp[:, j], bad[:, j])
-        # A rise that ends in non-finite gradients: any in it, or at the write that ends it.
+        # A rise that ends in non-finite gradients: any in it, or at the write
+        # that ends it; or in a norm of exactly 0 (the layer gets no gradient
+        # any more: the explosion killed it).
         seen_bad = np.concatenate([[0], np.cumsum(bad[:, j])])
-        ends_bad = bool(np.any(seen_bad[np.minimum(ends + 1, s)] > seen_bad[starts]))
+        rise_bad = seen_bad[np.minimum(ends + 1, s)] > seen_bad[starts]
+        after = np.minimum(ends, s - 1)
+        rise_zero = (ends < s) & v.present[after, j] & (v.norm[after, j] == 0)
+        # A one-write spike that recovers is a warning about one batch. In a
+        # layer whose recent writes already spread over orders of magnitude
+        # (heavy-tailed per-batch gradients), it must also clear the window's
+        # largest peak (spike_margin_orders).
+        with np.errstate(invalid="ignore"):
+            clears = ~(lp[starts, j] - top[starts, j] < t.spike_margin_orders)
+        keep = (ends - starts > 1) | rise_bad | rise_zero | clears
+        starts, ends = starts[keep], ends[keep]
+        ends_bad, ends_zero = bool(rise_bad[keep].any()), bool(rise_zero[keep].any())
         covered = np.zeros(s + 1, np.int64)
         np.add.at(covered, starts, 1)
         np.add.at(covered, ends, -1)
@@ -186,7 +205,12 @@ def exploding(v, t):
             continue
         longest = int(np.max(ends - starts)) if len(starts) else 0
         max_growth = float(np.nanmax(growth[grew, j])) if grew.any() else None
-        error = longest >= t.sustained_writes or ends_bad or (max_growth is not None and max_growth >= t.rise_orders)
+        error = (
+            longest >= t.sustained_writes
+            or ends_bad
+            or ends_zero
+            or (max_growth is not None and max_growth >= t.rise_orders)
+        )
         severity[name] = "error" if error else "warning"
         # A write summarises the steps since the previous one; the rise is
         # somewhere in there, so the range starts where that window starts.
@@ -206,7 +230,11 @@ def exploding(v, t):
             "rises": len(starts),
             "longest_rise_writes": int(longest),
             # A string, not a boolean: evidence values are numbers or words.
-            "outcome": "ends in NaN/Inf" if ends_bad else ("sustained" if error else "recovered"),
+            "outcome": "ends in NaN/Inf"
+            if ends_bad
+            else "ends with no gradient at all"
+            if ends_zero
+            else ("sustained" if error else "recovered"),
             "first_step": int(first[0]),
             "last_step": int(steps[-1]),
             "reason": " and ".join(reasons),

@@ -283,3 +283,46 @@ def test_describe_quotes_names_for_each_consumer(tmp_path):
     assert f.kind == "non_finite" and f.layers == [hostile] and f.steps == [1, 1]
     assert f.message == diagnose.describe(f) and "\u2068" + hostile + "\u2069" in f.message
     assert hostile in diagnose.describe(f, str) and "\u2068" not in diagnose.describe(f, str)
+
+
+def _findings_of_norms(run_dir, norms):
+    """Writes one variable whose gradient norm at step s is ``norms[s]`` (0: an all-zero gradient); its findings."""
+    from tb_gradcheck import queries
+    from tb_gradcheck import store
+
+    var = tf.Variable(np.ones(4, np.float32), name="layer")
+    with GradientWriter(run_dir) as writer:
+        for step, norm in enumerate(norms):
+            writer.write([tf.fill([4], np.float32(norm / 2.0))], [var], step)  # 4 elements of norm/2
+    s, ctx, eid = store.local_store(run_dir.parent)
+    matrix = queries.matrix(s, ctx, eid, s.run(ctx, eid, run_dir.name), "stats", "layer")
+    return {f.kind: f for f in diagnose.find("r", matrix)}
+
+
+def test_a_one_write_spike_must_clear_the_layers_own_recent_spread(tmp_path):
+    """Mini-batch noise with heavy tails (tiny batches, a converged classifier's rare hard examples) is not a spike.
+
+    Every seventh write 1.8 orders above the others is the layer's own
+    spread; a write 2.3 orders up clears its median by more than rise_orders
+    but that spread by less than spike_margin_orders: no finding. The same
+    write over light noise is a one-write spike: a warning, recovered.
+    """
+    base = 1e-2 * (1 + 0.1 * np.sin(np.arange(100)))
+    heavy = np.where(np.arange(100) % 7 == 3, base * 10**1.8, base)
+    heavy[60] = light_spike = base[60] * 10**2.3
+    assert "exploding" not in _findings_of_norms(tmp_path / "r", heavy)
+    light = base.copy()
+    light[60] = light_spike
+    found = _findings_of_norms(tmp_path / "r2", light)["exploding"]
+    assert found.severity == "warning" and found.steps == [60, 60]
+    assert found.evidence["layer"]["outcome"] == "recovered"
+
+
+def test_an_explosion_that_leaves_the_layer_without_gradient_is_an_error_that_says_so(tmp_path):
+    """A rise that ends in a gradient of exactly zero wrecked the layer as surely as one that ends in NaN."""
+    norms = np.full(60, 1e-2)
+    norms[40] = 1e3
+    norms[41:] = 0.0
+    found = _findings_of_norms(tmp_path / "r", norms)["exploding"]
+    assert found.severity == "error" and found.steps[0] == 40
+    assert found.evidence["layer"]["outcome"] == "ends with no gradient at all"

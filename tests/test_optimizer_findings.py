@@ -11,8 +11,8 @@ from tb_gradcheck.keras import GradientCallback
 STEPS = 10
 
 
-def fit(logdir, optimizer, first_scale=1.0, init_std=0.05, input_scale=1.0):
-    """A 3-16-16-1 MLP fit for STEPS full-batch steps; returns its findings.
+def fit(logdir, optimizer, first_scale=1.0, init_std=0.05, input_scale=1.0, steps=STEPS):
+    """A 3-16-16-1 MLP fit for ``steps`` full-batch steps; returns its findings.
 
     ``init_std`` and ``first_scale``: the first layer's initial weights and a
     fixed factor on its output. Large weights scaled back down keep the
@@ -36,7 +36,7 @@ def fit(logdir, optimizer, first_scale=1.0, init_std=0.05, input_scale=1.0):
         name="net",
     )
     model.compile(optimizer=optimizer, loss="mse")
-    model.fit(x, y, batch_size=32, epochs=STEPS, verbose=0, callbacks=[GradientCallback(logdir)])
+    model.fit(x, y, batch_size=32, epochs=steps, verbose=0, callbacks=[GradientCallback(logdir)])
     st, ctx, eid = store.local_store(logdir)
     return queries.findings(st, ctx, eid, "train")
 
@@ -71,7 +71,49 @@ def test_layer_with_frozen_relative_update_is_not_learning(tmp_path):
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_healthy_layers_are_learning(tmp_path, optimizer):
     opt = keras.optimizers.SGD(0.1) if optimizer == "sgd" else keras.optimizers.Adam(1e-3)
-    assert "not_learning" not in kinds(fit(tmp_path, opt))
+    # 30 steps: long enough for the whole network's pace to be judged too.
+    assert "not_learning" not in kinds(fit(tmp_path, opt, steps=30))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_learning_rate_too_small_for_every_layer_is_not_learning(tmp_path, optimizer):
+    """Layers about equally slow (none lags the rest by 3 orders), most above the float32 floor: the network's pace.
+
+    Adam at 1e-7 moves every layer 3e-7 to 2e-6 of its weights per step;
+    SGD at 1e-6 moves them 7e-8 (under the floor: that layer's own reason)
+    to 2e-6.
+    """
+    opt = keras.optimizers.SGD(1e-6) if optimizer == "sgd" else keras.optimizers.Adam(1e-7)
+    stuck = kinds(fit(tmp_path, opt, steps=30))["not_learning"]
+    assert stuck.layers == ["net/first", "net/middle", "net/last"]
+    network = [e for e in stuck.evidence.values() if "the whole network" in e["reason"]]
+    assert len(network) >= 2 and "a learning rate too small" in stuck.message
+    for e in network:
+        assert e["network_pace"] < 1e-6
+        # Slow from the first write; sure once 20 writes have moved.
+        assert e["first_step"] == 1 and e["confirmed_at_step"] == 20 and e["last_step"] == 30
+
+
+def test_a_head_outside_the_loss_is_no_finding(tmp_path):
+    """An output with no loss gets no gradient and no update: no gradient is no finding, with the update bracket too."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 3)).astype(np.float32)
+    y = rng.normal(size=(32, 1)).astype(np.float32)
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(16, activation="tanh", name="hidden")(inputs)
+    model = keras.Model(
+        inputs, [keras.layers.Dense(1, name="main")(hidden), keras.layers.Dense(4, name="aux")(hidden)], name="net"
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=["mse", None])
+    with pytest.warns(UserWarning, match="Gradients do not exist for variables"):  # Keras' own, once
+        model.fit(x, y, batch_size=32, epochs=30, verbose=0, callbacks=[GradientCallback(tmp_path)])
+    st, ctx, eid = store.local_store(tmp_path)
+    matrix = queries.matrix(st, ctx, eid, st.run(ctx, eid, "train"), "stats", "layer")
+    update, missing = matrix.slab("update_to_weight", "last")
+    aux = matrix.rows.index("aux")
+    assert not missing[:, aux].any() and (update[:, aux] == 0).all()  # the bracket saw it not move
+    assert queries.findings(st, ctx, eid, "train") == []
 
 
 def mixed_precision_fit(logdir, policy, nan_labels_from=None, steps=40):
