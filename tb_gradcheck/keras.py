@@ -48,6 +48,7 @@ from tb_gradcheck import hooks
 from tb_gradcheck import validate
 from tb_gradcheck.twin import float64_twin  # noqa: F401  (public here: tb_gradcheck.keras.float64_twin)
 from tb_gradcheck.twin import sync_twin  # noqa: F401
+from tb_gradcheck.twin_gap import float32_gap  # noqa: F401  (public here: tb_gradcheck.keras.float32_gap)
 
 # The optimizer that GradientCallback was last attached to, and by which
 # callback: a fit that raised outside the training step (in another callback,

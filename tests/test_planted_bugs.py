@@ -218,3 +218,106 @@ def test_float64_twin_rejects_what_it_cannot_clone():
 
     with pytest.raises(TypeError, match="Sequential or functional"):
         float64_twin(Subclassed())
+
+
+class NaiveLogSumExp(tf.keras.layers.Layer):
+    """logsumexp over groups of 4 of 50 x, stable forward, backward exp(z) / sum exp(z) as written.
+
+    Right in exact arithmetic and in float64; in float32 exp overflows once
+    z > 88 and the gradient is Inf / Inf = NaN: a bug of float32 only.
+    """
+
+    def call(self, x):
+        z = 50.0 * tf.reshape(x, [-1, x.shape[-1] // 4, 4])
+
+        @tf.custom_gradient
+        def lse(z):
+            def grad(dy):
+                e = tf.exp(z)
+                return dy[..., None] * e / tf.reduce_sum(e, -1, keepdims=True)
+
+            return tf.reduce_logsumexp(z, axis=-1), grad
+
+        return lse(z)
+
+
+class CancellingNorm(tf.keras.layers.Layer):
+    """Normalises x + 4000 over its last axis; the backward pass takes the variance as E[x^2] - E[x]^2.
+
+    Exact in float64; in float32 the two terms (~1.6e7, an ulp of 2) cancel
+    to a variance of a few with an error of about one, and the gradient is
+    tens of percents off.
+    """
+
+    def call(self, x):
+        x = x + 4000.0
+
+        @tf.custom_gradient
+        def norm(x):
+            mean = tf.reduce_mean(x, -1, keepdims=True)
+            inv = tf.math.rsqrt(tf.reduce_mean(tf.square(x - mean), -1, keepdims=True) + 1e-3)
+
+            def grad(dy):
+                var = tf.reduce_mean(tf.square(x), -1, keepdims=True) - tf.square(mean)
+                inv_b = tf.math.rsqrt(tf.maximum(var, 0.0) + 1e-3)
+                xh = (x - mean) * inv_b
+                return inv_b * (
+                    dy - tf.reduce_mean(dy, -1, keepdims=True) - xh * tf.reduce_mean(dy * xh, -1, keepdims=True)
+                )
+
+            return (x - mean) * inv, grad
+
+        return norm(x)
+
+
+def _with(layer, seed=0):
+    tf.keras.utils.set_random_seed(seed)
+    inputs = tf.keras.Input((8,))
+    hidden = layer(tf.keras.layers.Dense(16, name="dense_0")(inputs))
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(1, name="head")(tf.keras.layers.Activation("tanh")(hidden)))
+
+
+@pytest.mark.parametrize("layer", [CancellingNorm, NaiveLogSumExp])
+def test_a_bug_of_float32_arithmetic_is_a_mismatch_of_the_twin_check_too(layer):
+    """The twin's check alone is right about the function and blind to float32: float32_gap holds the two gradients."""
+    from tb_gradcheck.keras import float32_gap
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 8)).astype(np.float32) * 3.0  # NaiveLogSumExp: z = 50 h passes 88 somewhere
+    y = rng.normal(size=(16, 1)).astype(np.float32)
+    model = _with(layer(name="layer"))
+    twin = float64_twin(model)
+    sync_twin(model, twin)
+    x64, y64 = tf.cast(x, tf.float64), tf.cast(y, tf.float64)
+
+    def twin_loss():
+        return tf.reduce_mean(tf.square(twin(x64, training=False) - y64))
+
+    def model_loss():
+        return tf.reduce_mean(tf.square(model(x, training=False) - y))
+
+    report = check_gradients(twin_loss, twin.trainable_variables, seed=0)
+    assert report.ok, str(report)  # right in float64
+    gapped = float32_gap(report, model_loss, model.trainable_variables, twin_loss, twin.trainable_variables)
+    rows = {r.name: r for r in gapped.layers}
+    assert rows["dense_0"].status == "mismatch", str(gapped)
+    assert "the float64 twin's" in rows["dense_0"].reason and rows["dense_0"].relative_error > 0.05
+    assert rows["head"] == {r.name: r for r in report.layers}["head"]  # its gradient does not pass through the layer
+
+
+def test_callback_twin_check_holds_the_models_own_gradient_against_float64(tmp_path):
+    """Trained on small inputs (finite gradients), checked on large ones: the float32 gradient overflows, float64 not."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 8)).astype(np.float32), rng.normal(size=(32, 1)).astype(np.float32)
+    model = _with(NaiveLogSumExp(name="lse"))
+    model.compile(optimizer="sgd", loss="mse")
+    check_data = (x[:16] * 3.0, y[:16])
+    callback = GradientCallback(tmp_path, check_every_n_steps=2, check_data=check_data, check_dtype="float64")
+    model.fit(x * 0.01, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    records = read_events(tmp_path / "train", kind="check")
+    assert [s for s, _, _ in records] == [2, 4]
+    status, column = metadata.CHECK_STATUSES, metadata.CHECK_COLUMNS.index("status")
+    for _, matrix, _ in records:
+        dense_0, head = (status[int(s)] for s in matrix[:, column])
+        assert dense_0 == "mismatch" and head != "mismatch"
