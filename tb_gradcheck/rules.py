@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from tb_gradcheck import metadata
+from tb_gradcheck import rises
 from tb_gradcheck import trailing
 
 # Stored columns this module reads when a log has them (metadata.py says what
@@ -65,6 +66,7 @@ class StatsView:
         self.nonfinite, _, self.total = self._pick("grad_nonfinite", ("sum", "last"))
         self.ratio, _, _ = self._pick("grad_to_weight", ("mean", "last"))
         self.dead, _, _ = self._pick(DEAD_UNITS, ("last",))
+        self.weight_norm, _, _ = self._pick("weight_norm", ("last",))
         self.onset_offset, _, _ = self._pick(ONSET_OFFSET, ("last",))
         # The dynamic loss scale of a mixed-precision fit, at each write step.
         self.loss_scale, _, _ = self._pick(LOSS_SCALE, ("last",))
@@ -173,12 +175,14 @@ def exploding(v, t):
     rise = lp - base
     with np.errstate(invalid="ignore"):
         onset = (rise >= t.rise_orders) & (lp > high) & (lp > network)
-    growth, growing = _growth(lt, t)
+    growth, growing = rises.growth(lt, t)
 
     flags = np.zeros((s, n_rows), bool)
     severity, evidence = {}, {}
     for j, name in enumerate(v.rows):
-        starts, ends = _rises(np.flatnonzero(onset[:, j]), base[:, j] + t.rise_orders, lt[:, j], lp[:, j], bad[:, j])
+        starts, ends = rises.spans(
+            np.flatnonzero(onset[:, j]), base[:, j] + t.rise_orders, lt[:, j], lp[:, j], bad[:, j]
+        )
         # A rise that ends in non-finite gradients: any in it, or at the write
         # that ends it; or in a norm of exactly 0 (the layer gets no gradient
         # any more: the explosion killed it).
@@ -242,84 +246,6 @@ def exploding(v, t):
     return Verdict(flags, severity, evidence, v.peak_aggregate)
 
 
-def _rises(onsets, level, lt, lp, bad):
-    """``(starts, ends)`` of one layer's rises: each onset outside an earlier rise, to where it stops holding.
-
-    ``level`` is ``[S]``: the level a rise at each write must hold. Most
-    onsets of a noisy layer end at the next write, and such a rise cannot
-    swallow a later onset; those are settled together, and only the onsets
-    whose rise outlasts one write walk the run in order.
-    """
-    s = len(lt)
-    nxt = np.minimum(onsets + 1, s - 1)
-    lasting = _holds(level[onsets], lt[nxt], lp[nxt], bad[nxt]) & (onsets + 1 < s)
-    if not lasting.any():
-        return onsets, onsets + 1
-    starts, ends = [], []
-    end = 0
-    for i, long in zip(onsets.tolist(), lasting.tolist()):
-        if i < end:
-            continue  # inside the previous rise
-        end = _rise_end(i, level[i], lt, lp, bad) if long else i + 1
-        starts.append(i)
-        ends.append(end)
-    return np.array(starts, np.int64), np.array(ends, np.int64)
-
-
-def _holds(level, lt, lp, bad):
-    """Where a rise to ``level`` still holds: the typical norm stays at ``level``, or the gradients are non-finite.
-
-    The peak alone speaks for a write whose typical norm is NaN.
-    """
-    with np.errstate(invalid="ignore"):
-        return bad | (lt >= level) | ((lp >= level) & np.isnan(lt))
-
-
-def _rise_end(i, level, lt, lp, bad):
-    """The first write after ``i`` at which a rise to ``level`` no longer holds (``len(lt)`` if it holds to the end).
-
-    The search looks ahead in doubling windows: a noisy run has an
-    onset every few writes, and testing the whole rest of the run for each
-    of them made findings quadratic in the steps (11 minutes on 2,000 rows
-    x 10,000 steps); this costs about the length of each rise.
-    """
-    lo, width = i + 1, 16
-    while lo < len(lt):
-        hi = min(len(lt), lo + width)
-        held = _holds(level, lt[lo:hi], lp[lo:hi], bad[lo:hi])
-        if not held.all():
-            return lo + int(np.argmin(held))
-        lo, width = hi, 2 * width
-    return len(lt)
-
-
-def _growth(lt, t):
-    """Steady growth: the median of the latest half-window against the half-window before it.
-
-    Returns ``(growth orders [S, L], growing [S, L])``. Medians of half the
-    baseline window each: one outlier moves neither, and a polynomial climb
-    from zero (a layer behind a zero-initialised head: its gradient grows
-    like the head's weights, about linearly) gains a factor of about 3 per
-    half-window at most, where an exponential blow-up gains its rate to the
-    power of the half-window.
-    """
-    s, n_rows = lt.shape
-    half = max(1, t.baseline_writes // 2)
-    pad = np.full((half, n_rows), np.nan)
-    recent = trailing.through(lt, half, trailing.nanmedian)  # writes (t - half, t]
-    counts = trailing.through(np.isfinite(lt).astype(float), half, np.nansum)
-    earlier = np.concatenate([pad, recent])[:s]  # writes (t - 2 half, t - half]
-    earlier_counts = np.concatenate([np.zeros((half, n_rows)), counts])[:s]
-    filled = np.where(np.isnan(lt), -np.inf, lt)
-    before = np.concatenate([np.full((half, n_rows), -np.inf), np.maximum.accumulate(filled, axis=0)])[:s]
-    network = np.nanmax(np.where(np.isnan(earlier), -np.inf, earlier), axis=1, keepdims=True)
-    enough = (counts >= max(1, half // 2)) & (earlier_counts >= max(1, half // 2))
-    growth = np.where(enough, recent - earlier, np.nan)
-    with np.errstate(invalid="ignore"):
-        growing = enough & (growth >= t.growth_orders) & (recent > before) & (recent > network)
-    return growth, growing
-
-
 def dead(v, t, sparse):
     """Layers whose units get exactly zero gradient: ``dead_unit_fraction`` at or above ``dead_units`` in every write of the trailing window.
 
@@ -334,6 +260,11 @@ def dead(v, t, sparse):
     if v.dead is None:
         return Verdict(flags, {}, {}, "last")
     here = np.isfinite(v.dead) & (v.dead >= 0) & (v.dead <= 1)  # a share; anything else is a damaged log
+    if v.weight_norm is not None:
+        # Weights that are NaN or Inf (non_finite says so) give units no
+        # meaning: ReLU(NaN) is 0 in a compiled step, a zero gradient that
+        # says nothing of the layer's units.
+        here &= ~(v.present & ~np.isfinite(v.weight_norm))
     exempt = np.array([name in sparse for name in v.rows])
     # The lowest share over the trailing window, not the share at one write:
     # a trained ReLU unit can be selective (active on 2% of the inputs is
@@ -343,8 +274,16 @@ def dead(v, t, sparse):
     dead_share = np.where(here, v.dead, np.nan)
     lowest = trailing.through(dead_share, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
     count = trailing.through(here.astype(float), t.baseline_writes, np.nansum)
+    # A layer none of whose units gets any gradient on min_writes batches in
+    # a row is dead without waiting for a whole window: selectivity leaves
+    # some unit of a live layer active on some example of a batch, so a
+    # wholly silent layer is never a selective one (with every_n_steps=50 a
+    # window of 20 writes is 1,000 steps).
     with np.errstate(invalid="ignore"):
-        flags = here & (count >= t.min_writes) & (lowest >= t.dead_units) & ~exempt[None, :]
+        whole = here & (v.dead >= 1)
+    silent = trailing.through(whole.astype(float), t.min_writes, np.nansum) >= t.min_writes
+    with np.errstate(invalid="ignore"):
+        flags = here & ((count >= t.min_writes) & (lowest >= t.dead_units) | silent) & ~exempt[None, :]
     evidence = {}
     for j, name in enumerate(v.rows):
         if not flags[:, j].any():
@@ -377,10 +316,13 @@ def vanishing(v, t, exclude=()):
     trailing window's writes.
     """
     s, n_rows = v.norm.shape
-    finite = v.present & np.isfinite(v.norm)
+    # A gradient of exactly 0 is not a small one: no unit gets any (the dead
+    # rule's case), or the weights are NaN and ReLU(NaN) gave 0 (non_finite's).
+    # Such a write is passed over, like a write without a gradient.
+    finite = v.present & np.isfinite(v.norm) & (v.norm > 0)
     norm = np.where(finite, v.norm, np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
-        log_norm = np.log10(norm)  # 0 -> -inf: a zero gradient is infinitely far below
+        log_norm = np.log10(norm)
         after = np.full((s, n_rows), -np.inf)
         filled = np.where(np.isnan(log_norm), -np.inf, log_norm)
         for j in range(n_rows - 2, -1, -1):

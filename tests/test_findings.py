@@ -326,3 +326,32 @@ def test_an_explosion_that_leaves_the_layer_without_gradient_is_an_error_that_sa
     found = _findings_of_norms(tmp_path / "r", norms)["exploding"]
     assert found.severity == "error" and found.steps[0] == 40
     assert found.evidence["layer"]["outcome"] == "ends with no gradient at all"
+
+
+def _findings_of_layers(run_dir, norms, weights=1.0):
+    """Two plain variables, ``first`` then ``last`` (each its own layer), their gradient norms per step ``norms[s]``."""
+    from tb_gradcheck import queries
+    from tb_gradcheck import store
+
+    first = tf.Variable(np.full(4, weights, np.float32), name="first")
+    last = tf.Variable(np.ones(4, np.float32), name="last")
+    with GradientWriter(run_dir) as writer:
+        for step, (a, b) in enumerate(norms):
+            writer.write([tf.fill([4], np.float32(a / 2.0)), tf.fill([4], np.float32(b / 2.0))], [first, last], step)
+    s, ctx, eid = store.local_store(run_dir.parent)
+    matrix = queries.matrix(s, ctx, eid, s.run(ctx, eid, run_dir.name), "stats", "layer")
+    return {f.kind: f for f in diagnose.find("r", matrix)}
+
+
+def test_a_layer_without_any_gradient_is_dead_within_min_writes_not_vanishing(tmp_path):
+    """Exactly 0 is no gradient, not a small one; and no unit of a live layer is silent on five batches running."""
+    found = _findings_of_layers(tmp_path / "r", [(1.0, 1.0)] * 10 + [(0.0, 1.0)] * 10)
+    assert set(found) == {"dead"} and found["dead"].layers == ["first"]
+    evidence = found["dead"].evidence["first"]
+    assert evidence["first_step"] == 10 and evidence["confirmed_at_step"] == 14  # 5 writes, not a window of 20
+
+
+def test_a_layer_with_nan_weights_is_not_dead_nor_vanishing(tmp_path):
+    """Behind NaN weights a compiled ReLU gives 0: the gradient is 0 but says nothing of the layer's units."""
+    found = _findings_of_layers(tmp_path / "r", [(0.0, 1.0)] * 20, weights=np.nan)
+    assert "dead" not in found and "vanishing" not in found
