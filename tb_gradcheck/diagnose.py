@@ -63,7 +63,9 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
         condition must hold in. 0.5: a layer that is fine half the
         time is a layer that trains; one that is sick most of the time is not.
       min_writes: Writes the trailing window must hold before the slow rules
-        (vanishing, dead) speak. 5: a majority of fewer than five writes is one or two steps.
+        (vanishing, dead) speak, and the writes in a row in which every unit
+        of a layer gets no gradient for it to be dead at once. 5: a majority
+        of fewer than five writes is one or two steps.
       vanishing_orders: Orders of magnitude a layer's norm may sit below the
         largest norm among the layers after it (toward the output) before it
         is vanishing. 3: healthy deep nets keep layer norms within one or two
