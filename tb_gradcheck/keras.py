@@ -76,8 +76,11 @@ class GradientCallback(keras.callbacks.Callback):
     warning, only with ``steps_per_execution > 1``, several replicas or a
     ``LossScaleOptimizer`` (see ``hooks.why_not_compiled``).
 
-    Training is not changed: the weights and optimizer state after a fit with
-    this callback are bit-identical to those after the same fit without it.
+    Training is not changed: the callback only reads, and the weights and
+    optimizer state after a fit with it are those of the same fit without it,
+    bit for bit unless TensorFlow's graph optimizer orders a sum differently
+    because of the extra reads (one float32 rounding; README, "Cost and side
+    effects").
 
     Example:
 

@@ -136,6 +136,38 @@ def sparse_model(seed=3):
     return keras.Model(tokens, keras.layers.Dense(1, name="out")(h), name="sparse")
 
 
+def test_the_callback_only_reads_bit_identical_batch_norm_once_sums_are_not_reordered(tmp_path):
+    """Batch-2 BatchNormalization amplifies any rounding; with the arithmetic optimizer off, nothing differs at all.
+
+    With it on, the extra reads can make TensorFlow's graph optimizer order
+    one gradient sum differently (an ulp of gamma, grown to ~1e-4 by 60
+    chaotic steps): README, "Cost and side effects".
+    """
+    rng = np.random.default_rng(10)
+    x = rng.normal(size=(120, 16)).astype(np.float32)
+    y = np.tanh(x @ rng.normal(size=(16, 1)) / 3).astype(np.float32)
+
+    def fit(callbacks):
+        keras.utils.set_random_seed(10)
+        model = keras.Sequential(
+            [keras.Input((16,)), keras.layers.Dense(64), keras.layers.BatchNormalization(), keras.layers.ReLU()]
+            + [keras.layers.Dense(1)]
+        )
+        model.compile(keras.optimizers.SGD(0.01, momentum=0.9), "mse")
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
+        return [v.numpy() for v in model.weights]
+
+    saved = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    try:
+        plain, recorded = fit([]), fit([GradientCallback(tmp_path)])
+    finally:
+        tf.config.optimizer.set_experimental_options(
+            {"arithmetic_optimization": saved.get("arithmetic_optimization", True)}
+        )
+    assert all(np.array_equal(a, b) for a, b in zip(plain, recorded))
+
+
 def test_fit_with_callback_is_bit_identical_and_steps_per_execution_records_every_step(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.integers(0, 20, size=(56, 5)).astype(np.int32)
