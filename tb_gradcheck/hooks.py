@@ -49,6 +49,7 @@ class Session:
       check_every_n_steps: Int or None, the callback's check interval.
       check_data: The callback's check batch, or None.
       check_dtype: The callback's check dtype (``fit_check.PeriodicCheck``).
+      check_training: Whether the check takes the training-mode gradient.
       warn_once: ``warn_once(key, message)``, the callback's once-per-key warning.
     """
 
@@ -64,6 +65,7 @@ class Session:
         check_data,
         warn_once,
         check_dtype=None,
+        check_training=False,
     ):
         self.model = model
         self.warn_once = warn_once
@@ -93,7 +95,7 @@ class Session:
         self.checker = None
         if check_every_n_steps is not None:
             self.checker = fit_check.PeriodicCheck(
-                model, check_every_n_steps, check_data, check_dtype, self.writer, self.strategy
+                model, check_every_n_steps, check_data, check_dtype, self.writer, self.strategy, check_training
             )
         self.jit_compile = None
         # With XLA on, the statistics are computed inside the compiled step

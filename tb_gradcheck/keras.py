@@ -112,7 +112,17 @@ class GradientCallback(keras.callbacks.Callback):
         check runs on a float64 twin of the model (``float64_twin``), its
         weights copied from the model at every check, the model itself
         untouched: it resolves ~1e-7 of a derivative instead of ~3e-3, so
-        errors confined to part of a layer are caught at the same cost.
+        errors confined to part of a layer are caught at the same cost. In
+        inference mode it also holds the model's own gradient against the
+        twin's (``float32_gap``: bugs of float32 arithmetic alone).
+      check_training: Bool, default False. Check the training-mode gradient
+        (``model(x, training=True)``: Dropout on, BatchNorm on the batch's
+        statistics), the one ``fit`` applies, instead of the inference-mode
+        one: a backward pass wrong only in training (a mask the custom
+        gradient forgets) is then in reach. The state the loss writes
+        (BatchNorm's moving statistics, Dropout's seed) is put back after
+        every evaluation, so each sees the same masks and the fit is left
+        as it was. ``float32_gap`` is skipped: the twin draws masks of its own.
 
     Raises:
       TypeError: ``log_dir`` is not a path or ``check_data`` not a tuple.
@@ -120,7 +130,16 @@ class GradientCallback(keras.callbacks.Callback):
         ``check_every_n_steps`` without ``check_data``.
     """
 
-    def __init__(self, log_dir, *, every_n_steps=1, check_every_n_steps=None, check_data=None, check_dtype=None):
+    def __init__(
+        self,
+        log_dir,
+        *,
+        every_n_steps=1,
+        check_every_n_steps=None,
+        check_data=None,
+        check_dtype=None,
+        check_training=False,
+    ):
         super().__init__()
         log_dir = validate.path(log_dir, "log_dir")
         every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
@@ -138,6 +157,12 @@ class GradientCallback(keras.callbacks.Callback):
                 + (f" of length {len(check_data)}" if isinstance(check_data, (tuple, list)) else "")
             )
         self.check_dtype = validate.one_of(check_dtype, "check_dtype", (None, "float64"))
+        if not isinstance(check_training, bool):
+            raise TypeError(
+                f"Expected `check_training` to be True or False. Received: {type(check_training).__name__} "
+                f"{check_training!r}"
+            )
+        self.check_training = check_training
         self.log_dir = log_dir
         self.every_n_steps = every_n_steps
         self.check_every_n_steps = check_every_n_steps
@@ -192,6 +217,7 @@ class GradientCallback(keras.callbacks.Callback):
             check_every_n_steps=self.check_every_n_steps,
             check_data=self.check_data,
             check_dtype=self.check_dtype,
+            check_training=self.check_training,
             warn_once=self._warn_once,
         )
         _ATTACHED[optimizer] = self

@@ -321,3 +321,69 @@ def test_callback_twin_check_holds_the_models_own_gradient_against_float64(tmp_p
     for _, matrix, _ in records:
         dense_0, head = (status[int(s)] for s in matrix[:, column])
         assert dense_0 == "mismatch" and head != "mismatch"
+
+
+class MaskForgottenInBackward(tf.keras.layers.Layer):
+    """In training, multiplies by a fixed 0/2 mask whose backward pass forgets it (passes dy through); identity otherwise.
+
+    The inference-mode gradient is right, so a check with training=False
+    cannot see the bug that every training step applies.
+    """
+
+    def call(self, x, training=False):
+        if not training:
+            return x
+        mask = tf.constant(np.tile([0.0, 2.0], x.shape[-1] // 2), x.dtype)
+
+        @tf.custom_gradient
+        def masked(x):
+            return x * mask, lambda dy: dy
+
+        return masked(x)
+
+
+@pytest.mark.parametrize("check_training", [False, True])
+def test_callback_checks_the_training_mode_gradient_when_asked(tmp_path, check_training):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 8)).astype(np.float32), rng.normal(size=(32, 1)).astype(np.float32)
+    model = _with(MaskForgottenInBackward(name="mask"))
+    model.compile(optimizer="sgd", loss="mse")
+    callback = GradientCallback(
+        tmp_path, check_every_n_steps=2, check_data=(x[:16], y[:16]), check_training=check_training
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # restoring the state each evaluation writes is not news here
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    status, column = metadata.CHECK_STATUSES, metadata.CHECK_COLUMNS.index("status")
+    for _, matrix, _ in read_events(tmp_path / "train", kind="check"):
+        dense_0, head = (status[int(s)] for s in matrix[:, column])
+        assert (dense_0 == "mismatch") is check_training and head != "mismatch"
+    with pytest.raises(TypeError, match="Expected `check_training` to be True or False. Received: str 'yes'"):
+        GradientCallback(tmp_path, check_training="yes")
+
+
+def test_training_mode_check_of_a_correct_model_with_dropout_and_batch_norm_never_mismatches(tmp_path):
+    """Dropout draws the same masks at every evaluation (its seed is put back), BatchNorm's batch statistics are exact."""
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(32, 8)).astype(np.float32), rng.normal(size=(32, 1)).astype(np.float32)
+    tf.keras.utils.set_random_seed(1)
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((8,)),
+            tf.keras.layers.Dense(16, activation="tanh", name="dense_0"),
+            tf.keras.layers.BatchNormalization(name="bn"),
+            tf.keras.layers.Dropout(0.3),
+            tf.keras.layers.Dense(1, name="head"),
+        ]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    callback = GradientCallback(tmp_path, check_every_n_steps=1, check_data=(x[:16], y[:16]), check_training=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    status, column = metadata.CHECK_STATUSES, metadata.CHECK_COLUMNS.index("status")
+    records = read_events(tmp_path / "train", kind="check")
+    assert len(records) == 4
+    for _, matrix, _ in records:
+        statuses = [status[int(s)] for s in matrix[:, column]]
+        assert "mismatch" not in statuses and "ok" in statuses, statuses
