@@ -130,7 +130,7 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
         if verdict.evidence:
             out.append(_finding(kind, run, verdict))
     # The optimizer's findings (clipping, layers not learning) follow the rest.
-    dead = found["dead"].evidence if "dead" in found else ()
+    dead = set(found["dead"].evidence) | found["dead"].quiet if "dead" in found else ()
     return sorted(out, key=lambda f: (f.severity != "error", KINDS.index(f.kind))) + optimizer_findings.find(
         run, stats, thresholds, dead
     )
@@ -155,7 +155,7 @@ def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
         out["dead"] = rules.dead(view, t, set(sparse_rows))
         # A dead layer is reported once, as dead: its zero gradient is also
         # far below the layers after it.
-        out["vanishing"] = rules.vanishing(view, t, exclude=set(out["dead"].evidence))
+        out["vanishing"] = rules.vanishing(view, t, exclude=set(out["dead"].evidence) | out["dead"].quiet)
     if checks is not None and len(checks.steps):
         out["check_failure"] = rules.check_failures(checks)
     return out
@@ -238,9 +238,11 @@ def describe(found, quote=None):
     if f.kind == "dead":
         share = [x["median_dead_unit_fraction"] for x in e.values()]
         lo, hi = f"{min(share):.0%}", f"{max(share):.0%}"
+        behind = max(x.get("layers_cut_off_behind", 0) for x in e.values())
         return (
             f"Dead units in {names}: {lo if lo == hi else lo + '-' + hi} of the units get an exactly zero "
-            f"gradient on whole batches, steps {first}-{last}."
+            f"gradient on whole batches, steps {first}-{last}"
+            + (f"; no gradient reaches the {behind} layer{'s' if behind > 1 else ''} before it." if behind else ".")
         )
     worst = max(x["max_relative_error"] for x in e.values())
     return f"Gradient check failed for {names}: analytic and numeric gradients differ by up to {worst:.2%}."

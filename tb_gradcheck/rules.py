@@ -39,12 +39,16 @@ class Verdict:
       evidence: ``{layer: {number name: value}}`` for every flagged layer,
         each with its own ``first_step`` and ``last_step``.
       aggregate: The heatmap aggregate that shows it best.
+      quiet: Layers whose state this verdict explains without naming them
+        (the other rules leave them alone): for ``dead``, the layers that
+        get no gradient because a later one passes none.
     """
 
     flags: np.ndarray
     severity: dict
     evidence: dict
     aggregate: str
+    quiet: frozenset = frozenset()
 
 
 class StatsView:
@@ -266,6 +270,16 @@ def dead(v, t, sparse):
         # says nothing of the layer's units.
         here &= ~(v.present & ~np.isfinite(v.weight_norm))
     exempt = np.array([name in sparse for name in v.rows])
+    with np.errstate(invalid="ignore"):
+        whole = here & (v.dead >= 1)
+    # A wholly silent layer behind a later wholly silent one says nothing of
+    # its own units: no gradient reaches it. Its writes are the later
+    # layer's (in a chain, the one nearest the output is the cause: a
+    # saturated head, a dead layer in front of live ones).
+    later = np.flip(np.logical_or.accumulate(np.flip(whole & ~exempt[None, :], axis=1), axis=1), axis=1)
+    cut_off = whole & np.concatenate([later[:, 1:], np.zeros((s, 1), bool)], axis=1)
+    here &= ~cut_off
+    whole &= ~cut_off
     # The lowest share over the trailing window, not the share at one write:
     # a trained ReLU unit can be selective (active on 2% of the inputs is
     # silent on a batch of 64 one time in four), but a dead unit is silent on
@@ -279,8 +293,6 @@ def dead(v, t, sparse):
     # some unit of a live layer active on some example of a batch, so a
     # wholly silent layer is never a selective one (with every_n_steps=50 a
     # window of 20 writes is 1,000 steps).
-    with np.errstate(invalid="ignore"):
-        whole = here & (v.dead >= 1)
     silent = trailing.through(whole.astype(float), t.min_writes, np.nansum) >= t.min_writes
     with np.errstate(invalid="ignore"):
         flags = here & ((count >= t.min_writes) & (lowest >= t.dead_units) | silent) & ~exempt[None, :]
@@ -303,7 +315,15 @@ def dead(v, t, sparse):
             "confirmed_at_step": int(steps[0]),
             "last_step": int(steps[-1]),
         }
-    return Verdict(flags, {name: "warning" for name in evidence}, evidence, "last")
+    quiet = frozenset(name for j, name in enumerate(v.rows) if cut_off[:, j].any() and name not in evidence)
+    for j, name in enumerate(v.rows):
+        if name in evidence:
+            # The layers before it that got no gradient while it passed none.
+            here_j = flags[:, j]
+            evidence[name]["layers_cut_off_behind"] = int(
+                sum(1 for i in range(j) if v.rows[i] in quiet and (cut_off[:, i] & here_j).any())
+            )
+    return Verdict(flags, {name: "warning" for name in evidence}, evidence, "last", quiet)
 
 
 def vanishing(v, t, exclude=()):

@@ -355,3 +355,11 @@ def test_a_layer_with_nan_weights_is_not_dead_nor_vanishing(tmp_path):
     """Behind NaN weights a compiled ReLU gives 0: the gradient is 0 but says nothing of the layer's units."""
     found = _findings_of_layers(tmp_path / "r", [(0.0, 1.0)] * 20, weights=np.nan)
     assert "dead" not in found and "vanishing" not in found
+
+
+def test_a_layer_that_no_gradient_reaches_is_left_to_the_dead_layer_after_it(tmp_path):
+    """A saturated head or a dead layer passes nothing back: the layers before it are silent for its reason."""
+    found = _findings_of_layers(tmp_path / "r", [(0.0, 0.0)] * 10)
+    assert set(found) == {"dead"} and found["dead"].layers == ["last"]
+    assert found["dead"].evidence["last"]["layers_cut_off_behind"] == 1
+    assert found["dead"].message.endswith("no gradient reaches the 1 layer before it.")
