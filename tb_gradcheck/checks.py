@@ -184,8 +184,7 @@ def check_gradients(
         epsilon = validate.fraction(epsilon, "epsilon")
     if tolerance is not None:
         tolerance = validate.fraction(tolerance, "tolerance")
-    if not isinstance(thorough, bool):
-        raise TypeError(f"Expected `thorough` to be True or False. Received: {type(thorough).__name__}")
+    thorough = validate.boolean(thorough, "thorough")
     granularity = validate.one_of(granularity, "granularity", metadata.GRANULARITIES)
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**63))

@@ -130,7 +130,7 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
         if verdict.evidence:
             out.append(_finding(kind, run, verdict))
     # The optimizer's findings (clipping, layers not learning) follow the rest.
-    dead = set(found["dead"].evidence) | found["dead"].quiet if "dead" in found else ()
+    dead = found["dead"].accounted_for if "dead" in found else ()
     return sorted(out, key=lambda f: (f.severity != "error", KINDS.index(f.kind))) + optimizer_findings.find(
         run, stats, thresholds, dead
     )
@@ -155,7 +155,7 @@ def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
         out["dead"] = rules.dead(view, t, set(sparse_rows))
         # A dead layer is reported once, as dead: its zero gradient is also
         # far below the layers after it.
-        out["vanishing"] = rules.vanishing(view, t, exclude=set(out["dead"].evidence) | out["dead"].quiet)
+        out["vanishing"] = rules.vanishing(view, t, exclude=out["dead"].accounted_for)
     if checks is not None and len(checks.steps):
         out["check_failure"] = rules.check_failures(checks)
     return out

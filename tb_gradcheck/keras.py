@@ -157,12 +157,7 @@ class GradientCallback(keras.callbacks.Callback):
                 + (f" of length {len(check_data)}" if isinstance(check_data, (tuple, list)) else "")
             )
         self.check_dtype = validate.one_of(check_dtype, "check_dtype", (None, "float64"))
-        if not isinstance(check_training, bool):
-            raise TypeError(
-                f"Expected `check_training` to be True or False. Received: {type(check_training).__name__} "
-                f"{check_training!r}"
-            )
-        self.check_training = check_training
+        self.check_training = validate.boolean(check_training, "check_training")
         self.log_dir = log_dir
         self.every_n_steps = every_n_steps
         self.check_every_n_steps = check_every_n_steps

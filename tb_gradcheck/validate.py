@@ -50,6 +50,13 @@ def one_of(value, name, choices):
     return value
 
 
+def boolean(value, name):
+    """``value`` if it is ``True`` or ``False``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"Expected `{name}` to be True or False. Received: {type(value).__name__} {value!r}")
+    return value
+
+
 def flag(value, name):
     """``value`` as a Python ``bool``: a choice fixed when a step is traced, so not a tensor."""
     if not isinstance(value, (bool, np.bool_)):
