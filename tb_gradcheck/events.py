@@ -7,10 +7,9 @@ fresh, and how many steps were written, live in host variables
 (``replica.host_variable``), so a traced step keeps them without retracing.
 """
 
-import numpy as np
 import tensorflow as tf
-from tensorboard.compat.proto import summary_pb2
 
+from tb_gradcheck import eventlog
 from tb_gradcheck import metadata
 from tb_gradcheck import replica
 
@@ -50,37 +49,7 @@ class Events:
         if tag not in self.fresh:
             self.fresh[tag] = replica.host_variable(True, tf.bool, "tb_gradcheck_fresh")
         fresh = self.fresh[tag]
-        md = tf.where(fresh, _full_metadata(content), _SLIM_METADATA)
+        md = tf.where(fresh, eventlog.metadata_bytes(content), eventlog.SLIM_METADATA)
         written = tf.summary.write(tag, tensor, step=step, metadata=md)
         # Under tf.summary.record_if(False) nothing was written: stay fresh.
         fresh.assign(tf.logical_and(fresh, tf.logical_not(written)))
-
-
-def check_matrix(rows):
-    """float32 ``[R, len(CHECK_COLUMNS)]`` of check rows; the status as its index in CHECK_STATUSES."""
-    out = np.full((len(rows), len(metadata.CHECK_COLUMNS)), np.nan, np.float32)
-    for i, row in enumerate(rows):
-        for j, column in enumerate(metadata.CHECK_COLUMNS):
-            if column == "status":
-                out[i, j] = metadata.CHECK_STATUSES.index(row.status)
-            else:
-                out[i, j] = getattr(row, column)
-    return out
-
-
-def _full_metadata(content):
-    md = summary_pb2.SummaryMetadata()
-    md.plugin_data.plugin_name = metadata.PLUGIN_NAME
-    md.plugin_data.content = metadata.encode(content)
-    md.data_class = summary_pb2.DATA_CLASS_TENSOR
-    return md.SerializeToString()
-
-
-def _slim_metadata():
-    md = summary_pb2.SummaryMetadata()
-    md.plugin_data.plugin_name = metadata.PLUGIN_NAME
-    md.data_class = summary_pb2.DATA_CLASS_TENSOR
-    return md.SerializeToString()
-
-
-_SLIM_METADATA = _slim_metadata()

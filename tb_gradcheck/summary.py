@@ -13,6 +13,7 @@ import tensorflow as tf
 from tb_gradcheck import checks
 from tb_gradcheck import closing
 from tb_gradcheck import conds
+from tb_gradcheck import eventlog
 from tb_gradcheck import events
 from tb_gradcheck import metadata
 from tb_gradcheck import recording
@@ -349,7 +350,7 @@ class GradientWriter:
                 if not rows:
                     continue
                 content = metadata.check_layout(granularity, [r.name for r in rows])
-                self._events.tensor(content, tf.constant(events.check_matrix(rows)), step)
+                self._events.tensor(content, tf.constant(eventlog.check_matrix(rows)), step)
 
     def flush(self):
         """Hands buffered events to the operating system (``write()`` already does for its own)."""

@@ -1,0 +1,109 @@
+"""A window's running reductions (``every_n_steps > 1``), kept on the training device between writes.
+
+Written once, in the array operations NumPy, PyTorch and JAX share
+(``where``, ``maximum``, ``minimum``, ``sum(axis=)``, ``sqrt``, ``isfinite``,
+``stack``, ``concatenate``): an adapter passes its array module as ``xp``.
+Every function is pure (a new ``State`` out), so the same code is a
+PyTorch writer's device state and a JAX optax transform's state inside
+``jit``; no value is read back to the host between writes.
+
+The definitions are those of TensorFlow's ``window.Window``; the host turns
+a written state into stored slabs with ``rowstats.window_slabs``.
+"""
+
+from typing import NamedTuple
+
+from tb_gradcheck.rowstats import MISSING
+
+
+class State(NamedTuple):
+    """Per row (layers, then parameters), over the steps since the last write.
+
+    ``last``, ``sum``, ``max``, ``min``, ``count``: ``[R, 3]`` over
+    ``rowstats.WINDOW_COLUMNS``. ``first_nonfinite``: ``[R]``, the index
+    (steps since the window began) of the first step with a non-finite
+    gradient element, -1 if none: a small integer, exact in float32 where a
+    training step (up to 2**63) would not be. ``steps``: steps added.
+    """
+
+    last: object
+    sum: object
+    max: object
+    min: object
+    count: object
+    first_nonfinite: object
+    steps: object
+
+
+def init(full, n_rows):
+    """An empty window: ``full(shape, value)`` makes an array of the adapter's dtype and device."""
+    shape = (n_rows, 3)
+    return State(
+        last=full(shape, MISSING),
+        sum=full(shape, 0.0),
+        max=full(shape, -float("inf")),
+        min=full(shape, float("inf")),
+        count=full(shape, 0.0),
+        first_nonfinite=full((n_rows,), -1.0),
+        steps=full((), 0.0),
+    )
+
+
+def step_columns(xp, norm_v, nonfinite_v, present, layer_matrix, layer_present):
+    """``[L + V, 3]``: one step's ``WINDOW_COLUMNS``, layers first, MISSING in rows without a gradient.
+
+    Args:
+      xp: The array module (numpy, torch, jax.numpy).
+      norm_v: ``[V]`` gradient norms (any value where absent).
+      nonfinite_v: ``[V]`` non-finite element counts (likewise).
+      present: bool ``[V]`` array: the parameter has a gradient.
+      layer_matrix: bool ``[L, V]`` array (``Structure.layer_matrix``).
+      layer_present: bool ``[L]`` array: some parameter of the layer has one.
+
+    A layer's norm is ``sqrt`` of its parameters' squared norms summed in the
+    arrays' dtype: give float64 norms where the device has float64 (float32
+    squares overflow above norms of ~1.8e19). NaN stays in its own layer.
+    """
+    zero = xp.where(present, norm_v, 0.0) * 0.0  # a zero of the arrays' dtype and device
+    norm_v = xp.where(present, norm_v, zero)
+    nonfinite_v = xp.where(present, nonfinite_v, zero)
+    norm_l = xp.sqrt(xp.sum(xp.where(layer_matrix, (norm_v * norm_v)[None, :], 0.0), axis=1))
+    nonfinite_l = xp.sum(xp.where(layer_matrix, nonfinite_v[None, :], 0.0), axis=1)
+    norm = xp.concatenate([norm_l, norm_v])
+    nonfinite = xp.concatenate([nonfinite_l, nonfinite_v])
+    here = xp.concatenate([layer_present, present])
+    out = xp.stack([norm, nonfinite, xp.where(xp.isfinite(norm), norm, MISSING)], axis=1)
+    return xp.where(here[:, None], out, MISSING)
+
+
+def add(xp, state, x):
+    """``state`` with one step's ``step_columns`` ``x`` added."""
+    here = x != MISSING  # NaN != MISSING: NaN is data
+    bad = x[:, 1] > 0  # MISSING (-1) is not
+    return State(
+        last=x,
+        sum=state.sum + xp.where(here, x, 0.0),
+        max=xp.where(here, xp.maximum(state.max, x), state.max),
+        min=xp.where(here, xp.minimum(state.min, x), state.min),
+        count=state.count + xp.where(here, 1.0, 0.0),
+        first_nonfinite=xp.where(bad & (state.first_nonfinite < 0), state.steps, state.first_nonfinite),
+        steps=state.steps + 1.0,
+    )
+
+
+def to_numpy(state, to_host, steps):
+    """The state as NumPy arrays on the host, ``first_nonfinite`` as a training step (-1 none).
+
+    Args:
+      state: A ``State`` on the device.
+      to_host: Turns the adapter's arrays into NumPy.
+      steps: The training steps of the window, in the order they were added
+        (the host knows them without reading the device).
+    """
+    import numpy as np
+
+    host = State(*[np.asarray(to_host(a), np.float64) for a in state])
+    index = host.first_nonfinite.astype(np.int64)
+    steps = np.asarray(list(steps) or [-1], np.int64)
+    first = np.where(index >= 0, steps[np.clip(index, 0, len(steps) - 1)], -1)
+    return host._replace(first_nonfinite=first)
