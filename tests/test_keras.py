@@ -141,7 +141,7 @@ def test_the_callback_only_reads_bit_identical_batch_norm_once_sums_are_not_reor
 
     With it on, the extra reads can make TensorFlow's graph optimizer order
     one gradient sum differently (an ulp of gamma, grown to ~1e-4 by 60
-    chaotic steps): README, "Cost and side effects".
+    chaotic steps): docs/tensorflow.md, "Cost and side effects".
     """
     rng = np.random.default_rng(10)
     x = rng.normal(size=(120, 16)).astype(np.float32)
