@@ -189,6 +189,17 @@ class ForgetfulDropout(nn.Module):
         return ForgetfulDropoutFunction.apply(x, self.rate) if self.training else x
 
 
+class GaussianNoise(nn.Module):
+    """Adds Gaussian noise of standard deviation ``scale`` in training mode (a regulariser)."""
+
+    def __init__(self, scale=0.3):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return x + self.scale * torch.randn_like(x) if self.training else x
+
+
 def _mlp_batch(generator, batch=16, width=8, dtype=torch.float32):
     x = torch.randn(batch, width, generator=generator, dtype=dtype)
     y = torch.randn(batch, 1, generator=generator, dtype=dtype)
@@ -310,10 +321,14 @@ def clean(kind, seed=0):
             nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 1)
         ).train()
         return Case(model, _mlp_batch(generator), mse)
+    if kind == "noise":
+        # torch.randn draws other numbers in float64 than in float32 at the same seed.
+        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), GaussianNoise(0.3), nn.Linear(16, 1)).train()
+        return Case(model, _mlp_batch(generator), mse)
     raise ValueError(f"Expected one of {CLEAN_KINDS}. Received: {kind!r}")
 
 
-CLEAN_KINDS = ("mlp", "cnn", "layer_norm", "attention", "embedding", "relu_padded", "relu", "train_mode")
+CLEAN_KINDS = ("mlp", "cnn", "layer_norm", "attention", "embedding", "relu_padded", "relu", "train_mode", "noise")
 
 
 def forgetful_dropout(seed=0):

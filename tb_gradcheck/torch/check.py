@@ -83,7 +83,8 @@ def check_gradients(
         twin's (one backward pass of each): a row more than 1% off, or not
         finite where the twin's is, is a mismatch (float32 arithmetic the
         twin cannot see; ``twin_gap``); not when the loss draws random
-        numbers (dropout in training mode), which float64 draws differently.
+        numbers (dropout or noise in training mode): float64 draws other
+        ones than float32 from the same seed.
         Needs ``batch``.
       probes, epsilon, seed, granularity, tolerance, thorough: As for
         ``tb_gradcheck.check_gradients`` (TensorFlow): probes per row
@@ -141,9 +142,10 @@ def check_gradients(
         return report  # float16 or bfloat16 arithmetic is inexact by design; float64 is the twin's own
     own_fn = lambda: loss_fn(model, batch)  # noqa: E731
     with _ieee_float32():
-        # A loss that draws random numbers (dropout in training mode) draws
-        # other ones in float64 than in float32, whatever the seed: the two
-        # gradients would differ by more than precision, and are not compared.
+        # A loss that draws random numbers is not compared: from the same
+        # seed, torch.rand and torch.randn draw other numbers in float64 than
+        # in float32, and the two gradients would then differ by far more
+        # than precision (dropout's masks happen to agree; noise does not).
         if check_state.draws_random_numbers(own_fn, model, opts.seed):
             return report
         own = check_state.gradients(own_fn, model, opts.seed)
