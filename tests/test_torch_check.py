@@ -20,6 +20,15 @@ from tb_gradcheck.torch import check_gradients
 SEEDS = range(3)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models are tiny: a second intra-op thread only spin-waits, and on a shared 2-core machine doubles the time."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def check(case, seed, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing here writes state: a warning would be news
