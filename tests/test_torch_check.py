@@ -46,8 +46,10 @@ def assert_found(report, wrong):
 
 def bits(case):
     """Every parameter, buffer and .grad of the case's model, as bytes."""
-    out = {n: t.detach().numpy().tobytes() for n, t in case.model.state_dict(keep_vars=True).items()}
-    out.update({f"{n}.grad": p.grad.numpy().tobytes() for n, p in case.model.named_parameters() if p.grad is not None})
+    out = {n: t.detach().cpu().numpy().tobytes() for n, t in case.model.state_dict(keep_vars=True).items()}
+    out.update(
+        {f"{n}.grad": p.grad.cpu().numpy().tobytes() for n, p in case.model.named_parameters() if p.grad is not None}
+    )
     return out
 
 
@@ -219,6 +221,35 @@ def test_reduced_float32_precision_is_off_during_every_evaluation_and_restored_a
     finally:
         matmul.fp32_precision = saved
     assert seen and set(seen) == {"ieee"}
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run it on one: see docs/gradient_check.md)"
+)
+def test_on_a_gpu_float32_is_checked_in_float32_with_tf32_off_and_everything_restored():
+    # cuDNN runs float32 convolutions in TF32 by default (10 mantissa bits):
+    # a step of sqrt(u) would vanish inside them. Checked with it off, a
+    # correct CNN is ok and a planted bug found; the caller's settings, the
+    # CUDA generator and every tensor are as they were.
+    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul
+    saved = conv.fp32_precision, matmul.fp32_precision
+    conv.fp32_precision = matmul.fp32_precision = "tf32"
+    try:
+        for case in (models.clean("cnn", 0), models.clean("train_mode", 0), models.planted("scale", 0)):
+            case.model.cuda()
+            case.batch = tuple(t.cuda() for t in case.batch)
+            before, rng = bits(case), torch.cuda.get_rng_state()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # train_mode's BatchNorm statistics, put back and said
+                report = check_gradients(case.loss, case.model, case.batch, seed=0, granularity="variable")
+            if case.wrong:
+                assert_found(report, case.wrong)
+            else:
+                assert report.ok and sum(r.status == "ok" for r in report.rows) >= 0.8 * len(report.rows), str(report)
+            assert bits(case) == before and torch.equal(torch.cuda.get_rng_state(), rng)
+            assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")
+    finally:
+        conv.fp32_precision, matmul.fp32_precision = saved
 
 
 # -- rows, report, arguments ----------------------------------------------------------------
