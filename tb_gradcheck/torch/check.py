@@ -18,7 +18,6 @@ import torch
 from tb_gradcheck import check_run
 from tb_gradcheck import twin_gap
 from tb_gradcheck import validate
-from tb_gradcheck.check_report import GradientCheckReport  # noqa: F401  (the type returned)
 from tb_gradcheck.torch import check_state
 
 DTYPES = (None, "float64")
