@@ -33,6 +33,9 @@ class Rows:
       layer_of: For each variable, the index of its layer row.
       variable_sizes: Element count of each variable.
       layer_sizes: Element count of each layer.
+      variable_shapes: Each variable's shape as a one-element list of
+        shapes (the stored layout's ``shapes``, ``metadata.stats_layout``).
+      layer_shapes: Each layer's variables' shapes, in variable order.
       variable_units: Unit count of each variable.
       layer_units: Unit count of each layer (its last variable's).
     """
@@ -56,6 +59,10 @@ class Rows:
         self.layer_sizes = [0] * len(self.layer_names)
         for size, layer in zip(self.variable_sizes, self.layer_of):
             self.layer_sizes[layer] += size
+        self.variable_shapes = [[list(s)] for s in shapes]
+        self.layer_shapes = [[] for _ in self.layer_names]
+        for shape, layer in zip(shapes, self.layer_of):
+            self.layer_shapes[layer].append(list(shape))
         # Trailing axes that index a unit: the last one from rank 1 up (a
         # vector's elements, a kernel's output channels), none for a scalar.
         self.unit_axes = [units.trailing_axes(s, n, unit_axes) for s, n in zip(shapes, names)]

@@ -43,8 +43,18 @@ class Recording:
         ]
         aggregates = metadata.SINGLE_STEP_AGGREGATES if every_n_steps == 1 else metadata.AGGREGATES
         self.content = metadata.stats_layout(
-            {"rows": self.rows.layer_names, "sizes": self.rows.layer_sizes, "sparse_rows": sparse_layers},
-            {"rows": self.rows.variable_names, "sizes": self.rows.variable_sizes, "sparse_rows": sparse_variables},
+            {
+                "rows": self.rows.layer_names,
+                "sizes": self.rows.layer_sizes,
+                "sparse_rows": sparse_layers,
+                "shapes": self.rows.layer_shapes,
+            },
+            {
+                "rows": self.rows.variable_names,
+                "sizes": self.rows.variable_sizes,
+                "sparse_rows": sparse_variables,
+                "shapes": self.rows.variable_shapes,
+            },
             aggregates,
             every_n_steps,
             optimizer_columns,
