@@ -268,7 +268,7 @@ def _best(ca, cb, names_a, names_b):
     best = np.zeros(len(ca), np.int64)
     for level in ("rest", "norm", "kind"):
         keys = set(zip(cb.tolist(), getattr(names_b, level).tolist()))
-        best += [(s, t) in keys for s, t in zip(ca.tolist(), getattr(names_a, level).tolist())]
+        best += np.array([(s, t) in keys for s, t in zip(ca.tolist(), getattr(names_a, level).tolist())], np.int64)
     return best
 
 

@@ -125,11 +125,16 @@ def test_bad_windows_are_400_not_500(client, query):
 
 def test_compare_aligns_by_structure_when_asked_and_by_sizes_in_logs_without_shapes(client):
     by_name = get_json(client, API + "compare?run=run&other=renamed&metric=grad_norm")
-    assert by_name["alignment"] == "name" and by_name["matched"] == 0 and by_name["only_in_other"] == [
-        "other/dense",
-        "other/dense_1",
-        "other/extra",
-    ]
+    assert (
+        by_name["alignment"] == "name"
+        and by_name["matched"] == 0
+        and by_name["only_in_other"]
+        == [
+            "other/dense",
+            "other/dense_1",
+            "other/extra",
+        ]
+    )
     body = get_json(client, API + "compare?run=run&other=renamed&metric=grad_norm&align=structure&encoding=f32")
     assert body["alignment"] == "structure" and body["basis"] == "sizes" and body["matched"] == 2
     assert body["layers"] == ["net/dense", "net/dense_1", "net/dense_2", "other/extra"]
