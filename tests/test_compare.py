@@ -78,6 +78,7 @@ def train(model, run_dir):
 def logdir(tmp_path_factory):
     import tensorflow as tf
 
+    tf.keras.backend.clear_session()  # Keras' layer numbering starts over, as in a fresh notebook
     tf.keras.utils.set_random_seed(3)
     root = tmp_path_factory.mktemp("compare")
     models = [sequential(), sequential(), sequential(extra=True), *functional_and_subclassed()]
