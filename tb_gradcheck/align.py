@@ -289,26 +289,39 @@ def _table(ca, cb, names_a, names_b, offset):
     if n * m > MAX_CELLS:
         return None
     big = 4 * (min(n, m) + 1)  # above the largest total tiebreak, 3 points a pair
-    # Scores stay below big * (min(n, m) + 1) < 2**31 for any table under MAX_CELLS.
-    levels = ("rest", "norm", "kind")
-    names_a = [getattr(names_a, k)[offset : offset + n] for k in levels]
-    names_b = [getattr(names_b, k)[offset : offset + m] for k in levels]
+    # Scores stay below big * (min(n, m) + 1) < 2**30 for any table under
+    # MAX_CELLS; a cell whose signatures differ weighs -2**30, so the
+    # diagonal never wins there and no sum leaves int32.
+    rest_a, norm_a, kind_a = (getattr(names_a, k)[offset : offset + n] for k in ("rest", "norm", "kind"))
+    rest_b, norm_b, kind_b = (getattr(names_b, k)[offset : offset + m] for k in ("rest", "norm", "kind"))
+    # A row's weights but for the rest-of-name point depend on its signature,
+    # normalized name and kind only, which a model's repeated blocks share:
+    # kept for reuse, up to 16 MiB of them.
+    weights, room = {}, max(1, 2**22 // m)
     # Bit j of a row: cell j + 1 of the table (cell 0 never needs one).
     left = np.zeros((n + 1, (m + 7) // 8), np.uint8)
     diag = np.zeros((n + 1, (m + 7) // 8), np.uint8)
     prev = np.zeros(m + 1, np.int32)
     row = np.zeros(m + 1, np.int32)
     for i in range(n):
-        match = cb == ca[i]
-        if match.any():
-            w = np.full(m, big, np.int32)
-            for level_a, level_b in zip(names_a, names_b):
-                w += level_b == level_a[i]
-            through = np.where(match, prev[:-1] + w, -1)
+        key = (ca[i], norm_a[i], kind_a[i])
+        if key in weights:
+            base = weights[key]
+        else:
+            match = cb == ca[i]
+            base = None
+            if match.any():
+                tiebreak = (norm_b == norm_a[i]).astype(np.int32) + (kind_b == kind_a[i])
+                base = np.where(match, big + tiebreak, -(2**30)).astype(np.int32)
+            if len(weights) < room:
+                weights[key] = base
+        if base is None:
+            row[1:] = prev[1:]
+        else:
+            through = base + prev[:-1]
+            through += rest_b == rest_a[i]
             np.maximum(through, prev[1:], out=row[1:])
             diag[i + 1] = np.packbits(through >= prev[1:])
-        else:
-            row[1:] = prev[1:]
         np.maximum.accumulate(row, out=row)
         left[i + 1] = np.packbits(row[1:] == row[:-1])
         prev, row = row, prev

@@ -196,3 +196,37 @@ def test_align_route_errors(client):
     assert client.get(API + "align?run=twin_a").status_code == 400
     assert client.get(API + "align?run=twin_a&other=twin_b&align=diagonal").status_code == 400
     assert client.get(API + "compare?run=twin_a&other=twin_b&metric=grad_norm&align=sideways").status_code == 400
+
+
+def layout(shapes):
+    rows = {"rows": ["m/a", "m/b"], "sizes": [6, 2]}
+    return metadata.stats_layout({**rows, "shapes": shapes}, rows, ["last"], 1)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [[[2, 3]]],  # one row short
+        [[[2, 3]], [[-1]]],  # a negative dimension
+        [[[2, 3]], [[True]]],  # a bool is no dimension
+        [[[2, 3]], [2]],  # a shape that is not a list
+        [[[2, 3]], "2"],
+        {"m/a": [[2, 3]]},
+        [[[2, 3]], [[2.0]]],
+    ],
+)
+def test_parse_refuses_shapes_that_are_not_one_list_of_shapes_per_row(shapes):
+    content = layout([[[2, 3]], [[2]]])
+    content["layer"]["shapes"] = shapes
+    with pytest.raises(metadata.ContentError, match="layer shapes must be one list of shapes"):
+        metadata.parse(metadata.encode(content))
+
+
+def test_shapes_are_optional_and_a_layout_without_them_keeps_its_bytes():
+    with_shapes = layout([[[2, 3]], [[2], []]])
+    assert metadata.parse(metadata.encode(with_shapes))["layer"]["shapes"] == [[[2, 3]], [[2], []]]
+    without = layout(None)
+    assert "shapes" not in without["layer"] and "shapes" not in without["variable"]
+    # The bytes (and so the tag) of a layout written before shapes existed.
+    assert metadata.encode(without["layer"]) == b'{"rows":["m/a","m/b"],"sizes":[6,2],"sparse_rows":[]}'
+    assert metadata.parse(metadata.encode(without)) == without
