@@ -69,8 +69,8 @@ class Alignment:
 
     Attributes:
       mode: ``NAME`` or ``STRUCTURE``: how the rows were paired.
-      basis: What a structure match required (one of ``BASES``); ``"names"``
-        for a name alignment.
+      basis: What a structure match required: ``"shapes"``, ``"sizes"`` or
+        ``"names"`` (see ``_basis``); ``"names"`` for a name alignment.
       pairs: ``(i, j)`` in display order: ``i`` a row of the run, ``j`` of
         the other, either None where only one run has the row.
       rows: ``(the run's row names, the other's)`` that ``i`` and ``j`` index.

@@ -121,6 +121,7 @@ def compare_body(a, b, alignment, width=None, reduce="max", encoding="json", win
       rows the body holds).
     """
     pairs = alignment.pairs
+    fields = alignment_body(alignment)
     steps, ia, ib = np.intersect1d(a.steps, b.steps, return_indices=True)
     values = np.full((len(steps), len(pairs)), np.nan)
     missing = np.ones((len(steps), len(pairs)), bool)
@@ -132,15 +133,19 @@ def compare_body(a, b, alignment, width=None, reduce="max", encoding="json", win
         with np.errstate(divide="ignore", invalid="ignore"):
             values[:, k] = va / vb
         missing[:, k] = a.missing[ia, i] | b.missing[ib, j]
-    rows = [a.rows[i] if i is not None else b.rows[j] for i, j in pairs]
     ratio = dataclasses.replace(
-        a, rows=rows, steps=steps, values=values, missing=missing, status=None, status_missing=None, total_steps=None
+        a,
+        rows=fields.pop("layers"),
+        steps=steps,
+        values=values,
+        missing=missing,
+        status=None,
+        status_missing=None,
+        total_steps=None,
     )
     body = heatmap_body(ratio, width, reduce, encoding, window)
-    fields = alignment_body(alignment)
     shown = slice(body["row_start"], body["row_start"] + len(body["layers"]))
     fields["run_layers"], fields["other_layers"] = fields["run_layers"][shown], fields["other_layers"][shown]
-    del fields["layers"]
     body.update(other=b.run, **fields)
     return body
 
