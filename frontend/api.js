@@ -73,6 +73,21 @@ export function compareUrl(q) {
   return matrixUrl('compare', q);
 }
 
+/**
+ * The URL of an alignment: which rows of run are which rows of other.
+ * @param {{run, other, granularity?, metric?, align?}} q `metric` only says
+ *   whose rows (check_error: the gradient check's); `align` is name,
+ *   structure or auto.
+ * @returns {string} e.g. "align?run=a&other=b&granularity=layer&align=auto"
+ */
+export function alignUrl(q) {
+  const params = new URLSearchParams();
+  for (const k of ['run', 'other', 'granularity', 'metric', 'align']) {
+    if (q[k] !== null && q[k] !== undefined && q[k] !== '') params.set(k, String(q[k]));
+  }
+  return 'align?' + params.toString();
+}
+
 /** The URL of the findings of one run: "findings?run=a". */
 export function findingsUrl(run) {
   return 'findings?' + new URLSearchParams({run}).toString();

@@ -1,19 +1,15 @@
 // Comparing two runs (pure; tested under node): which rows of one run are
 // which rows of the other.
 //
-// Keras names a model's variables under the model's own name, which changes
-// with nothing but build order (`sequential` vs `sequential_1`) or what an
-// experiment called it (`he_init/...` vs `wrong_gradient/...`). Two runs of
-// one architecture then share no row name, but every row matches once the
-// root scope is dropped: that is "by structure". By name stays available.
-// The server's compare route applies the same rule (tb_gradcheck/wire.py
-// structure_key) when asked with align=structure.
-
-/** A row name without its root scope: "sequential_1/dense/kernel" -> "dense/kernel". */
-export function structureKey(name) {
-  const k = name.indexOf('/');
-  return k >= 0 && k < name.length - 1 ? name.slice(k + 1) : name;
-}
+// The server decides (tb_gradcheck/align.py, through `GET align` for the
+// side-by-side view and the `compare` answer for the ratio), so the tab and
+// the ratio always pair the same rows. By structure, rows pair by what they
+// are: their order in depth and their variables' shapes, names breaking
+// ties. Keras numbers every layer of a process (`sequential/dense` and
+// `sequential_1/dense_4`) and experiments name models after themselves
+// (`he_init/...` vs `wrong_gradient/...`): then only structure pairs them.
+// By name stays available. This module lays the two runs' rows out on the
+// answer and words the note that says which alignment the tab used.
 
 /** The root scope of a name ("sequential_1"), or "" when it has none. */
 export function rootScope(name) {
@@ -21,86 +17,81 @@ export function rootScope(name) {
   return k >= 0 ? name.slice(0, k) : '';
 }
 
-function keyFor(mode) {
-  return mode === 'structure' ? structureKey : (n) => n;
-}
-
-/** How many rows of a find a row of b under an alignment (each row of b used once). */
-export function matchedRows(a, b, mode) {
-  const key = keyFor(mode);
-  const keys = new Set(b.map(key));
-  let n = 0;
-  for (const r of a) {
-    const k = key(r);
-    if (keys.delete(k)) n++;
-  }
-  return n;
-}
-
-/**
- * The alignment to use when the user has not chosen: by structure when it
- * matches more rows than by name (differently named models of one
- * architecture), else by name.
- * @returns {{mode: 'name'|'structure', matched: number, roots: [string, string]}}
- */
-export function chooseAlignment(a, b) {
-  const byName = matchedRows(a, b, 'name');
-  const byStructure = matchedRows(a, b, 'structure');
-  const mode = byStructure > byName ? 'structure' : 'name';
-  return {mode, matched: mode === 'structure' ? byStructure : byName, roots: [commonRoot(a), commonRoot(b)]};
-}
-
 function commonRoot(rows) {
-  const roots = new Set(rows.map(rootScope));
+  const roots = new Set(rows.filter((r) => r !== null).map(rootScope));
   return roots.size === 1 ? [...roots][0] : '';
 }
 
 /**
- * Rows of a side-by-side view: a's rows in order, then rows only b has.
- * @param {string[]} a Rows of the run.
- * @param {string[]} b Rows of the compared run.
- * @param {'name'|'structure'} mode
+ * The alignment the tab shows, from an align or compare answer.
+ * @param {object} resp With alignment, basis, matched, run_layers,
+ *   other_layers, only_in_run, only_in_other (docs/http_api.md).
+ * @returns {{mode: 'name'|'structure', basis: string, matched: number,
+ *   total: number, roots: [string, string]}}
+ */
+export function alignmentOf(resp) {
+  const onlyA = resp.only_in_run || [];
+  const onlyB = resp.only_in_other || [];
+  return {
+    mode: resp.alignment, basis: resp.basis, matched: resp.matched,
+    total: resp.matched + onlyA.length + onlyB.length,
+    roots: [commonRoot(resp.run_layers || []), commonRoot(resp.other_layers || [])],
+  };
+}
+
+/**
+ * Rows of a side-by-side view: the aligned rows of an align answer, picked
+ * out of the two heatmaps' rows by name. A heatmap row the answer does not
+ * name (rows that arrived between the two requests) is kept, as a row only
+ * its run has.
+ * @param {{run_layers: (string|null)[], other_layers: (string|null)[]}} resp
+ * @param {string[]} a Rows of the run's heatmap.
+ * @param {string[]} b Rows of the compared run's heatmap.
  * @returns {{names: string[], pickA: Int32Array, pickB: Int32Array,
  *   onlyA: string[], onlyB: string[]}} names[i] is a's name of row i (b's
  *   when only b has it); pickA[i] / pickB[i] index the row in a / b, -1 when
  *   that run lacks it.
  */
-export function alignRows(a, b, mode) {
-  const key = keyFor(mode);
-  const inB = new Map();
-  b.forEach((r, j) => {
-    const k = key(r);
-    if (!inB.has(k)) inB.set(k, j);
-  });
+export function alignRows(resp, a, b) {
+  const inA = new Map(a.map((r, i) => [r, i]));
+  const inB = new Map(b.map((r, j) => [r, j]));
   const names = [];
   const pickA = [];
   const pickB = [];
-  const used = new Set();
-  a.forEach((r, i) => {
-    const j = inB.get(key(r));
-    const take = j !== undefined && !used.has(j);
-    if (take) used.add(j);
-    names.push(r);
+  const push = (i, j) => {
+    names.push(i >= 0 ? a[i] : b[j]);
     pickA.push(i);
-    pickB.push(take ? j : -1);
-  });
-  b.forEach((r, j) => {
-    if (used.has(j)) return;
-    names.push(r);
-    pickA.push(-1);
     pickB.push(j);
-  });
+    if (i >= 0) inA.delete(a[i]);
+    if (j >= 0) inB.delete(b[j]);
+  };
+  const ra = resp.run_layers || [];
+  const rb = resp.other_layers || [];
+  for (let k = 0; k < ra.length; k++) {
+    const i = ra[k] !== null && inA.has(ra[k]) ? inA.get(ra[k]) : -1;
+    const j = rb[k] !== null && inB.has(rb[k]) ? inB.get(rb[k]) : -1;
+    if (i >= 0 || j >= 0) push(i, j);
+  }
+  for (const i of [...inA.values()]) push(i, -1);
+  for (const j of [...inB.values()]) push(-1, j);
   return {
     names, pickA: Int32Array.from(pickA), pickB: Int32Array.from(pickB),
     onlyA: names.filter((_, i) => pickB[i] < 0), onlyB: names.filter((_, i) => pickA[i] < 0),
   };
 }
 
+const BASIS_TEXT = {
+  shapes: 'depth and shapes',
+  sizes: 'depth and sizes (this log stores no shapes)',
+  names: 'depth and names',
+};
+
 /** The sentence saying which alignment a comparison uses. */
 export function alignmentText(alignment, runA, runB, matched, total) {
   const [ra, rb] = alignment.roots || ['', ''];
+  const roots = ra && rb && ra !== rb ? `; ${ra}/\u2026 \u2194 ${rb}/\u2026` : '';
   const how = alignment.mode === 'structure'
-    ? `rows aligned by structure${ra && rb && ra !== rb ? ` (${ra}/\u2026 \u2194 ${rb}/\u2026)` : ''}`
+    ? `rows aligned by structure (${BASIS_TEXT[alignment.basis] || 'depth'}${roots})`
     : 'rows aligned by name';
   return `${how}: ${matched.toLocaleString('en-US')} of ${total.toLocaleString('en-US')} rows in both ${runA} and ${runB}`;
 }

@@ -8,10 +8,10 @@
 // no DOM; the DOM modules (controls, views, panel, heatmap, chart, theme)
 // import pure ones, never the reverse.
 
-import {Api, checksUrl, compareUrl, fetchJson, findingsUrl, heatmapUrl} from './api.js';
+import {alignUrl, Api, checksUrl, compareUrl, fetchJson, findingsUrl, heatmapUrl} from './api.js';
 import {stepAxis} from './axes.js';
 import {LineChart} from './chart.js';
-import {alignRows, chooseAlignment} from './compare.js';
+import {alignmentOf, alignRows} from './compare.js';
 import {buildLayout, setSegmented, showControls, wireRowbar} from './controls.js';
 import {makeMeasure} from './dom.js';
 import {evidenceItems, findingKey, KIND_LABELS, layerHeadline, runNeedingAttention, sortFindings} from './findings.js';
@@ -78,11 +78,6 @@ export function render() {
     const o = st.compare.other;
     if (!o || !st.sel || o === st.sel.run || !info(o)) return null;
     return st.compare.mode === 'ratio' && st.sel.metric !== 'check_error' ? 'ratio' : 'side';
-  }
-
-  function listedRows(run) {
-    const g = ((info(run) || {}).granularities || {})[st.sel.granularity];
-    return (g && g.rows) || [];
   }
 
   const painter = makePainter({doc, ui, st, main, other, chart, measure, compareMode, info, activeFinding: () => activeFinding(), setReady});
@@ -204,8 +199,7 @@ export function render() {
   function syncControls() {
     if (st.compare.other && (st.compare.other === st.sel.run || !info(st.compare.other))) st.compare.other = null;
     const mode = compareMode();
-    st.alignment = mode ? chooseAlignment(listedRows(st.sel.run), listedRows(st.compare.other)) : null;
-    if (st.alignment && st.compare.align) st.alignment = {...st.alignment, mode: st.compare.align};
+    if (!mode) st.alignment = null; // else the server's answer, set by loadView
     showControls(ui, st, info(), mode);
   }
 
@@ -334,9 +328,12 @@ export function render() {
     const q = {...sel, width, first_step: z && z.steps ? z.steps[0] : null, last_step: z && z.steps ? z.steps[1] : null};
     st.loads++;
     const requested = performance.now();
-    const requests = [api.get('main', mode === 'ratio' ? compareUrl({...q, other: o, align: st.alignment.mode}) : heatmapUrl(q))];
-    if (mode === 'side') requests.push(api.get('other', heatmapUrl({...q, run: o})));
-    else api.cancel('other');
+    const align = st.compare.align || 'auto'; // unless the user chose, the server picks (docs/http_api.md)
+    const requests = [api.get('main', mode === 'ratio' ? compareUrl({...q, other: o, align}) : heatmapUrl(q))];
+    for (const [channel, url] of [['other', heatmapUrl({...q, run: o})], ['align', alignUrl({...sel, other: o, align})]]) {
+      if (mode === 'side') requests.push(api.get(channel, url));
+      else api.cancel(channel);
+    }
     if (sel.metric === 'check_error') requests.push(api.get('checks', checksUrl(sel.run, sel.granularity)));
     const results = await Promise.allSettled(requests);
     const arrived = performance.now();
@@ -345,8 +342,11 @@ export function render() {
       return fail(`Could not load ${mode === 'ratio' ? `the ratio ${sel.run} \u00f7 ${o}` : 'the heatmap'}: ${results[0].reason.message}`);
     }
     const a = results[0].value.value;
-    const b = mode === 'side' && results[1].status === 'fulfilled' ? results[1].value.value : null;
-    showError(ui.otherError, mode === 'side' && !b ? `Could not load ${o}: ${results[1].reason.message}` : null);
+    const sideFailed = mode === 'side' ? results.slice(1, 3).find((r) => r.status === 'rejected') : null;
+    const b = mode === 'side' && !sideFailed ? results[1].value.value : null;
+    const aligned = b ? results[2].value.value : mode === 'ratio' ? a : null;
+    showError(ui.otherError, sideFailed ? `Could not load ${o}: ${sideFailed.reason.message}` : null);
+    st.alignment = aligned ? alignmentOf(aligned) : null;
     const checks = sel.metric === 'check_error' ? results[results.length - 1] : null;
     st.checks = checks && checks.status === 'fulfilled' ? checks.value.value : null;
     try {
@@ -361,7 +361,7 @@ export function render() {
     other.run = b ? o : null;
     let names = a.layers;
     if (b) {
-      const al = alignRows(a.layers, b.layers, st.alignment.mode);
+      const al = alignRows(aligned, a.layers, b.layers);
       main.grid = pickRows(main.grid, al.pickA, al.names);
       other.grid = pickRows(other.grid, al.pickB, al.names);
       other.names = Array.from(al.pickB, (j) => (j < 0 ? null : b.layers[j]));

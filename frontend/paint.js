@@ -6,6 +6,7 @@
 import {stepTicks} from './axes.js';
 import {makeRatioScale, makeScale, ratioDecades, valueDomain} from './colour.js';
 import {alignmentText} from './compare.js';
+import {setSegmented} from './controls.js';
 import {findingCells, KIND_LABELS, rowMarks} from './findings.js';
 import {allZeroText, metricLabel, ratioMetricEnds, stepRangeText} from './format.js';
 import {binEdges, binGrid, fitHeight, planRows, sharedPrefix, sourceRows} from './rows.js';
@@ -228,7 +229,9 @@ export function makePainter(env) {
     updateChart(null);
   }
 
+  /** The note under the controls that says which alignment a comparison uses, and the pressed button. */
   function renderAlignNote(mode) {
+    if (mode && st.alignment) setSegmented(ui.align, st.alignment.mode);
     const lines = [];
     if (mode && st.alignment) {
       const [onlyA, onlyB] = st.onlyIn || [[], []];

@@ -27,13 +27,9 @@ class Rows(structure.Structure):
 
     Attributes:
       variables: The variables, in the order given.
-      layer_names: Layer row names, depth order.
-      variable_names: Variable row names, in the order given.
-      layer_of: For each variable, the index of its layer row.
-      variable_sizes: Element count of each variable.
-      layer_sizes: Element count of each layer.
-      variable_units: Unit count of each variable.
-      layer_units: Unit count of each layer (its last variable's).
+      unit_axes: Per variable, how many trailing axes index its units.
+      The rest as ``structure.Structure`` (names, layer_of, sizes, shapes,
+      unit counts; ``blocks`` for the stored layout).
     """
 
     def __init__(self, variables, unit_axes=None):

@@ -152,10 +152,14 @@ def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
     written step keeps the per-step cost to the numbers themselves.
 
     Args:
-      layers: ``{"rows": names, "sizes": element counts, "sparse_rows": names}``
-        for the layer rows, in depth order. ``sparse_rows`` are rows whose
-        gradients are ``tf.IndexedSlices`` (embeddings): their zero fraction
-        is high by nature, not because they are dead.
+      layers: ``{"rows": names, "sizes": element counts, "sparse_rows": names,
+        "shapes": shapes}`` for the layer rows, in depth order.
+        ``sparse_rows`` are rows whose gradients are ``tf.IndexedSlices``
+        (embeddings): their zero fraction is high by nature, not because they
+        are dead. ``shapes`` (optional) gives every row its variables'
+        shapes, in the row's variable order, each a list of ints: a variable
+        row has one, a Dense layer row ``[[in, out], [out]]``. Comparing two
+        runs by structure aligns rows by them (``tb_gradcheck.align``).
       variables: The same for the variable rows.
       aggregates: Slab names, in stored order.
       window: Training steps one write summarises (1: every step is written).
@@ -192,8 +196,13 @@ def check_layout(granularity, rows):
     }
 
 
-def _granularity_block(rows, sizes, sparse_rows=()):
-    return {"rows": list(rows), "sizes": [int(s) for s in sizes], "sparse_rows": list(sparse_rows)}
+def _granularity_block(rows, sizes, sparse_rows=(), shapes=None):
+    block = {"rows": list(rows), "sizes": [int(s) for s in sizes], "sparse_rows": list(sparse_rows)}
+    if shapes is not None:
+        # Optional, so layouts written before it existed (and writers that
+        # do not know shapes) keep their bytes and their tag's fingerprint.
+        block["shapes"] = [[[int(d) for d in shape] for shape in row] for row in shapes]
+    return block
 
 
 def encode(content):
@@ -278,6 +287,11 @@ def parse(content_bytes):
                 or not set(sparse) <= set(block["rows"])
             ):
                 raise ContentError(f"{granularity} sparse_rows must be a list of row names, got {_short(sparse)}")
+            if "shapes" in block and not _valid_shapes(block["shapes"], len(block["rows"])):
+                raise ContentError(
+                    f"{granularity} shapes must be one list of shapes (lists of non-negative integers) per row, "
+                    f"got {_short(block['shapes'])}"
+                )
     else:
         if content.get("granularity") not in GRANULARITIES:
             raise ContentError(
@@ -315,6 +329,20 @@ def shape_of(content):
     if content["kind"] == KIND_STATS:
         return (len(content["aggregates"]), header_row(content) + 1, len(content["columns"]))
     return (len(content["rows"]), len(content["columns"]))
+
+
+def _valid_shapes(shapes, n_rows):
+    def dim(d):
+        return isinstance(d, int) and not isinstance(d, bool) and d >= 0
+
+    return (
+        isinstance(shapes, list)
+        and len(shapes) == n_rows
+        and all(
+            isinstance(row, list) and all(isinstance(shape, list) and all(dim(d) for d in shape) for shape in row)
+            for row in shapes
+        )
+    )
 
 
 def _require_names(content, key, where=""):

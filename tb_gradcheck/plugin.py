@@ -15,6 +15,7 @@ from tensorboard import plugin_util
 from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 
+from tb_gradcheck import align
 from tb_gradcheck import binning
 from tb_gradcheck import export
 from tb_gradcheck import metadata
@@ -89,6 +90,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
             "/runs": self._serve_runs,
             "/heatmap": self._serve_heatmap,
             "/compare": self._serve_compare,
+            "/align": self._serve_align,
             "/findings": self._serve_findings,
             "/export": self._serve_export,
             "/checks": self._serve_checks,
@@ -141,7 +143,22 @@ class GradientsPlugin(base_plugin.TBPlugin):
             *_selection(args),
             *_binning(args),
             window=_window(args),
-            align=_choice(args, "align", wire.ALIGNMENTS, "name"),
+            align=_choice(args, "align", align.REQUESTS, align.NAME),
+        )
+        return _respond_json(request, body)
+
+    @_route
+    def _serve_align(self, request):
+        ctx, eid = _context(request)
+        args = request.args
+        body = self.align_impl(
+            ctx,
+            eid,
+            _required(args, "run"),
+            _required(args, "other"),
+            _choice(args, "granularity", metadata.GRANULARITIES, "layer"),
+            _choice(args, "align", align.REQUESTS, align.AUTO),
+            _one(args, "metric") == metadata.CHECK_METRIC,
         )
         return _respond_json(request, body)
 
@@ -217,11 +234,19 @@ class GradientsPlugin(base_plugin.TBPlugin):
         reduce="max",
         encoding="json",
         window=None,
-        align="name",
+        align=align.NAME,
     ):
         """The body of ``GET compare``: ``run`` over ``other``, rows aligned by name or by structure."""
-        a, b = queries.compare(self._store, ctx, experiment_id, run, other, metric, granularity, aggregate)
-        return wire.compare_body(a, b, align, width, reduce, encoding, window)
+        a, b, found = queries.compare(
+            self._store, ctx, experiment_id, run, other, metric, granularity, aggregate, align
+        )
+        return wire.compare_body(a, b, found, width, reduce, encoding, window)
+
+    def align_impl(self, ctx, experiment_id, run, other, granularity="layer", request=align.AUTO, check=False):
+        """The body of ``GET align``: which rows of ``run`` are which rows of ``other``."""
+        kind = metadata.KIND_CHECK if check else metadata.KIND_STATS
+        found = queries.alignment(self._store, ctx, experiment_id, run, other, granularity, request, kind)
+        return {"run": run, "other": other, "granularity": granularity, **wire.alignment_body(found)}
 
     def findings_impl(self, ctx, experiment_id, run):
         """The body of ``GET findings``."""

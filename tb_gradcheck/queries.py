@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from tb_gradcheck import align
 from tb_gradcheck import diagnose
 from tb_gradcheck import export as export_format
 from tb_gradcheck import merge
@@ -167,8 +168,10 @@ def heatmap(st, ctx, experiment_id, run, metric, granularity="layer", aggregate=
     return st.cache.put(key, heat, sum(a.nbytes for a in arrays) + 64 * len(rows), cost=index.read_bytes())
 
 
-def compare(st, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last"):
-    """The two heatmaps ``GET compare`` sets against each other (``wire.compare_body`` aligns them).
+def compare(st, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last", request=align.NAME):
+    """The two heatmaps ``GET compare`` sets against each other, and their rows' ``align.Alignment``.
+
+    ``wire.compare_body`` turns them into the ratio.
 
     Raises:
       BadRequest: ``metric`` is the check metric, which has no ratio.
@@ -178,7 +181,48 @@ def compare(st, ctx, experiment_id, run, other, metric, granularity="layer", agg
         raise BadRequest(f"compare takes a statistic, not {metric!r}")
     a = heatmap(st, ctx, experiment_id, run, metric, granularity, aggregate)
     b = heatmap(st, ctx, experiment_id, other, metric, granularity, aggregate)
-    return a, b
+    found = alignment(st, ctx, experiment_id, run, other, granularity, request, rows=(a.rows, b.rows))
+    return a, b, found
+
+
+def alignment(
+    st, ctx, experiment_id, run, other, granularity="layer", request=align.AUTO, kind=metadata.KIND_STATS, rows=None
+):
+    """Which rows of ``run`` are which rows of ``other`` (``align.choose``): an ``align.Alignment``.
+
+    Args:
+      st, ctx, experiment_id: As every query.
+      run, other: The two runs.
+      granularity: ``"layer"`` or ``"variable"``.
+      request: ``"name"``, ``"structure"`` or ``"auto"`` (``align.REQUESTS``).
+      kind: Whose rows: ``metadata.KIND_STATS`` or ``KIND_CHECK`` (as
+        ``heatmap`` serves them for the metric). What a structure alignment
+        compares (shapes, else sizes) comes from the stats layouts either way.
+      rows: ``(run's rows, other's rows)`` to align, default the rows
+        ``heatmap`` serves; ``compare`` passes its heatmaps' own.
+
+    Raises:
+      NotFound: Unknown run, or either run has no ``granularity`` rows of ``kind``.
+    """
+    indexes = [st.run(ctx, experiment_id, r) for r in (run, other)]
+    for r, index in zip((run, other), indexes):
+        if not index.layouts(kind, granularity):
+            raise NotFound(f"run {r!r} has no {granularity}-level {kind} data")
+    rows = rows or [index.rows(kind, granularity) for index in indexes]
+    # The rows and their shapes change only with a new layout (a new tag),
+    # not with every step a live run writes: keyed by tags and rows, a
+    # refresh of a growing run costs no new alignment.
+    tags = [tuple(s.tag for s in index.layouts(metadata.KIND_STATS, granularity)) for index in indexes]
+    key = ("alignment", experiment_id, run, other, *tags, tuple(rows[0]), tuple(rows[1]), granularity, request)
+    hit = st.cache.get(key)
+    if hit is not None:
+        return hit
+    contents = [[s.content for s in index.layouts(metadata.KIND_STATS, granularity)] for index in indexes]
+    found = align.choose(
+        align.side(contents[0], granularity, rows[0]), align.side(contents[1], granularity, rows[1]), request
+    )
+    # A miss costs a table of rows x rows cells to fill again: weighed as that many bytes.
+    return st.cache.put(key, found, 64 * (1 + len(found.pairs)), cost=len(rows[0]) * len(rows[1]))
 
 
 def matrix(st, ctx, experiment_id, index, kind, granularity):

@@ -35,16 +35,9 @@ class Recording:
         self.rows = grouping.Rows(variables, unit_axes)
         self.every_n_steps = every_n_steps
         self._events = events
-        sparse_variables = [n for n, s in zip(self.rows.variable_names, sparse) if s]
-        sparse_layers = [
-            n
-            for i, n in enumerate(self.rows.layer_names)
-            if any(s and self.rows.layer_of[v] == i for v, s in enumerate(sparse))
-        ]
         aggregates = metadata.SINGLE_STEP_AGGREGATES if every_n_steps == 1 else metadata.AGGREGATES
         self.content = metadata.stats_layout(
-            {"rows": self.rows.layer_names, "sizes": self.rows.layer_sizes, "sparse_rows": sparse_layers},
-            {"rows": self.rows.variable_names, "sizes": self.rows.variable_sizes, "sparse_rows": sparse_variables},
+            *self.rows.blocks(sparse),
             aggregates,
             every_n_steps,
             optimizer_columns,

@@ -71,6 +71,8 @@ class Structure:
 
         ``sparse``: per parameter, whether its gradient is sparse (an
         embedding's): its rows and its layer's are listed as sparse rows.
+        Each block stores every row's parameter shapes, which compare's
+        alignment by structure reads.
         """
         sparse = list(sparse or [False] * len(self.variable_names))
         sparse_layers = {self.layer_of[i] for i, s in enumerate(sparse) if s}
@@ -78,11 +80,13 @@ class Structure:
             "rows": self.layer_names,
             "sizes": self.layer_sizes,
             "sparse_rows": [n for j, n in enumerate(self.layer_names) if j in sparse_layers],
+            "shapes": self.layer_shapes(),
         }
         variables = {
             "rows": self.variable_names,
             "sizes": self.variable_sizes,
             "sparse_rows": [n for n, s in zip(self.variable_names, sparse) if s],
+            "shapes": [[list(shape)] for shape in self.variable_shapes],
         }
         return layers, variables
 

@@ -1,4 +1,4 @@
-"""The heatmap wire format: windowing, binning, row alignment and encoding of one matrix; numpy only.
+"""The heatmap wire format: windowing, binning, a comparison's aligned rows and encoding of one matrix; numpy only.
 
 What ``GET heatmap`` and ``GET compare`` answer is built here from a
 ``store.Heatmap``, so the format has one definition on the server side
@@ -17,7 +17,6 @@ from tb_gradcheck import binning
 from tb_gradcheck import metadata
 
 ENCODINGS = ("json", "f32")
-ALIGNMENTS = ("name", "structure")
 
 
 @dataclasses.dataclass
@@ -106,38 +105,23 @@ def heatmap_body(heat, width=None, reduce="max", encoding="json", window=None):
     return body
 
 
-def compare_body(a, b, align="name", width=None, reduce="max", encoding="json", window=None):
+def compare_body(a, b, alignment, width=None, reduce="max", encoding="json", window=None):
     """The JSON of ``GET compare``: ``a`` over ``b``, rows aligned, at the steps both have.
 
     Args:
       a: The ``store.Heatmap`` of the run.
       b: The ``store.Heatmap`` of the other run (same metric, granularity
         and aggregate).
-      align: ``"name"`` (rows with the same name) or ``"structure"`` (rows
-        whose names are the same after the root scope, see ``structure_key``).
+      alignment: The ``align.Alignment`` of ``a.rows`` with ``b.rows``.
       width, reduce, encoding, window: As ``heatmap_body``.
 
     Returns:
-      The ``heatmap_body`` of the ratios plus ``other``, ``alignment``,
-      ``other_layers`` (per row, the other run's row name, or None),
-      ``only_in_run`` and ``only_in_other``.
+      The ``heatmap_body`` of the ratios plus the fields of
+      ``alignment_body`` (``run_layers`` and ``other_layers`` cut to the
+      rows the body holds).
     """
-    key = structure_key if align == "structure" else (lambda name: name)
-    ka = [key(r) for r in a.rows]
-    kb = [key(r) for r in b.rows]
-    jb = {}
-    for j, k in enumerate(kb):
-        jb.setdefault(k, j)
-    used = set()
-    pairs = []  # (a row or None, b row or None)
-    for i, k in enumerate(ka):
-        j = jb.get(k)
-        if j is not None and j not in used:
-            used.add(j)
-            pairs.append((i, j))
-        else:
-            pairs.append((i, None))
-    pairs += [(None, j) for j in range(len(b.rows)) if j not in used]
+    pairs = alignment.pairs
+    fields = alignment_body(alignment)
     steps, ia, ib = np.intersect1d(a.steps, b.steps, return_indices=True)
     values = np.full((len(steps), len(pairs)), np.nan)
     missing = np.ones((len(steps), len(pairs)), bool)
@@ -149,33 +133,45 @@ def compare_body(a, b, align="name", width=None, reduce="max", encoding="json", 
         with np.errstate(divide="ignore", invalid="ignore"):
             values[:, k] = va / vb
         missing[:, k] = a.missing[ia, i] | b.missing[ib, j]
-    rows = [a.rows[i] if i is not None else b.rows[j] for i, j in pairs]
     ratio = dataclasses.replace(
-        a, rows=rows, steps=steps, values=values, missing=missing, status=None, status_missing=None, total_steps=None
+        a,
+        rows=fields.pop("layers"),
+        steps=steps,
+        values=values,
+        missing=missing,
+        status=None,
+        status_missing=None,
+        total_steps=None,
     )
     body = heatmap_body(ratio, width, reduce, encoding, window)
-    start = body["row_start"]
-    body.update(
-        other=b.run,
-        alignment=align,
-        other_layers=[None if j is None else b.rows[j] for _, j in pairs][start : start + len(body["layers"])],
-        only_in_run=[a.rows[i] for i, j in pairs if i is not None and j is None],
-        only_in_other=[b.rows[j] for i, j in pairs if i is None],
-    )
+    shown = slice(body["row_start"], body["row_start"] + len(body["layers"]))
+    fields["run_layers"], fields["other_layers"] = fields["run_layers"][shown], fields["other_layers"][shown]
+    body.update(other=b.run, **fields)
     return body
 
 
-def structure_key(name):
-    """A row name without its root scope: ``"sequential_1/dense/kernel"`` -> ``"dense/kernel"``.
+def alignment_body(alignment):
+    """The JSON of an ``align.Alignment`` (docs/http_api.md ``GET align``).
 
-    Keras names a model's variables under the model's name, which changes
-    with nothing but the order models were built in (``sequential``,
-    ``sequential_1``) or the name an experiment gave it. Two runs of the same
-    architecture therefore differ in the first path component only. A name
-    without a ``/`` is its own key.
+    Returns:
+      A dict: ``alignment`` (``"name"`` or ``"structure"``), ``basis`` (what
+      a structure match required: ``"shapes"``, ``"sizes"`` or ``"names"``),
+      ``matched`` (rows in both runs), ``layers`` (per aligned row, the run's
+      name, else the other's), ``run_layers`` and ``other_layers`` (per row,
+      its name in each run, or None), ``only_in_run`` and ``only_in_other``.
     """
-    _, sep, rest = name.partition("/")
-    return rest if sep and rest else name
+    pairs = alignment.pairs
+    a_rows, b_rows = alignment.rows
+    return {
+        "alignment": alignment.mode,
+        "basis": alignment.basis,
+        "matched": alignment.matched,
+        "layers": [a_rows[i] if i is not None else b_rows[j] for i, j in pairs],
+        "run_layers": [None if i is None else a_rows[i] for i, _ in pairs],
+        "other_layers": [None if j is None else b_rows[j] for _, j in pairs],
+        "only_in_run": [a_rows[i] for i, j in pairs if j is None],
+        "only_in_other": [b_rows[j] for i, j in pairs if i is None],
+    }
 
 
 def status_matrix(status, missing):

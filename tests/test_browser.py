@@ -705,7 +705,7 @@ def test_compare_aligns_runs_whose_models_were_named_differently(tab, tb, artifa
     assert s["compare"] == {"other": "renamed", "mode": "side", "alignment": "structure"}
     assert s["rows"] == ["small/a", "small/b"] and s["otherRows"] == s["rows"]
     note = tab.frame.locator("#align-note").inner_text()
-    assert "aligned by structure (small/\u2026 \u2194 other_net/\u2026): 2 of 2 rows" in note
+    assert "aligned by structure (depth and shapes; small/\u2026 \u2194 other_net/\u2026): 2 of 2 rows" in note
     fields = tab.hover(*tab.cell_point(1, 5, canvas="#heatmap-other"))
     other = api(tb, "heatmap", run="renamed", metric="grad_norm")
     assert fields["run"] == "renamed" and fields["aligned with"] == "other_net/b"
@@ -714,6 +714,7 @@ def test_compare_aligns_runs_whose_models_were_named_differently(tab, tb, artifa
     # Ratio by structure: the server aligns the same way.
     tab.click("#compare-mode button[data-value=ratio]")
     ratio = api(tb, "compare", run="growing", other="renamed", metric="grad_norm", align="structure")
+    assert tab.state()["compare"]["alignment"] == "structure"
     assert (
         ratio["alignment"] == "structure"
         and ratio["only_in_run"] == []

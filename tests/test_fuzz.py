@@ -37,8 +37,8 @@ from rawlogs import write_raw
 from tb_gradcheck import metadata
 
 BASE = "/data/plugin/gradients/"
-ROUTES = ("runs", "heatmap", "compare", "findings", "export", "checks")
-KEYS = ("run", "other", "metric", "granularity", "aggregate", "width", "reduce", "format", "encoding")
+ROUTES = ("runs", "heatmap", "compare", "align", "findings", "export", "checks")
+KEYS = ("run", "other", "metric", "granularity", "aggregate", "width", "reduce", "format", "encoding", "align")
 HOSTILE_RUN = "<img src=x onerror=alert(1)> \"q\" 'q' &a=b%20+#?"
 UNICODE_RUN = "日本語 \u202eرن"
 HOSTILE_LAYERS = ("<img src=x onerror=alert(1)>", "a\"b'c", "\u202eevil\u200f", "日本語/層", "x" * 300)
@@ -129,6 +129,7 @@ KNOWN = {
     "reduce": ["max", "min", "mean"],
     "format": ["csv", "json"],
     "encoding": ["json", "f32"],
+    "align": ["name", "structure", "auto"],
 }
 odd_numbers = st.sampled_from(
     [
@@ -276,6 +277,9 @@ def test_valid_selections_always_answer_well_formed_200(app):
             assert same["layers"] == body["layers"] and same["num_steps"] == body["num_steps"]
             finite = [v for row in same["values"] for v in row if isinstance(v, float)]
             assert all(v == 1.0 for v in finite), finite
+        # Against itself by structure: every row is its own partner.
+        aligned = get_json(client, BASE + "align?" + encode(pairs[:3] + [("other", run), ("align", "structure")]))
+        assert aligned["run_layers"] == aligned["other_layers"] == aligned["layers"] == body["layers"]
         assert get_json(client, BASE + "findings?" + encode(pairs[:1]))["run"] == run
 
     check()
@@ -286,7 +290,7 @@ def test_valid_selections_always_answer_well_formed_200(app):
 def test_unknown_runs_answer_404_on_every_route(app, run, metric):
     client, _ = app
     q = encode([("run", run), ("metric", metric), ("other", "good")])
-    for route in ("heatmap", "compare", "findings", "export"):
+    for route in ("heatmap", "compare", "align", "findings", "export"):
         response = client.get(f"{BASE}{route}?{q}")
         if run == "":
             assert response.status_code == 400, (route, run)  # a missing required parameter

@@ -61,8 +61,14 @@ def test_layout_metadata_rides_on_the_first_event_of_each_tag_only(tmp_path):
         assert md.plugin_data.plugin_name == "gradients"
         assert md.data_class == summary_pb2.DATA_CLASS_TENSOR
     content = metadata.parse(first.plugin_data.content)
-    assert content["layer"] == {"rows": ["m/a", "m/b"], "sizes": [6, 3], "sparse_rows": []}
+    assert content["layer"] == {
+        "rows": ["m/a", "m/b"],
+        "sizes": [6, 3],
+        "sparse_rows": [],
+        "shapes": [[[2, 2], [2]], [[2, 1], [1]]],
+    }
     assert content["variable"]["rows"] == ["m/a/kernel", "m/a/bias", "m/b/kernel", "m/b/bias"]
+    assert content["variable"]["shapes"] == [[[2, 2]], [[2]], [[2, 1]], [[1]]]
     # Written every step: no onset columns (they would restate grad_norm and grad_nonfinite).
     assert content["columns"] == list(metadata.stored_columns(1)) and content["aggregates"] == ["last"]
     assert not set(metadata.ONSET_STAT_COLUMNS) & set(content["columns"])

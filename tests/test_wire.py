@@ -14,7 +14,6 @@ from conftest import get_json
 from conftest import make_app
 from conftest import synthetic_run
 from conftest import wait_for_steps
-from rawlogs import stats_content
 from rawlogs import stats_points
 from rawlogs import write_raw
 
@@ -31,11 +30,17 @@ def client(tmp_path_factory):
 
     logdir = tmp_path_factory.mktemp("wire")
     synthetic_run(logdir / "run", STEPS)
-    # The same model under another root scope, as Keras names a second model.
+    # The same model under another root scope, as Keras names a second
+    # model, written before layouts stored shapes: its rows' element counts
+    # are net/dense's and net/dense_1's (4x3 + 3 and 3x3 + 3), then a layer
+    # the run lacks.
+    rows = ["other/dense", "other/dense_1", "other/extra"]
     write_raw(
         logdir / "renamed",
         stats_points(3, range(STEPS), value=2.0),
-        content=stats_content(["other/dense", "other/dense_1", "other/extra"]),
+        content=metadata.stats_layout(
+            {"rows": rows, "sizes": [15, 12, 7]}, {"rows": rows, "sizes": [15, 12, 7]}, ["last"], 1
+        ),
     )
     # Gradient checks: row b is a mismatch at steps 20 and 30, not checked at step 0.
     rows = ["net/dense", "net/dense_1"]
@@ -118,17 +123,23 @@ def test_bad_windows_are_400_not_500(client, query):
     assert response.status_code == 400, (query, response.data[:200])
 
 
-def test_compare_aligns_by_structure_when_asked(client):
+def test_compare_aligns_by_structure_when_asked_and_by_sizes_in_logs_without_shapes(client):
     by_name = get_json(client, API + "compare?run=run&other=renamed&metric=grad_norm")
-    assert by_name["alignment"] == "name" and by_name["only_in_other"] == [
-        "other/dense",
-        "other/dense_1",
-        "other/extra",
-    ]
+    assert (
+        by_name["alignment"] == "name"
+        and by_name["matched"] == 0
+        and by_name["only_in_other"]
+        == [
+            "other/dense",
+            "other/dense_1",
+            "other/extra",
+        ]
+    )
     body = get_json(client, API + "compare?run=run&other=renamed&metric=grad_norm&align=structure&encoding=f32")
-    assert body["alignment"] == "structure"
+    assert body["alignment"] == "structure" and body["basis"] == "sizes" and body["matched"] == 2
     assert body["layers"] == ["net/dense", "net/dense_1", "net/dense_2", "other/extra"]
     assert body["other_layers"] == ["other/dense", "other/dense_1", None, "other/extra"]
+    assert body["run_layers"] == ["net/dense", "net/dense_1", "net/dense_2", None]
     assert body["only_in_run"] == ["net/dense_2"] and body["only_in_other"] == ["other/extra"]
     heat = get_json(client, API + "heatmap?run=run&metric=grad_norm")
     ratio = f32(body["values_f32"], (STEPS, 4))

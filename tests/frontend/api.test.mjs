@@ -2,7 +2,7 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
-import {Api, HttpError, LatestRequest, checksUrl, compareUrl, exportUrl, fetchJson, findingsUrl, heatmapUrl} from '../../frontend/api.js';
+import {Api, HttpError, LatestRequest, alignUrl, checksUrl, compareUrl, exportUrl, fetchJson, findingsUrl, heatmapUrl} from '../../frontend/api.js';
 
 function deferred() {
   let resolve;
@@ -100,6 +100,12 @@ test('compare_and_window_urls_carry_alignment_and_ranges', () => {
   assert.equal(zoomed, 'heatmap?run=r&metric=grad_norm&first_step=100&last_step=250&encoding=f32');
   assert.equal(findingsUrl('x/y'), 'findings?run=x%2Fy');
   assert.equal(checksUrl('x', 'layer'), 'checks?run=x&granularity=layer');
+});
+
+test('align_url_carries_the_pair_and_only_what_the_alignment_depends_on', () => {
+  // The tab passes its whole selection: width, aggregate and zoom do not change which rows pair.
+  const sel = {run: 'a&b', other: 'c d', metric: 'check_error', granularity: 'variable', aggregate: 'max', width: 800, align: 'auto'};
+  assert.equal(alignUrl(sel), 'align?run=a%26b&other=c+d&granularity=variable&metric=check_error&align=auto');
 });
 
 test('api_fetches_relative_routes_one_channel_each', async () => {

@@ -1,51 +1,55 @@
-// Unit tests of frontend/compare.js (node --test): aligning two runs' rows.
+// Unit tests of frontend/compare.js (node --test): laying two runs' rows out
+// on the server's alignment, and the note that says which one it is.
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
-import {alignRows, alignmentText, chooseAlignment, matchedRows, rootScope, structureKey} from '../../frontend/compare.js';
+import {alignmentOf, alignmentText, alignRows, rootScope} from '../../frontend/compare.js';
 
-const SEQ = ['sequential/dense/kernel', 'sequential/dense/bias', 'sequential/dense_1/kernel'];
-const SEQ1 = ['sequential_1/dense/kernel', 'sequential_1/dense/bias', 'sequential_1/dense_1/kernel'];
+// Auto-numbered Keras twins, one layer inserted in the second, as GET align answers them.
+const A = ['sequential/dense', 'sequential/dense_1', 'sequential/dense_2'];
+const B = ['sequential_1/dense_3', 'sequential_1/dense_4', 'sequential_1/inserted', 'sequential_1/dense_5'];
+const ANSWER = {
+  alignment: 'structure', basis: 'shapes', matched: 3,
+  layers: [A[0], A[1], 'sequential_1/inserted', A[2]],
+  run_layers: [A[0], A[1], null, A[2]],
+  other_layers: [B[0], B[1], B[2], B[3]],
+  only_in_run: [], only_in_other: ['sequential_1/inserted'],
+};
 
-test('structure_key_drops_the_root_scope_only', () => {
-  assert.equal(structureKey('sequential_1/dense/kernel'), 'dense/kernel');
-  assert.equal(structureKey('he_init/dense'), 'dense');
-  assert.equal(structureKey('dense'), 'dense');
-  assert.equal(structureKey('trailing/'), 'trailing/');
+test('root_scope_is_the_first_path_component', () => {
   assert.equal(rootScope('he_init/dense'), 'he_init');
   assert.equal(rootScope('dense'), '');
 });
 
-test('runs_whose_models_got_different_names_align_by_structure', () => {
-  assert.equal(matchedRows(SEQ, SEQ1, 'name'), 0);
-  assert.equal(matchedRows(SEQ, SEQ1, 'structure'), 3);
-  const choice = chooseAlignment(SEQ, SEQ1);
-  assert.deepEqual(choice, {mode: 'structure', matched: 3, roots: ['sequential', 'sequential_1']});
-  const al = alignRows(SEQ, SEQ1, 'structure');
-  assert.deepEqual(al.names, SEQ);
-  assert.deepEqual(Array.from(al.pickB), [0, 1, 2]);
+test('rows_follow_the_answer_with_an_inserted_layer_at_its_depth', () => {
+  const al = alignRows(ANSWER, A, B);
+  assert.deepEqual(al.names, [A[0], A[1], 'sequential_1/inserted', A[2]]);
+  assert.deepEqual(Array.from(al.pickA), [0, 1, -1, 2]);
+  assert.deepEqual(Array.from(al.pickB), [0, 1, 2, 3]);
   assert.deepEqual(al.onlyA, []);
-  assert.match(alignmentText(choice, 'a', 'b', 3, 3), /aligned by structure \(sequential\/\u2026 \u2194 sequential_1\/\u2026\): 3 of 3 rows/);
+  assert.deepEqual(al.onlyB, ['sequential_1/inserted']);
+  const shown = alignmentOf(ANSWER);
+  assert.deepEqual(shown, {mode: 'structure', basis: 'shapes', matched: 3, total: 4, roots: ['sequential', 'sequential_1']});
+  assert.equal(alignmentText(shown, 'a', 'b', 3, 4),
+    'rows aligned by structure (depth and shapes; sequential/\u2026 \u2194 sequential_1/\u2026): 3 of 4 rows in both a and b');
 });
 
-test('same_names_stay_aligned_by_name_and_name_alignment_stays_available', () => {
-  assert.equal(chooseAlignment(SEQ, SEQ).mode, 'name');
-  const byName = alignRows(SEQ, SEQ1, 'name');
-  assert.equal(byName.names.length, 6);
-  assert.deepEqual(byName.onlyA, SEQ);
-  assert.deepEqual(byName.onlyB, SEQ1);
-  assert.deepEqual(Array.from(byName.pickA), [0, 1, 2, -1, -1, -1]);
+test('a_heatmap_row_the_answer_does_not_name_is_kept_as_only_in_its_run', () => {
+  // The run grew a layer between the align request and the heatmap's.
+  const al = alignRows(ANSWER, [...A, 'sequential/late'], B);
+  assert.deepEqual(al.names.slice(-1), ['sequential/late']);
+  assert.deepEqual(al.onlyA, ['sequential/late']);
+  // A name the heatmap lacks is never indexed: its partner stays, as only in the other run.
+  const gone = alignRows(ANSWER, A.slice(0, 2), B);
+  assert.deepEqual(Array.from(gone.pickA), [0, 1, -1, -1]);
+  assert.deepEqual(gone.onlyB, ['sequential_1/inserted', 'sequential_1/dense_5']);
 });
 
-test('an_extra_layer_is_only_in_its_run_and_each_row_is_used_once', () => {
-  const a = ['he_init/dense', 'he_init/extra', 'he_init/out'];
-  const b = ['wrong_gradient/dense', 'wrong_gradient/out', 'wrong_gradient/more'];
-  const al = alignRows(a, b, chooseAlignment(a, b).mode);
-  assert.deepEqual(al.names, ['he_init/dense', 'he_init/extra', 'he_init/out', 'wrong_gradient/more']);
-  assert.deepEqual(Array.from(al.pickB), [0, -1, 1, 2]);
-  assert.deepEqual(al.onlyA, ['he_init/extra']);
-  assert.deepEqual(al.onlyB, ['wrong_gradient/more']);
-  // Two rows of a with one key take b's row once.
-  const dup = alignRows(['x/a', 'y/a'], ['z/a'], 'structure');
-  assert.deepEqual(Array.from(dup.pickB), [0, -1]);
+test('the_note_says_name_alignment_and_what_structure_was_based_on', () => {
+  const byName = alignmentOf({alignment: 'name', basis: 'names', matched: 0, run_layers: [A[0], null], other_layers: [null, B[0]],
+    only_in_run: [A[0]], only_in_other: [B[0]]});
+  assert.equal(byName.total, 2);
+  assert.equal(alignmentText(byName, 'a', 'b', 0, 2), 'rows aligned by name: 0 of 2 rows in both a and b');
+  const old = {mode: 'structure', basis: 'sizes', roots: ['x', 'x']};
+  assert.match(alignmentText(old, 'a', 'b', 1, 1), /by structure \(depth and sizes \(this log stores no shapes\)\): 1 of 1/);
 });
