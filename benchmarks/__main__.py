@@ -15,7 +15,18 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-MODULES = ("writer", "check_cost", "check_power", "torch_check", "findings", "backend", "listing", "frontend", "load", "align")
+MODULES = (
+    "writer",
+    "check_cost",
+    "check_power",
+    "torch_check",
+    "findings",
+    "backend",
+    "listing",
+    "frontend",
+    "load",
+    "align",
+)
 
 
 def print_table(rows, out=sys.stdout):
