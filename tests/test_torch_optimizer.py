@@ -18,6 +18,7 @@ from tb_gradcheck.torch import GradientWriter
 
 RTOL = 1e-6  # float32 storage of float64 statistics
 MISSING = -1.0
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _mlp(seed=0):
@@ -35,7 +36,7 @@ def _columns(run_dir, granularity="variable"):
 
 
 def _norms(tensors):
-    return np.array([np.linalg.norm(t.detach().double().numpy().ravel()) for t in tensors])
+    return np.array([np.linalg.norm(t.detach().double().cpu().numpy().ravel()) for t in tensors])
 
 
 def test_clip_grad_norm_clips_as_pytorch_does_and_records_the_norms_before(tmp_path):
@@ -73,14 +74,15 @@ def test_clip_grad_norm_clips_as_pytorch_does_and_records_the_norms_before(tmp_p
     "make",
     [lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)],
 )
-def test_update_norm_is_the_change_the_optimizer_step_made_at_written_steps(tmp_path, make):
-    model = _mlp()
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_norm_is_the_change_the_optimizer_step_made_at_written_steps(tmp_path, make, device):
+    model = _mlp().to(device)
     optimizer = make(model.parameters())
     writer = GradientWriter(tmp_path, model, every_n_steps=3, optimizer=optimizer)
     expected = {}
     for step in range(7):
         optimizer.zero_grad()
-        model(torch.randn(8, 4)).pow(2).mean().backward()
+        model(torch.randn(8, 4, device=device)).pow(2).mean().backward()
         writer.write(step)
         before = [p.detach().clone() for p in model.parameters()]
         optimizer.step()
@@ -115,18 +117,19 @@ def test_writing_after_the_optimizer_step_warns_and_records_no_update(tmp_path):
 OVERFLOW = {2, 5, 6}  # steps whose scaled loss overflows: the scaler refuses them
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("unscale", [True, False], ids=["unscale_called", "scaled_gradients"])
-def test_grad_scaler_steps_are_unscaled_and_refused_steps_counted(tmp_path, unscale):
-    model = _mlp()
+def test_grad_scaler_steps_are_unscaled_and_refused_steps_counted(tmp_path, unscale, device):
+    model = _mlp().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=3)
     writer = GradientWriter(tmp_path, model, every_n_steps=2, optimizer=optimizer, scaler=scaler)
     expected = {}
     refused = 0
     for step in range(9):
         optimizer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(torch.randn(8, 4)).float().pow(2).mean()
+        with torch.autocast(device, dtype=torch.bfloat16 if device == "cpu" else torch.float16):
+            loss = model(torch.randn(8, 4, device=device)).float().pow(2).mean()
         if step in OVERFLOW:
             loss = loss * 3e38  # scaled, it overflows to Inf: the gradients are non-finite
         scale = scaler.get_scale()

@@ -19,6 +19,8 @@ from tb_gradcheck.torch import GradientWriter
 
 # Stored values are float32 of float64 statistics: one float32 rounding (2**-24 ~ 6e-8) apart.
 RTOL = 1e-6
+# The gradients' own device: a GPU where there is one (the reductions run there).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 class Zoo(nn.Module):
@@ -140,7 +142,7 @@ def _assert_rows(
 
 
 def _backward(model, seed=0):
-    tokens, target = _zoo_batch(seed)
+    tokens, target = (t.to(next(model.parameters()).device) for t in _zoo_batch(seed))
     model.zero_grad(set_to_none=True)
     nn.functional.mse_loss(model(tokens), target).backward()
 
@@ -167,9 +169,10 @@ def test_rows_are_modules_by_path_in_the_order_they_first_run(tmp_path):
     assert not any(r.startswith("frozen") for r in content["variable"]["rows"])
 
 
-def test_every_statistic_matches_its_float64_twin_on_real_gradients(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_statistic_matches_its_float64_twin_on_real_gradients(tmp_path, device):
     torch.manual_seed(0)
-    model = Zoo()
+    model = Zoo().to(device)
     with torch.no_grad():
         model.conv.weight[2:5] = 0.0  # channels 2-4 never reach the output: dead units
         model.conv.bias[2:5] = -1e3
@@ -177,9 +180,9 @@ def test_every_statistic_matches_its_float64_twin_on_real_gradients(tmp_path):
     _backward(model)
     writer.write(3)
     grads = _grads(model)
-    weights = {n: p.detach().double().numpy() for n, p in model.named_parameters() if p.requires_grad}
+    weights = {n: p.detach().double().cpu().numpy() for n, p in model.named_parameters() if p.requires_grad}
     writer.close()
-    layers, variables = _twin(model, grads)
+    layers, variables = _twin(model.cpu(), grads)
     step, stored_v, content = _rows(tmp_path, "variable")
     _, stored_l, _ = _rows(tmp_path, "layer")
     assert step == 3
@@ -191,8 +194,9 @@ def test_every_statistic_matches_its_float64_twin_on_real_gradients(tmp_path):
     assert stored_l["unused"]["grad_norm"] == -1.0 and stored_l["unused"]["weight_norm"] > 0
 
 
-def test_planted_nan_inf_zeros_and_tiny_values_match_the_twin(tmp_path):
-    model = Zoo()
+@pytest.mark.parametrize("device", DEVICES)
+def test_planted_nan_inf_zeros_and_tiny_values_match_the_twin(tmp_path, device):
+    model = Zoo().to(device)
     writer = GradientWriter(tmp_path, model)
     _backward(model)  # records the forward order
     rng = np.random.default_rng(1)
@@ -202,14 +206,14 @@ def test_planted_nan_inf_zeros_and_tiny_values_match_the_twin(tmp_path):
         g = rng.normal(size=p.shape) * 1e-30  # float32 squares underflow; float64 accumulation does not
         if g.ndim >= 2:
             g[0] = 0.0
-        p.grad = torch.tensor(g, dtype=torch.float32)
+        p.grad = torch.tensor(g, dtype=torch.float32, device=device)
     model.conv.weight.grad[1, 0, 0] = float("nan")
     model.deconv.weight.grad[3, 1, 2] = float("inf")
     model.norm.weight.grad[:] = 0.0
     writer.write(0)
     grads = _grads(model)
     writer.close()
-    layers, variables = _twin(model, grads)
+    layers, variables = _twin(model.cpu(), grads)
     _, stored_v, _ = _rows(tmp_path, "variable")
     _, stored_l, _ = _rows(tmp_path, "layer")
     assert np.isnan(stored_l["conv"]["grad_norm"]) and stored_l["deconv"]["grad_norm"] == np.inf
@@ -281,16 +285,19 @@ def test_compiled_model_writes_the_same_numbers_as_eager(tmp_path):
             np.testing.assert_allclose(b[name][c], a[name][c], rtol=1e-6)
 
 
-def test_window_aggregates_equal_an_every_step_twin(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_window_aggregates_equal_an_every_step_twin(tmp_path, device):
     """Windows of 4 against every step written: the same gradients, a NaN in the second window."""
-    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).to(device)
     every = GradientWriter(tmp_path / "every", model)
     window = GradientWriter(tmp_path / "window", model, every_n_steps=4)
     rng = np.random.default_rng(0)
     steps = range(1, 11)  # writes at 4 and 8; 9 and 10 are a partial window written at close
     for step in steps:
         for p in model.parameters():
-            p.grad = torch.tensor(rng.normal(size=p.shape) * 10.0 ** rng.integers(-3, 3), dtype=torch.float32)
+            p.grad = torch.tensor(
+                rng.normal(size=p.shape) * 10.0 ** rng.integers(-3, 3), dtype=torch.float32, device=device
+            )
         if step == 6:
             model[2].weight.grad[0, 0] = float("nan")
         if step == 7:
@@ -382,3 +389,29 @@ def test_misuse_raises_expected_received(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match="closed"):
         writer.write(0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host synchronisation is a GPU's")
+def test_no_host_synchronisation_at_steps_that_are_not_written(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+    scaler = torch.amp.GradScaler("cuda")
+    writer = GradientWriter(tmp_path, model, every_n_steps=5, optimizer=optimizer, scaler=scaler)
+    x = torch.randn(8, 16, device="cuda")
+    for step in range(12):
+        optimizer.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        quiet = step > 5 and step % 5 != 0  # after a whole window has made every index it needs
+        torch.cuda.set_sync_debug_mode("error" if quiet else "default")
+        try:
+            writer.clip_grad_norm_(1.0)
+            writer.write(step)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        scaler.step(optimizer)
+        scaler.update()
+    writer.close()
+    assert [s for s, _, _ in read_events(tmp_path, "stats")] == [0, 5, 10, 11]
