@@ -29,12 +29,15 @@ setuptools.setup(
     # TensorFlow is not a hard requirement: the plugin and the report command
     # run without it (reading logs on a laptop), and "tensorflow" would not be
     # satisfied by an installed tensorflow-cpu, so pip would fetch a second TF.
-    # The writer needs one of the two; pick it with an extra.
+    # The writer needs one of the two; pick it with an extra. The PyTorch
+    # writer (tb_gradcheck.torch) needs torch instead, and no TensorFlow:
+    # [torch] (for a CPU-only build, install torch from PyTorch's CPU index first).
     install_requires=["numpy", "tensorboard>=2.21,<2.22"],
     extras_require={
         "tensorflow": ["tensorflow>=2.21,<2.22"],
         "cpu": ["tensorflow-cpu>=2.21,<2.22"],
-        "torch": ["torch>=2.4"],
+        # 2.6: torch.nn.utils.get_total_norm, and optimizer step hooks on every optimizer.
+        "torch": ["torch>=2.6"],
         # ruff pinned: `ruff format --check` in .ci/run must not change its mind with a new release.
         "test": ["pytest", "pytest-xdist", "hypothesis", "playwright", "ruff==0.17.6"],
     },

@@ -12,7 +12,9 @@ SIGKILL loses nothing it had written (one ``write(2)`` of a few kilobytes
 per written step).
 """
 
+import itertools
 import os
+import socket
 import threading
 import time
 
@@ -20,6 +22,7 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.summary.writer import event_file_writer
+from tensorboard.summary.writer import record_writer
 from tensorboard.util import tensor_util
 
 from tb_gradcheck import metadata
@@ -149,5 +152,50 @@ class EventLog:
 
     def _open(self):
         if self._sink is None:
-            self._sink = event_file_writer.EventFileWriter(self._logdir, filename_suffix=self._suffix)
+            if "://" in self._logdir:  # a remote file system: through TensorBoard's gfile
+                self._sink = event_file_writer.EventFileWriter(self._logdir, filename_suffix=self._suffix)
+            else:
+                self._sink = EventFile(self._logdir, self._suffix)
         return self._sink
+
+
+_file_ids = itertools.count()
+
+
+class EventFile:
+    """An event file in a local directory, each event written and flushed as it comes; no TensorFlow.
+
+    TensorBoard's ``EventFileWriter`` makes its directory and file with
+    ``tensorboard.compat.tf``, which imports TensorFlow whenever it is
+    installed: seconds and a few hundred megabytes in a PyTorch process that
+    never uses it. This writes the same records (TensorBoard's own
+    ``RecordWriter``: length, masked CRC-32C, data, masked CRC-32C) with the
+    standard library, under the name ``EventFileWriter`` would give it,
+    and synchronously: the log flushes after every event anyway.
+    """
+
+    def __init__(self, logdir, filename_suffix=""):
+        os.makedirs(logdir, exist_ok=True)
+        name = "events.out.tfevents.%010d.%s.%s.%s%s" % (
+            time.time(),
+            socket.gethostname(),
+            os.getpid(),
+            next(_file_ids),
+            filename_suffix,
+        )
+        self.path = os.path.join(logdir, name)
+        self._records = record_writer.RecordWriter(open(self.path, "wb"))
+        source = event_pb2.SourceMetadata(writer="tb_gradcheck")
+        self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2", source_metadata=source))
+        self.flush()
+
+    def add_event(self, event):
+        self._records.write(event.SerializeToString())
+
+    def flush(self):
+        self._records.flush()
+
+    def close(self):
+        if not self._records.closed:
+            self._records.flush()
+            self._records.close()

@@ -223,3 +223,71 @@ def _assemble(norm, max_abs, zeros, nonfinite, dead, size, present, onset):
         cols.append(np.where(nonfinite > 0, 0.0, MISSING))
     out = np.stack(cols, axis=1)
     return np.where(np.asarray(present, bool)[:, None], out, MISSING).astype(np.float32)
+
+
+def optimizer_values(structure, weight_norms, update_squares=None, before_clip=None, loss_scale=None, refused=None):
+    """``{column: (layer [L], variable [V])}`` float32 of a write step's optimizer columns (``tb_gradcheck.updates``).
+
+    Args:
+      structure: The ``structure.Structure``.
+      weight_norms: float64 ``[V]`` weight norms before the update.
+      update_squares: float64 ``[V]`` squared norms of each parameter's
+        update, or None (no update measured: those columns are left out,
+        and so MISSING when filled in).
+      before_clip: float64 ``[V]`` gradient norms before clipping, NaN or
+        MISSING where a parameter had no gradient; or None.
+      loss_scale: The loss scale this step's gradients were made with, or None.
+      refused: Steps the loss scaler refused since the previous write (with ``loss_scale``).
+
+    Definitions as ``tb_gradcheck.updates``: a layer's update and weight
+    norms from its parameters' squared norms; ``update_to_weight`` is
+    MISSING where the weights are all zero (undefined, not Inf).
+    """
+    seg = np.asarray(structure.layer_of)
+    n_layer, n_var = len(structure.layer_names), len(structure.variable_names)
+    out = {}
+    if update_squares is not None:
+        squares = np.asarray(update_squares, np.float64)
+        weights = np.asarray(weight_norms, np.float64)
+        update = (np.sqrt(bincount_layers(squares, structure)), np.sqrt(squares))
+        weight = (np.sqrt(bincount_layers(weights**2, structure)), weights)
+        out["update_norm"] = update
+        out["update_to_weight"] = tuple(_ratio(u, w) for u, w in zip(update, weight))
+    if before_clip is not None:
+        norms = np.asarray(before_clip, np.float64)
+        present = norms != MISSING
+        layer = combine_norms(np.where(present, norms, 0.0), structure)
+        layer_present = np.bincount(seg, present, n_layer) > 0
+        out["grad_norm_before_clip"] = (np.where(layer_present, layer, MISSING), np.where(present, norms, MISSING))
+    if loss_scale is not None:
+        for name, value in (("loss_scale", loss_scale), ("refused_steps", refused)):
+            out[name] = (np.full(n_layer, value), np.full(n_var, value))
+    return {k: (np.asarray(a, np.float32), np.asarray(b, np.float32)) for k, (a, b) in out.items()}
+
+
+def bincount_layers(values, structure):
+    """float64 ``[L]``: the sum of ``values`` ``[V]`` over each layer's parameters."""
+    return np.bincount(np.asarray(structure.layer_of), np.asarray(values, np.float64), len(structure.layer_names))
+
+
+def _ratio(num, den):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((num >= 0) & (den > 0), num / np.where(den > 0, den, 1.0), MISSING)
+
+
+def fill(layer, variable, names, values):
+    """``[A, R, C]`` stats with the optimizer columns ``names`` appended: the value in the ``last`` slab, MISSING in the others.
+
+    The NumPy form of ``tb_gradcheck.updates.fill``. ``values`` is
+    ``optimizer_values``' dict (None: every column MISSING, a partial
+    window written at close); a name it lacks is MISSING.
+    """
+    values = values or {}
+    out = []
+    for k, part in enumerate((np.asarray(layer, np.float32), np.asarray(variable, np.float32))):
+        extra = np.full(part.shape[:2] + (len(names),), MISSING, np.float32)
+        for j, name in enumerate(names):
+            if name in values:
+                extra[0, :, j] = values[name][k]
+        out.append(np.concatenate([part, extra], axis=-1))
+    return tuple(out)

@@ -1,8 +1,24 @@
-"""tb_gradcheck for PyTorch: the gradient check (and, with the writer, per-layer statistics) for ``torch.nn.Module``s.
+"""tb_gradcheck for PyTorch: the Gradients tab's statistics and the gradient check from a torch training loop.
 
-Imported lazily, like the package itself: ``import tb_gradcheck.torch`` does
-not import torch until one of these is used.
+Needs torch, tensorboard and numpy; never TensorFlow. What it stores is the
+TensorFlow writer's format (``docs/stored_format.md``), so the plugin, the
+tab, ``tb-gradcheck report`` and ``export`` read PyTorch runs as they read
+TensorFlow's, and runs of both sit in one logdir.
+
+    writer = tb_gradcheck.torch.GradientWriter("logs/run1", model, optimizer=optimizer)
+    for step, (x, y) in enumerate(loader):
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        writer.clip_grad_norm_(1.0)   # optional: clips, and records the norm before clipping
+        writer.write(step)
+        optimizer.step()
+        if step % 200 == 0:  # batch_loss(model, batch) -> the loss of one fixed batch
+            report = tb_gradcheck.torch.check_gradients(batch_loss, model, (x, y), seed=step)
+            writer.write_check(report, step)
+    writer.close()
 """
+
+from tb_gradcheck.torch.writer import GradientWriter
 
 _LAZY = {
     "check_gradients": ("tb_gradcheck.torch.check", "check_gradients"),
@@ -10,10 +26,11 @@ _LAZY = {
     "GradientCheckReport": ("tb_gradcheck.check_report", "GradientCheckReport"),
 }
 
-__all__ = sorted(_LAZY)
+__all__ = sorted(["GradientWriter", *_LAZY])
 
 
 def __getattr__(name):
+    # The check's modules are imported on first use.
     import importlib
 
     if name in _LAZY:

@@ -19,6 +19,7 @@ from tb_gradcheck import check_run
 from tb_gradcheck import twin_gap
 from tb_gradcheck import validate
 from tb_gradcheck.torch import check_state
+from tb_gradcheck.torch import modules
 
 DTYPES = (None, "float64")
 
@@ -149,7 +150,7 @@ def check_gradients(
             return report
         own = check_state.gradients(own_fn, model, opts.seed)
         reference = check_state.gradients(twin_fn, twin, opts.seed)
-    return twin_gap.gap(report, own, reference, check_run.Layout(names, [check_state.owner(n) for n in names]))
+    return twin_gap.gap(report, own, reference, check_run.Layout(names, [modules.owner_path(n) for n in names]))
 
 
 def float64_twin(model):
@@ -173,7 +174,7 @@ def float64_twin(model):
 
 def _check(fn, model, opts):
     names, checked, state = check_state.parameters(model)
-    layout = check_run.Layout(names, [check_state.owner(n) for n in names])
+    layout = check_run.Layout(names, [modules.owner_path(n) for n in names])
     with _ieee_float32():
         evaluator = check_state.Evaluator(fn, checked, state, opts.seed)
         try:

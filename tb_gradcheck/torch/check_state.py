@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from tb_gradcheck import check_evaluator
+from tb_gradcheck.torch import modules
 
 
 def parameters(model):
@@ -41,6 +42,8 @@ def parameters(model):
       ValueError: No parameters, or the same parameter or name twice.
     """
     if isinstance(model, torch.nn.Module):
+        # Named as the writer names them: through torch.compile's and DDP's wrappers.
+        model = modules.unwrap(model)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(
@@ -93,15 +96,6 @@ def _named(values):
     if all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in items):
         return items
     return [(str(i), x) for i, x in enumerate(items)]
-
-
-def owner(name):
-    """The row of parameter ``name``: the path of the module that owns it (``encoder.0.weight`` -> ``encoder.0``).
-
-    A parameter directly on the root module (``scale``) has no module path
-    of its own and is its own row.
-    """
-    return name.rsplit(".", 1)[0] if "." in name else name
 
 
 class Evaluator(check_evaluator.Evaluator):

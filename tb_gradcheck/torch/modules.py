@@ -1,0 +1,225 @@
+"""A PyTorch model's parameters as rows: modules by path in the order they run forward, and what a unit is.
+
+Rows. Every parameter that requires a gradient is a variable row, named by
+its path (``encoder.layers.0.linear1.weight``, the ``state_dict`` key);
+its layer row is the module that owns it (``encoder.layers.0.linear1``).
+A parameter of the model itself is a layer of its own, as TensorFlow's
+plain variables are. A parametrized weight
+(``torch.nn.utils.parametrizations.weight_norm``) belongs to the module it
+parametrizes, not to the ``ParametrizationList`` that holds it. Wrappers
+are looked through: ``DistributedDataParallel`` and FSDP1's ``.module``,
+``torch.compile``'s ``_orig_mod``, so names carry no ``module.`` prefix.
+
+Depth order. Layers are ordered by the first call of their module's
+``forward`` (``Order``: forward pre-hooks, removed at the first write). A
+module that never runs its own ``forward`` (``MultiheadAttention``'s
+``out_proj``, whose weight the attention uses directly) comes right after
+everything its nearest called ancestor ran. Under ``torch.compile`` the hooks
+do nothing (removing them would make dynamo recompile the model, and
+recording inside a traced graph makes it recompile too); a compiled model's
+layers are then in the order the modules are registered
+(``named_parameters``), which is the forward order of most models.
+
+Units (``dead_unit_fraction``). A unit is one output of a layer: the
+parameters that only it uses. PyTorch stores outputs first, so:
+
+- a ``Linear``, ``ConvNd``, ``Bilinear`` or recurrent weight
+  ``[out, ...]``, ``MultiheadAttention``'s packed ``in_proj_weight``
+  ``[3 * embed, embed]`` (one unit per query, key and value channel), a
+  weight norm's ``g`` ``[out, 1, ...]`` and ``v``, any other parameter of
+  rank 2 or more: the first axis;
+- a vector (a bias, the affine weight and bias of ``LayerNorm``,
+  ``BatchNorm``, ``GroupNorm``): each element; a scalar: one unit;
+- an ``Embedding`` or ``EmbeddingBag`` table ``[num, dim]``: the last axis,
+  as in TensorFlow (a table row is one input, not one output);
+  ``MultiheadAttention``'s ``bias_k`` and ``bias_v`` ``[1, 1, embed]``: the
+  last axis too;
+- a ``ConvTransposeNd`` weight ``[in, out / groups, ...]``: its output
+  channels, axis 1 within each group.
+
+A layer's units are those of its last parameter (``structure.Structure``):
+a ``Linear``'s bias, or its weight without one.
+"""
+
+import dataclasses
+
+import torch
+
+from tb_gradcheck import structure
+
+_PARAMETRIZATIONS = ".parametrizations."
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitSpec:
+    """How a parameter's gradient splits into units: reshape to ``view``, reduce over ``dims``.
+
+    The axes that are not reduced index the units, in the order the
+    module's outputs have them. ``units`` is their count.
+    """
+
+    view: tuple
+    dims: tuple
+    units: int
+
+
+def unwrap(model):
+    """The module whose parameters are the model's: through DDP, FSDP1 and ``torch.compile`` wrappers."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if isinstance(inner, torch.nn.Module):
+            model = inner
+            continue
+        inner = getattr(model, "module", None)  # DistributedDataParallel, FSDP1, DataParallel
+        if isinstance(inner, torch.nn.Module) and type(model).__name__ in _WRAPPERS:
+            model = inner
+            continue
+        return model
+
+
+_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+
+
+def owner_path(name):
+    """The path of the module that owns parameter ``name`` (the parameter's own name if the model owns it)."""
+    if _PARAMETRIZATIONS in "." + name:
+        head = ("." + name).split(_PARAMETRIZATIONS, 1)[0][1:]
+        return head or name
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def unit_spec(module, short_name, shape):
+    """The ``UnitSpec`` of parameter ``short_name`` (its name in ``module``) of ``shape`` (the module docstring)."""
+    shape = tuple(int(d) for d in shape)
+    if not shape:
+        return UnitSpec((1, 1), (1,), 1)
+    numel = 1
+    for d in shape:
+        numel *= d
+    trailing = (isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and short_name == "weight") or (
+        isinstance(module, torch.nn.MultiheadAttention) and short_name in ("bias_k", "bias_v")
+    )
+    if trailing:
+        units = shape[-1]
+        return UnitSpec((numel // max(units, 1), units), (0,), units)
+    if isinstance(module, torch.nn.modules.conv._ConvTransposeNd) and short_name == "weight" and len(shape) >= 2:
+        groups = int(module.groups)
+        per_group = shape[0] // groups
+        rest = numel // max(shape[0] * shape[1], 1)
+        return UnitSpec((groups, per_group, shape[1], rest), (1, 3), groups * shape[1])
+    units = shape[0]
+    return UnitSpec((units, numel // max(units, 1)), (1,), units)
+
+
+class Order:
+    """Records the order in which a model's modules first run ``forward``, until ``freeze``.
+
+    Forward pre-hooks on every module; each records its module once. Under
+    ``torch.compile`` they return at once (see the module docstring), and
+    ``freeze`` then leaves them in place: a compiled graph guards on the
+    hooks a module has, and removing one would recompile it.
+    """
+
+    def __init__(self, model):
+        self.paths = {}  # module path -> index of its first forward call
+        self._handles = []
+        self._frozen = False
+        for path, module in model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._hook(path)))
+
+    def _hook(self, path):
+        def record(module, args):
+            if torch.compiler.is_compiling() or self._frozen:
+                return
+            if path not in self.paths:
+                self.paths[path] = len(self.paths)
+
+        return record
+
+    def freeze(self):
+        """Stops recording; removes the hooks unless the model ran compiled (nothing was recorded)."""
+        self._frozen = True
+        if self.paths:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
+        return dict(self.paths)
+
+
+def sort_key(order, path, registered):
+    """Where a layer at module ``path`` goes in depth order, given the first-call ``order`` ``{path: index}``.
+
+    Called modules by their first call; one that never ran, right after
+    what its nearest called ancestor ran; ties in registration order
+    (``registered``, the position of the layer's first parameter).
+    """
+    if path in order:
+        return (order[path], 0, registered)
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, -1, -1):
+        ancestor = ".".join(parts[:cut])
+        if ancestor in order:
+            prefix = ancestor + "." if ancestor else ""
+            last = max(i for p, i in order.items() if p == ancestor or p.startswith(prefix))
+            return (last, 1, registered)
+    return (-1, 1, registered)
+
+
+@dataclasses.dataclass
+class Parameters:
+    """A model's rows: the parameters in depth order, their ``Structure`` and unit specs.
+
+    Attributes:
+      names: Variable row names (parameter paths), depth order.
+      params: The parameters, in the same order.
+      specs: Their ``UnitSpec``s.
+      structure: The ``structure.Structure`` of the rows.
+    """
+
+    names: list
+    params: list
+    specs: list
+    structure: structure.Structure
+
+
+def parameters(model, order=None):
+    """The rows of ``model``'s parameters that require a gradient, in depth order.
+
+    Args:
+      model: A ``torch.nn.Module`` (or a wrapper ``unwrap`` looks through).
+      order: ``{module path: first call index}`` from ``Order.freeze``, or
+        None (or empty) for registration order.
+
+    Returns:
+      A ``Parameters``.
+    """
+    model = unwrap(model)
+    found = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    order = order or {}
+    owners = [owner_path(n) for n, _ in found]
+    first = {}
+    for i, owner in enumerate(owners):
+        first.setdefault(owner, i)
+    # Stable: a layer's parameters keep their registration order.
+    ranked = sorted(range(len(found)), key=lambda i: (sort_key(order, owners[i], first[owners[i]]), i))
+    names = [found[i][0] for i in ranked]
+    params = [found[i][1] for i in ranked]
+    specs = []
+    for i in ranked:
+        name, p = found[i]
+        owner = owners[i]
+        module = model.get_submodule(owner) if owner != name else model
+        specs.append(unit_spec(module, name.rsplit(".", 1)[-1], global_shape(p)))
+    return Parameters(
+        names,
+        params,
+        specs,
+        structure.Structure(
+            names, [owners[i] for i in ranked], [global_shape(p) for p in params], [s.units for s in specs]
+        ),
+    )
+
+
+def global_shape(param):
+    """The parameter's whole shape (a DTensor's, not its local shard's)."""
+    return tuple(int(d) for d in param.shape)

@@ -1,0 +1,199 @@
+"""What the optimizer did, for the PyTorch writer: the update it applied, the norm before clipping, the loss scale.
+
+The columns and their meaning are ``tb_gradcheck.updates``' (and
+``rowstats.optimizer_values``'), taken at written steps only:
+
+- ``update_norm``, ``update_to_weight``: ``Follower`` hooks the optimizer's
+  step (``register_step_pre_hook`` / ``register_step_post_hook``, which
+  every ``torch.optim`` optimizer has). Before a step that follows a
+  written ``write``, it copies the weights; after it, it takes the norm of
+  their change, and the written step's event is written then. At any
+  other step the hooks return at once. A step the ``GradScaler`` refused
+  never calls the optimizer: its update is 0, and its event is written at
+  the next ``write`` (or ``flush`` / ``close``).
+- ``grad_norm_before_clip``: ``GradientWriter.clip_grad_norm_`` (``clip``)
+  computes the per-parameter norms that decide the clip once, keeps them
+  on the device for the next ``write``, and clips with them.
+- ``loss_scale``, ``refused_steps``: ``ScaleReader`` reads a
+  ``torch.amp.GradScaler``'s scale tensor (no host read), and counts on the
+  device the steps whose gradient had a NaN or Inf element: the steps the
+  scaler skips, by its own rule.
+"""
+
+import warnings
+
+import torch
+
+from tb_gradcheck.rowstats import MISSING
+from tb_gradcheck.torch import reductions
+
+F64 = torch.float64
+
+
+class Follower:
+    """The optimizer step hooks that measure the update of each written step (the module docstring)."""
+
+    def __init__(self, writer, optimizer):
+        self._writer = writer
+        self._snapshot = None
+        self.active = True
+        self._warned = False
+        self._handles = [
+            optimizer.register_step_pre_hook(self._before),
+            optimizer.register_step_post_hook(self._after),
+        ]
+
+    def expects_step(self):
+        """Whether a written step waits for the optimizer's step to be written."""
+        return self.active
+
+    def detach(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._snapshot = None
+
+    def _before(self, optimizer, args, kwargs):
+        writer = self._writer
+        if writer.closed or not self.active:
+            return
+        if not writer._called:
+            # The loop steps before it writes: the update a write would
+            # record has been applied before the write sees the gradients.
+            self.active = False
+            warnings.warn(
+                "tb_gradcheck: the optimizer stepped before GradientWriter.write() was first called. Call "
+                "write(step) after backward() and before optimizer.step() to record update_norm; it is not recorded.",
+                stacklevel=3,
+            )
+            return
+        if writer._pending is None:
+            return
+        group = writer._group
+        self._snapshot = [group.local(p).detach().clone() for p in writer._rows.params]
+
+    def _after(self, optimizer, args, kwargs):
+        writer = self._writer
+        if self._snapshot is None or writer._pending is None:
+            self._snapshot = None
+            return
+        group = writer._group
+        after = [group.local(p).detach() for p in writer._rows.params]
+        squares = []
+        for a, b in _pairs(after, self._snapshot):
+            squares += torch._foreach_norm(torch._foreach_sub(a, b), 2, dtype=F64)
+        self._snapshot = None
+        writer._pending.pack.add("update", torch.stack(squares) ** 2)
+        writer._emit()
+
+
+def _pairs(after, before):
+    """``after`` and ``before`` in chunks whose differences stay under ``reductions.CHUNK_BYTES``."""
+    at = 0
+    for chunk in reductions._chunks(after):
+        yield chunk, before[at : at + len(chunk)]
+        at += len(chunk)
+
+
+class _Scale:
+    def __init__(self, value, inverse):
+        self.value, self.inverse = value, inverse
+
+
+class ScaleReader:
+    """A ``GradScaler``'s scale at each step and the steps it refused, on the device.
+
+    Args:
+      scaler: The ``torch.amp.GradScaler``.
+      optimizer: The optimizer it steps, or None: whether the gradients are
+        already unscaled (``scaler.unscale_(optimizer)``) is read from the
+        scaler's state for it (for any optimizer, when None).
+    """
+
+    def __init__(self, scaler, optimizer=None):
+        self._scaler = scaler
+        self._optimizer = optimizer
+        self.enabled = bool(scaler.is_enabled())
+        self._refused = None  # device float64: steps with a non-finite gradient so far
+        self._at_write = None
+
+    def read(self, device):
+        """This step's scale (``value``) and the factor that unscales the gradients (``inverse``), or None."""
+        if not self.enabled:
+            return None
+        scale = getattr(self._scaler, "_scale", None)
+        if not isinstance(scale, torch.Tensor):  # nothing scaled yet
+            return None
+        value = scale.detach().to(device=device, dtype=F64).reshape(())
+        inverse = torch.ones((), dtype=F64, device=device) if self._unscaled() else 1.0 / value
+        return _Scale(value, inverse)
+
+    def _unscaled(self):
+        states = getattr(self._scaler, "_per_optimizer_states", {})
+        from torch.amp.grad_scaler import OptState
+
+        if self._optimizer is not None:
+            state = states.get(id(self._optimizer)) if id(self._optimizer) in states else None
+            return state is not None and state.get("stage") is OptState.UNSCALED
+        return any(s.get("stage") is OptState.UNSCALED for s in states.values())
+
+    def count(self, nonfinite):
+        """Adds this step to the refused steps if ``nonfinite`` (per-parameter counts, device) has any."""
+        bad = (nonfinite.sum() > 0).to(F64)
+        self._refused = bad if self._refused is None else self._refused + bad
+        if self._at_write is None:
+            self._at_write = torch.zeros_like(bad)
+
+    def since_last_write(self):
+        """Device scalar: steps refused since the previous call."""
+        if self._refused is None:
+            return torch.zeros((), dtype=F64)
+        out = self._refused - self._at_write
+        self._at_write = self._refused
+        return out
+
+
+def clip(writer, rows, max_norm, norm_type, error_if_nonfinite, foreach):
+    """``GradientWriter.clip_grad_norm_``: clips the model's gradients, keeping their norms before for ``write``."""
+    group = writer._group
+    params = rows.params
+    where = [i for i, p in enumerate(params) if p.grad is not None]
+    if not where:
+        return torch.zeros(())
+    grads = [group.local(params[i].grad) for i in where]
+    dense = [reductions.values(g) for g in grads]
+    device = dense[0].device
+    squares = torch.stack(torch._foreach_norm(dense, 2, dtype=F64)) ** 2
+    squares = group.sum_shards(squares)  # whole-parameter squares when sharded (one all-reduce)
+    norms = torch.sqrt(squares)
+    if group.computes:
+        spread = torch.full((len(params),), MISSING, dtype=F64, device=device)
+        index = writer._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
+        writer._before_clip = spread.index_copy(0, index, norms)
+    if norm_type == 2.0:
+        total = torch.sqrt(squares.sum())
+    else:
+        total = group.total_norm(dense, norm_type)
+    if error_if_nonfinite and not bool(torch.isfinite(total)):
+        raise RuntimeError(
+            f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "
+            "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+            "`error_if_nonfinite=False`"
+        )
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    dtype = grads[0].dtype
+    for g in grads:
+        if g.is_sparse:
+            g.mul_(coef.to(g.dtype))
+    plain = [g for g in grads if not g.is_sparse]
+    by_kind = {}
+    for g in plain:
+        by_kind.setdefault((g.device, g.dtype), []).append(g)
+    for (dev, kind), group_grads in by_kind.items():
+        factor = coef.to(device=dev, dtype=kind)
+        if foreach is False:
+            for g in group_grads:
+                g.mul_(factor)
+        else:
+            torch._foreach_mul_(group_grads, factor)
+    return total.to(dtype)

@@ -1,0 +1,190 @@
+"""Per-parameter reductions of the gradients on their own device, and one copy of them to the host.
+
+What each statistic means is ``rowstats``' (the definitions every writer
+shares); this module computes its inputs with few kernels and no host
+synchronisation:
+
+- the L2 norm of every gradient: ``torch._foreach_norm(grads, 2,
+  dtype=torch.float64)``, one fused multi-tensor kernel on a GPU that
+  accumulates in float64, so a gradient of 1e-30s is not rounded to 0 and
+  one of 1e30s does not overflow;
+- non-finite elements: ``g * 0`` is 0 where ``g`` is finite and NaN where it
+  is NaN or Inf, and the "0-norm" (``_foreach_norm(..., 0)``) counts the
+  nonzero elements. The products are temporaries, made a bounded chunk of
+  gradients at a time (``CHUNK_BYTES``), so they never hold more than that;
+- max |g|: the inf-norm (NaN propagates);
+- per unit, the nonzero elements (``torch.count_nonzero`` over the axes
+  that are not the unit's, ``modules.UnitSpec``): a unit is dead when it
+  has none (NaN is nonzero), and a parameter's nonzero count is their sum.
+
+A window's step needs only the first two (``step_norms``); a written step
+all of them (``full``). ``Pack`` gathers what a written step sends to the
+host into one float64 vector: one device-to-host copy per written step.
+
+A sparse gradient (``nn.Embedding(sparse=True)``) is coalesced first (rows
+that repeat are summed, as the optimizer applies them); its values stand
+for the whole gradient, whose other elements are zeros. Coalescing has a
+result whose size depends on the data, so on a GPU it waits for the device.
+"""
+
+import numpy as np
+import torch
+
+F64 = torch.float64
+# Largest total size of the temporaries of one non-finite count pass.
+CHUNK_BYTES = 64 << 20
+
+
+def values(grad):
+    """The dense gradient itself, or a sparse gradient's coalesced values."""
+    if grad.is_sparse:
+        return grad.coalesce().values()
+    return grad
+
+
+def step_norms(tensors):
+    """float64 ``[n]`` L2 norms and ``[n]`` non-finite counts of ``tensors`` (dense), on their device."""
+    if not tensors:
+        return None, None
+    norms = torch.stack(torch._foreach_norm(tensors, 2, dtype=F64))
+    return norms, nonfinite_counts(tensors)
+
+
+def nonfinite_counts(tensors):
+    """float64 ``[n]``: NaN and Inf elements of each tensor (see the module docstring)."""
+    out = []
+    for chunk in _chunks(tensors):
+        out += torch._foreach_norm(torch._foreach_mul(chunk, 0.0), 0, dtype=F64)
+    return torch.stack(out)
+
+
+def _chunks(tensors):
+    chunk, size = [], 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if chunk and size + nbytes > CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(t)
+        size += nbytes
+    if chunk:
+        yield chunk
+
+
+def max_abs(tensors):
+    """float64 ``[n]``: the largest |element| of each tensor (0 for an empty one; NaN if it has a NaN)."""
+    nonempty = [t for t in tensors if t.numel()]
+    found = iter(torch._foreach_norm(nonempty, float("inf")) if nonempty else ())
+    zero = torch.zeros((), dtype=F64, device=tensors[0].device)
+    return torch.stack([next(found).to(F64) if t.numel() else zero for t in tensors])
+
+
+def unit_nonzeros(tensor, spec, sparse_rows=None):
+    """int64 ``[spec.units]``: nonzero elements of each unit of one gradient (dense, or sparse values).
+
+    ``sparse_rows``: for a sparse gradient, the coalesced values ``tensor``
+    are rows of the whole; a unit over the last axis counts them as they are,
+    any other unit needs the dense gradient (made here, at a written step).
+    """
+    if sparse_rows is not None:
+        if spec.dims == (0,):
+            return torch.count_nonzero(tensor.reshape(-1, spec.units), dim=0)
+        tensor = sparse_rows.to_dense()
+    if tensor.numel() == 0:
+        return torch.zeros(spec.units, dtype=torch.int64, device=tensor.device)
+    return torch.count_nonzero(tensor.reshape(spec.view), dim=spec.dims).reshape(-1)
+
+
+def full(tensors, specs, constants, sparse=None):
+    """Every per-parameter reduction of a written step, on the device.
+
+    Args:
+      tensors: The present gradients (dense, or a sparse one's coalesced values).
+      specs: Their ``modules.UnitSpec``s.
+      constants: The writer's ``Constants``.
+      sparse: Per tensor, the coalesced sparse gradient it came from, or None.
+
+    Returns:
+      ``{"norm", "max_abs", "nonzero", "nonfinite": float64 [n], "unit_nonzero": float64 [units]}``:
+      a unit is dead where its count is 0.
+    """
+    sparse = sparse or [None] * len(tensors)
+    norms, nonfinite = step_norms(tensors)
+    per_unit = [unit_nonzeros(t, s, g) for t, s, g in zip(tensors, specs, sparse)]
+    counts = torch.cat(per_unit) if per_unit else torch.zeros(0, dtype=torch.int64)
+    units = tuple(s.units for s in specs)
+    owner = constants.get(
+        ("unit_owner", units),
+        counts.device,
+        lambda: torch.repeat_interleave(torch.arange(len(units)), torch.tensor(units)),
+    )
+    nonzero = torch.zeros(len(tensors), dtype=F64, device=counts.device).index_add_(0, owner, counts.to(F64))
+    # A unit of a gradient that is all units and no elements (a Linear with
+    # no inputs) has no nonzero element: dead, as TensorFlow counts it.
+    return {
+        "unit_nonzero": counts.to(F64),
+        "norm": norms,
+        "max_abs": max_abs(tensors),
+        "nonzero": nonzero,
+        "nonfinite": nonfinite,
+    }
+
+
+class Constants:
+    """Small index tensors made on the host once and kept on each device.
+
+    A host-to-device copy of pageable memory makes the host wait for the
+    device, so nothing between writes may make one: every index a step
+    needs is built here once and reused.
+    """
+
+    def __init__(self):
+        self._held = {}
+
+    def get(self, key, device, make):
+        """The tensor ``make()`` (built on the host) on ``device``, made at the first call for ``key``."""
+        held = self._held.get((key, str(device)))
+        if held is None:
+            held = self._held[(key, str(device))] = make().to(device)
+        return held
+
+
+class Pack:
+    """Named device tensors sent to the host in one copy (float64, flattened)."""
+
+    def __init__(self):
+        self._names, self._shapes, self._parts = [], [], []
+
+    def add(self, name, tensor):
+        tensor = torch.as_tensor(tensor)
+        self._names.append(name)
+        self._shapes.append(tuple(tensor.shape))
+        self._parts.append(tensor.reshape(-1).to(F64))
+
+    def __contains__(self, name):
+        return name in self._names
+
+    @property
+    def names(self):
+        return tuple(self._names)
+
+    @property
+    def parts(self):
+        """The flattened float64 tensors, in the order added."""
+        return tuple(self._parts)
+
+    def to_host(self):
+        """``{name: numpy float64 array}``: one device-to-host copy of everything added."""
+        if not self._parts:
+            return {}
+        devices = {p.device for p in self._parts}
+        if len(devices) > 1:  # parameters on several devices: bring them to the first GPU's first
+            target = next(iter(sorted(devices, key=lambda d: d.type == "cpu")))
+            self._parts = [p.to(target) for p in self._parts]
+        flat = torch.cat(self._parts).cpu().numpy()
+        out, at = {}, 0
+        for name, shape in zip(self._names, self._shapes):
+            n = int(np.prod(shape, dtype=np.int64))
+            out[name] = flat[at : at + n].reshape(shape)
+            at += n
+        return out

@@ -1,0 +1,416 @@
+"""``GradientWriter`` for PyTorch: per-layer statistics of each parameter's ``.grad``, for the Gradients tab.
+
+It stores exactly what the TensorFlow writer stores (``docs/stored_format.md``,
+through ``eventlog``), from the statistics' one definition (``rowstats``):
+a PyTorch run and a TensorFlow run sit in one logdir and compare row by row.
+
+Cost. At a step that is not written, nothing: with ``every_n_steps > 1``
+the window's norm and non-finite count are reduced on the gradients' device
+(``reductions.step_norms``, ``running.add``) and nothing is read back, so
+the host never waits for the device between writes. A written step
+computes every statistic on the device and copies them to the host in one
+transfer (``reductions.Pack``), then writes one event and flushes it.
+
+Where each piece lives: rows and units (``modules``), the device
+reductions (``reductions``), what the optimizer did (``optimizer``),
+several processes (``distributed``).
+"""
+
+import atexit
+import numbers
+import os
+import warnings
+import weakref
+
+import numpy as np
+import torch
+
+from tb_gradcheck import check_report
+from tb_gradcheck import eventlog
+from tb_gradcheck import metadata
+from tb_gradcheck import rowstats
+from tb_gradcheck.torch import distributed
+from tb_gradcheck.torch import modules
+from tb_gradcheck.torch import optimizer as optim
+from tb_gradcheck.torch import reductions
+
+INT64_MAX = 2**63 - 1
+F64 = torch.float64
+
+
+class GradientWriter:
+    """Writes per-layer gradient statistics of a PyTorch model for the Gradients tab.
+
+    Example:
+
+        writer = tb_gradcheck.torch.GradientWriter("logs/run1", model)
+        for step, (x, y) in enumerate(loader):
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            writer.write(step)           # reads each parameter's .grad
+            optimizer.step()
+        writer.close()
+
+    Create it before the model's first forward pass: its rows are the
+    model's modules in the order they first run (``modules``). Call
+    ``write`` once per optimizer step (after the last backward pass of
+    gradient accumulation), before ``optimizer.step()`` and before the
+    gradients are zeroed. Parameters without a gradient at a step have
+    empty rows there.
+
+    Args:
+      logdir: Directory of the run (TensorBoard shows one run per
+        directory). Exactly one of ``logdir`` and ``writer``.
+      model: The ``torch.nn.Module`` (or its ``DistributedDataParallel``,
+        FSDP or ``torch.compile`` wrapper). Its parameters that require a
+        gradient are the rows.
+      writer: An open ``torch.utils.tensorboard.SummaryWriter`` to write
+        through instead of ``logdir``; it stays yours (``close`` flushes it).
+      every_n_steps: Int, default 1. Write every step, or every N steps
+        (steps that are multiples of N), each write holding the last, mean,
+        max, min and sum of the norm and NaN/Inf count over the steps since
+        the previous write; max |g|, zeros, dead units and weights are
+        taken at the write step.
+      optimizer: Optional ``torch.optim.Optimizer`` that steps these
+        parameters: records ``update_norm`` and ``update_to_weight`` at
+        written steps, from its step hooks (``optimizer``).
+      scaler: Optional ``torch.amp.GradScaler``: statistics of the unscaled
+        gradients (also when ``scaler.unscale_`` was not called), the loss
+        scale and the steps it refused.
+    """
+
+    def __init__(self, logdir=None, model=None, *, writer=None, every_n_steps=1, optimizer=None, scaler=None):
+        if (logdir is None) == (writer is None):
+            raise ValueError(
+                f"Expected exactly one of `logdir` and `writer`. Received: logdir={logdir!r}, writer={writer!r}"
+            )
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"Expected `model` to be a torch.nn.Module. Received: {type(model).__name__}")
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral) or every_n_steps < 1:
+            raise ValueError(f"Expected `every_n_steps` to be a positive integer. Received: {every_n_steps!r}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"Expected `optimizer` to be a torch.optim.Optimizer. Received: {type(optimizer).__name__}")
+        if scaler is not None and not hasattr(scaler, "is_enabled"):
+            raise TypeError(f"Expected `scaler` to be a torch.amp.GradScaler. Received: {type(scaler).__name__}")
+        sink = None
+        if writer is not None:
+            sink = getattr(writer, "file_writer", None)
+            if sink is None or not hasattr(sink, "add_event"):
+                raise TypeError(
+                    "Expected `writer` to be an open torch.utils.tensorboard.SummaryWriter. "
+                    f"Received: {type(writer).__name__}"
+                )
+        if logdir is not None and not isinstance(logdir, (str, os.PathLike)):
+            raise TypeError(f"Expected `logdir` to be a path. Received: {type(logdir).__name__}")
+        self.every_n_steps = int(every_n_steps)
+        self._model = modules.unwrap(model)
+        self._group = distributed.Group(self._model)
+        self._log = eventlog.EventLog(logdir, sink=sink)
+        self._order = modules.Order(self._model)
+        self._rows = None  # modules.Parameters, at the first write
+        self._constants = reductions.Constants()
+        self._contents = {}  # layout key -> stats content
+        self._last_key = None
+        self._window = None  # the steps since the last write (every_n_steps > 1)
+        self._pending = None  # a written step waiting for its optimizer step
+        self._before_clip = None  # per-parameter norms from clip_grad_norm_ this step
+        self._follower = None if optimizer is None else optim.Follower(self, optimizer)
+        self._scale = None if scaler is None else optim.ScaleReader(scaler, optimizer)
+        self._called = False  # write() was called at least once
+        self.closed = False
+        _open.add(self)
+
+    # -- the training loop's calls ----------------------------------------------
+
+    def write(self, step):
+        """Records this step's gradients (each parameter's ``.grad``); every N steps writes them.
+
+        Args:
+          step: The training step, a Python int (or 0-d integer tensor) in 0..2**63-1.
+
+        Raises:
+          TypeError: ``step`` is not an integer.
+          ValueError: A negative step, or a closed writer.
+        """
+        self._check_open("write")
+        step = _step(step)
+        self._called = True
+        self._emit()
+        before_clip, self._before_clip = self._before_clip, None
+        if not self._group.computes:
+            return
+        rows = self._structure()
+        grads = [p.grad for p in rows.params]
+        present = tuple(g is not None for g in grads)
+        where = [i for i, p in enumerate(present) if p]
+        sparse = tuple(g is not None and g.is_sparse for g in grads)
+        key = (present, sparse, self._optimizer_columns(before_clip))
+        self._last_key = key
+        due = step % self.every_n_steps == 0
+        coalesced = [self._group.local(grads[i]).coalesce() if sparse[i] else None for i in where]
+        tensors = [c.values() if c is not None else self._group.local(grads[i]) for i, c in zip(where, coalesced)]
+        device = self._device(tensors)
+        full = None
+        if due and where:
+            full = reductions.full(tensors, [self._group.spec(rows, i) for i in where], self._constants, coalesced)
+            norm_p, nonfinite_p = full["norm"], full["nonfinite"]
+        elif where:
+            norm_p, nonfinite_p = reductions.step_norms(tensors)
+        scale = None if self._scale is None else self._scale.read(device)
+        if scale is not None and where:
+            # The statistics of the gradients the optimizer applies: unscaled.
+            norm_p = norm_p * scale.inverse
+            if full is not None:
+                full["max_abs"] = full["max_abs"] * scale.inverse
+            self._scale.count(nonfinite_p)
+        norm_v = self._spread(norm_p if where else None, where, device)
+        nonfinite_v = self._spread(nonfinite_p if where else None, where, device)
+        if self.every_n_steps > 1:
+            if self._window is None:
+                self._window = self._group.window(rows.structure, self._constants)
+            self._window.add(norm_v, nonfinite_v, present, step)
+        if not due:
+            return
+        pack = reductions.Pack()
+        if full is not None:
+            for name in ("max_abs", "nonzero", "unit_nonzero"):
+                pack.add(name, full[name])
+        pack.add("norm", norm_v)
+        pack.add("nonfinite", nonfinite_v)
+        pack.add("weight", self._group.weight_norms(rows.params, device))
+        steps = self._window.take(pack) if self._window is not None else None
+        if before_clip is not None:
+            pack.add("before_clip", before_clip)
+        if scale is not None:
+            pack.add("loss_scale", scale.value)
+            pack.add("refused", self._scale.since_last_write())
+        self._pending = _Pending(step, key, pack, steps, where)
+        if self._follower is not None and self._follower.expects_step():
+            return  # written by the optimizer's step hook, with the update it made
+        self._emit()
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+        """``torch.nn.utils.clip_grad_norm_`` over the model's parameters, recording the norms before clipping.
+
+        One pass: the per-parameter norms that decide the clip are the ones
+        recorded as ``grad_norm_before_clip`` at the next ``write``, with no
+        host synchronisation. Call it where you would call PyTorch's, before
+        ``write``.
+
+        Args:
+          max_norm: The largest total norm the gradients are clipped to.
+          norm_type: The norm of the total (2.0 by default; the recorded
+            per-parameter norms are always L2).
+          error_if_nonfinite: As PyTorch's: raise if the total norm is NaN
+            or Inf (this reads it on the host).
+          foreach: As PyTorch's.
+
+        Returns:
+          The total norm of the gradients before clipping, a tensor.
+        """
+        self._check_open("clip_grad_norm_")
+        rows = self._structure()
+        return optim.clip(self, rows, float(max_norm), float(norm_type), error_if_nonfinite, foreach)
+
+    def write_check(self, report, step):
+        """Records a gradient check report for the tab's ``check_error`` heatmap.
+
+        Args:
+          report: A ``tb_gradcheck.check_report.GradientCheckReport``.
+          step: The training step.
+        """
+        self._check_open("write_check")
+        if not isinstance(report, check_report.GradientCheckReport):
+            raise TypeError(f"Expected `report` to be a GradientCheckReport. Received: {type(report).__name__}")
+        step = _step(step)
+        if not self._group.writes:
+            return
+        for granularity, check_rows in (("layer", report.layers), ("variable", report.variables)):
+            if check_rows:
+                content = metadata.check_layout(granularity, [r.name for r in check_rows])
+                self._log.tensor(content, eventlog.check_matrix(check_rows), step)
+
+    def flush(self):
+        """Writes a written step still waiting for its optimizer step, and flushes the event file."""
+        if not self.closed:
+            self._emit()
+            self._log.flush()
+
+    def close(self):
+        """Writes what is pending (and a partial window), flushes, and closes the file if this writer made it.
+
+        Safe to call twice; ``write`` after ``close`` raises ValueError.
+        """
+        if self.closed:
+            return
+        try:
+            self._emit()
+            if self._window is not None and self._window.steps and self._group.computes:
+                self._write_partial_window()
+        finally:
+            self.closed = True
+            _open.discard(self)
+            if self._follower is not None:
+                self._follower.detach()
+            self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # -- internals -----------------------------------------------------------------
+
+    def _check_open(self, what):
+        if self.closed:
+            raise ValueError(f"Cannot {what}: this GradientWriter is closed. Create a new one to keep writing.")
+
+    def _structure(self):
+        if self._rows is None:
+            self._rows = modules.parameters(self._model, self._order.freeze())
+            if not self._rows.params:
+                raise ValueError("Expected a model with parameters that require a gradient. Received: none")
+            self._group.check(self._rows)
+        return self._rows
+
+    def _device(self, tensors):
+        if tensors:
+            return tensors[0].device
+        return self._group.local(self._rows.params[0]).device
+
+    def _spread(self, values, where, device):
+        """float64 ``[V]`` from per-present-parameter ``values``, 0 where absent."""
+        n = len(self._rows.params)
+        if len(where) == n:
+            return values
+        out = torch.zeros(n, dtype=F64, device=device)
+        if where:
+            index = self._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
+            out = out.index_copy(0, index, values)
+        return out
+
+    def _optimizer_columns(self, before_clip):
+        names = set()
+        if before_clip is not None:
+            names.add("grad_norm_before_clip")
+        if self._follower is not None:
+            names.update(("update_norm", "update_to_weight"))
+        if self._scale is not None and self._scale.enabled:
+            names.update(("loss_scale", "refused_steps"))
+        return tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in names)
+
+    def _content(self, key):
+        content = self._contents.get(key)
+        if content is None:
+            _, sparse, columns = key
+            layers, variables = self._rows.structure.blocks(sparse)
+            aggregates = metadata.SINGLE_STEP_AGGREGATES if self.every_n_steps == 1 else metadata.AGGREGATES
+            content = metadata.stats_layout(layers, variables, aggregates, self.every_n_steps, columns)
+            self._contents[key] = content
+        return content
+
+    def _emit(self):
+        """Writes the pending written step, if any: one copy to the host, one event."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        host = self._group.reduce(pending.pack, pending.key[0], pending.where)
+        if host is None:  # a rank that takes part in the all-reduce but does not write
+            return
+        structure = self._rows.structure
+        present, _, columns = pending.key
+        windowed = self.every_n_steps > 1
+        stats = rowstats.Reductions(
+            present=np.array(present, bool),
+            norm=host["norm"][pending.where],
+            nonfinite=host["nonfinite"][pending.where],
+            max_abs=host.get("max_abs", np.zeros(0)),
+            nonzero=host.get("nonzero", np.zeros(0)),
+            dead=host.get("unit_nonzero", np.zeros(0)) == 0,
+        )
+        layer, variable = rowstats.rows(stats, structure, host["weight"], onset=windowed)
+        if windowed:
+            state = self._window.host_state(host, pending.steps)
+            last = np.concatenate([layer, variable])
+            layer, variable = self._slabs(state, pending.step, host["weight"], last)
+        else:
+            layer, variable = layer[None], variable[None]
+        if columns:
+            values = rowstats.optimizer_values(
+                structure,
+                host["weight"],
+                update_squares=self._update_squares(host),
+                before_clip=host.get("before_clip"),
+                loss_scale=float(host["loss_scale"]) if "loss_scale" in host else None,
+                refused=float(host["refused"]) if "refused" in host else None,
+            )
+            layer, variable = rowstats.fill(layer, variable, columns, values)
+        self._log.stats(self._content(pending.key), layer, variable, pending.step)
+
+    def _slabs(self, state, step, weights, last=None):
+        """``(layer [A, L, C], variable [A, V, C])`` of a window (``rowstats.window_slabs``)."""
+        structure = self._rows.structure
+        weight_rows = np.concatenate([rowstats.combine_norms(weights, structure), weights])
+        slabs = rowstats.window_slabs(state, step, weight_rows, last)
+        n_layer = len(structure.layer_names)
+        return slabs[:, :n_layer], slabs[:, n_layer:]
+
+    def _update_squares(self, host):
+        if "update" in host:
+            return host["update"]
+        if "loss_scale" in host and np.any(host["nonfinite"] > 0):
+            # A step the scaler refused: the optimizer did not run, the weights did not move.
+            return np.zeros(len(self._rows.params))
+        return None
+
+    def _write_partial_window(self):
+        """At close: the steps since the last write, as one window written at the last of them."""
+        rows = self._rows
+        pack = reductions.Pack()
+        steps = self._window.take(pack)
+        pack.add("weight", self._group.weight_norms(rows.params, self._device([])))
+        host = self._group.reduce(pack, self._last_key[0], [])
+        if host is None:
+            return
+        state = self._window.host_state(host, steps)
+        layer, variable = self._slabs(state, steps[-1], host["weight"])
+        columns = self._last_key[2]
+        if columns:
+            layer, variable = rowstats.fill(layer, variable, columns, None)
+        self._log.stats(self._content(self._last_key), layer, variable, steps[-1])
+
+
+class _Pending:
+    """A written step's device statistics (``pack``), until they are copied and written."""
+
+    def __init__(self, step, key, pack, steps, where):
+        self.step, self.key, self.pack, self.steps, self.where = step, key, pack, steps, where
+
+
+def _step(value):
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise TypeError(
+                f"Expected `step` to be an integer. Received: a {value.dtype} tensor of shape {tuple(value.shape)}"
+            )
+        value = int(value.item())
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"Expected `step` to be an integer. Received: {value!r} of type {type(value).__name__}")
+    if not 0 <= value <= INT64_MAX:
+        raise ValueError(f"Expected `step` to be a non-negative int64 (0 to 2**63 - 1). Received: {value}")
+    return int(value)
+
+
+# Writers still open at interpreter exit are closed then (a partial window is written).
+_open = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_writers():
+    for writer in list(_open):
+        try:
+            writer.close()
+        except Exception:  # at exit torch may be half torn down; nothing to report to
+            warnings.warn("tb_gradcheck: a GradientWriter could not be closed at exit", stacklevel=1)

@@ -1,0 +1,189 @@
+"""The PyTorch writer's optimizer view: the norm before clipping, the update each layer received, AMP's loss scale.
+
+Twins: PyTorch's own ``clip_grad_norm_`` on a copy of the model; the update
+and the unscaled gradients computed by the test in float64 from snapshots
+it takes itself.
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from conftest import read_events
+from conftest import stats_content
+from tb_gradcheck.torch import GradientWriter
+
+RTOL = 1e-6  # float32 storage of float64 statistics
+MISSING = -1.0
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def _columns(run_dir, granularity="variable"):
+    """``{step: {column: [A, R] array}}`` of the run's stats."""
+    content = stats_content(run_dir)
+    out = {}
+    for step, array, _ in read_events(run_dir, "stats", granularity):
+        out[step] = {c: array[:, :, i] for i, c in enumerate(content["columns"])}
+    return out
+
+
+def _norms(tensors):
+    return np.array([np.linalg.norm(t.detach().double().cpu().numpy().ravel()) for t in tensors])
+
+
+def test_clip_grad_norm_clips_as_pytorch_does_and_records_the_norms_before(tmp_path):
+    model, twin = _mlp(), _mlp()
+    writer = GradientWriter(tmp_path, model, every_n_steps=2)
+    x = torch.randn(16, 4) * 10
+    expected = {}
+    for step in range(4):
+        for m in (model, twin):
+            m.zero_grad()
+            m(x * (step + 1)).pow(2).sum().backward()
+        before = _norms([p.grad for p in model.parameters()])
+        total = writer.clip_grad_norm_(1.0)
+        twin_total = nn.utils.clip_grad_norm_(twin.parameters(), 1.0)
+        torch.testing.assert_close(total, twin_total, rtol=1e-6, atol=0)
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-9)
+        expected[step] = (before, _norms([p.grad for p in model.parameters()]))
+        writer.write(step)
+    writer.close()
+    stored = _columns(tmp_path)
+    assert sorted(stored) == [0, 2, 3]  # 3: the partial window at close
+    for step in (0, 2):
+        before, after = expected[step]
+        np.testing.assert_allclose(stored[step]["grad_norm_before_clip"][0], before, rtol=RTOL)
+        np.testing.assert_allclose(stored[step]["grad_norm"][0], after, rtol=RTOL)
+        assert (stored[step]["grad_norm_before_clip"][1:] == MISSING).all()  # taken at the write step only
+    assert before.sum() > 10 * after.sum()  # the clip bound
+    assert (stored[3]["grad_norm_before_clip"] == MISSING).all()
+    layer = _columns(tmp_path, "layer")[2]["grad_norm_before_clip"][0]
+    np.testing.assert_allclose(layer, np.sqrt(expected[2][0][0::2] ** 2 + expected[2][0][1::2] ** 2), rtol=RTOL)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)],
+)
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_norm_is_the_change_the_optimizer_step_made_at_written_steps(tmp_path, make, device):
+    model = _mlp().to(device)
+    optimizer = make(model.parameters())
+    writer = GradientWriter(tmp_path, model, every_n_steps=3, optimizer=optimizer)
+    expected = {}
+    for step in range(7):
+        optimizer.zero_grad()
+        model(torch.randn(8, 4, device=device)).pow(2).mean().backward()
+        writer.write(step)
+        before = [p.detach().clone() for p in model.parameters()]
+        optimizer.step()
+        expected[step] = (_norms([p.detach() - b for p, b in zip(model.parameters(), before)]), _norms(before))
+    writer.close()
+    stored = _columns(tmp_path)
+    assert sorted(stored) == [0, 3, 6]
+    for step in (0, 3, 6):
+        update, weight = expected[step]
+        np.testing.assert_allclose(stored[step]["update_norm"][0], update, rtol=RTOL)
+        np.testing.assert_allclose(stored[step]["update_to_weight"][0], update / weight, rtol=RTOL)
+        np.testing.assert_allclose(stored[step]["weight_norm"][0], weight, rtol=RTOL)  # before the update
+        assert (stored[step]["update_norm"][1:] == MISSING).all()
+
+
+def test_writing_after_the_optimizer_step_warns_and_records_no_update(tmp_path):
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    writer = GradientWriter(tmp_path, model, optimizer=optimizer)
+    with pytest.warns(UserWarning, match="before optimizer.step"):
+        for step in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()
+            writer.write(step)
+    writer.close()
+    stored = _columns(tmp_path)
+    assert sorted(stored) == [0, 1, 2]
+    assert all((stored[s]["update_norm"] == MISSING).all() for s in stored)
+
+
+OVERFLOW = {2, 5, 6}  # steps whose scaled loss overflows: the scaler refuses them
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("unscale", [True, False], ids=["unscale_called", "scaled_gradients"])
+def test_grad_scaler_steps_are_unscaled_and_refused_steps_counted(tmp_path, unscale, device):
+    model = _mlp().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=3)
+    writer = GradientWriter(tmp_path, model, every_n_steps=2, optimizer=optimizer, scaler=scaler)
+    expected = {}
+    refused = 0
+    for step in range(9):
+        optimizer.zero_grad()
+        with torch.autocast(device, dtype=torch.bfloat16 if device == "cpu" else torch.float16):
+            loss = model(torch.randn(8, 4, device=device)).float().pow(2).mean()
+        if step in OVERFLOW:
+            loss = loss * 3e38  # scaled, it overflows to Inf: the gradients are non-finite
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        unscaled = [p.grad.double() / scale for p in model.parameters()]
+        if unscale:
+            scaler.unscale_(optimizer)
+        writer.write(step)
+        before = [p.detach().clone() for p in model.parameters()]
+        scaler.step(optimizer)
+        scaler.update()
+        refused += step in OVERFLOW
+        moved = _norms([p.detach() - b for p, b in zip(model.parameters(), before)])
+        expected[step] = (_norms(unscaled), scale, refused, moved)
+    writer.close()
+    stored = _columns(tmp_path)
+    assert sorted(stored) == [0, 2, 4, 6, 8]
+    counted = 0
+    for step in sorted(stored):
+        norms, scale, refused_so_far, moved = expected[step]
+        got = stored[step]
+        assert got["loss_scale"][0][0] == scale and (got["loss_scale"][0] == scale).all()
+        assert got["refused_steps"][0][0] == refused_so_far - counted
+        counted = refused_so_far
+        np.testing.assert_allclose(got["grad_norm"][0], norms, rtol=RTOL)
+        np.testing.assert_allclose(got["update_norm"][0], moved, rtol=RTOL, atol=1e-30)
+        if step in OVERFLOW:
+            assert (got["update_norm"][0] == 0).all() and not np.isfinite(got["grad_norm"][0]).any()
+    assert expected[8][1] < 2.0**10  # the scaler halved its scale at the refused steps
+
+
+def test_optimizer_hooks_copy_nothing_between_writes(tmp_path, monkeypatch):
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    writer = GradientWriter(tmp_path, model, every_n_steps=4, optimizer=optimizer)
+    clones = []
+    original = torch.Tensor.clone
+
+    def counting_clone(self, *args, **kwargs):
+        clones.append(self.shape)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "clone", counting_clone)
+    for step in range(1, 4):  # no write step among them
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        writer.write(step)
+        optimizer.step()
+    assert clones == []
+    optimizer.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    writer.write(4)
+    optimizer.step()
+    assert len(clones) == len(list(model.parameters()))  # the snapshot of the written step
+    monkeypatch.undo()
+    writer.close()
+    assert copy.deepcopy(stats_content(tmp_path))["columns"][-2:] == ["update_norm", "update_to_weight"]
