@@ -26,7 +26,7 @@ _LAZY = {
     "GradientCheckReport": ("tb_gradcheck.check_report", "GradientCheckReport"),
 }
 
-__all__ = sorted(["GradientWriter", *_LAZY])
+__all__ = ["GradientWriter", *sorted(_LAZY)]
 
 
 def __getattr__(name):
