@@ -9,7 +9,8 @@ runs may name their models after the experiment (``he_init/...`` and
 order in depth and their variables' shapes. Aligning "by structure" is
 therefore a global sequence alignment of the two depth-ordered row lists
 (``tb_gradcheck.sequence``) in which two rows may only be paired when their
-signatures are equal: their variables' shapes (``shapes`` in the layout,
+signatures are equal: their variables' shapes, up to the order of their axes
+(``shapes`` in the layout,
 ``metadata.stats_layout``), or for logs written before shapes were stored,
 their element counts. Among alignments that pair equally many rows, the one
 whose paired names agree best wins (names without the root scope, then
@@ -219,7 +220,11 @@ def _ties(names, codes):
 
 def _signatures(side_, basis):
     if basis == "shapes":
-        return list(side_.shapes)
+        # Each shape as its dimensions sorted: frameworks lay the same
+        # parameter's axes out in different orders (a Keras Dense kernel is
+        # [in, out], a PyTorch Linear weight [out, in]; conv kernels HWIO
+        # and OIHW), and a PyTorch run must pair with its TensorFlow twin.
+        return [None if s is None else tuple(tuple(sorted(v)) for v in s) for s in side_.shapes]
     if basis == "sizes":
         return list(side_.sizes)
     return [normalized(n) for n in side_.names]
