@@ -95,10 +95,10 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
         gradient in every write of the trailing window: ``(lowest - start) >=
         dying_share * (1 - start)``. A share of the live units, not of the
         layer, because healthy training moves the idle share too: units near
-        their threshold on non-centred inputs drift into it, and over the
-        corpus and its probes a healthy layer gained up to a quarter of its
-        live units this way (19% to 38% of the layer in 300 Adam steps).
-        0.4: well past that drift, and from a fully live start it is the 40%
+        their threshold on non-centred inputs drift into it (tests/corpus
+        ``idle_units_drift``: 19% to 34% of the layer idle on held-out
+        inputs in 300 Adam steps, a fifth of its live units; up to a quarter
+        in probes at other seeds). 0.4: well past that drift, and from a fully live start it is the 40%
         dead that CS231n's notes give as the mark of a too-high learning
         rate. Units killed by a learning-rate jump or a bad step lose far
         more (60-95% of the live units in the corpus).
@@ -335,8 +335,8 @@ def _dead_sentence(f, names, quote):
     if states == {dead_units.IDLE}:
         return (
             f"Idle units in {names}: {shares('median_dead_unit_fraction')} of the units get no gradient on whole "
-            f"batches since the start of training and the share does not grow, steps {first}-{last}; common in "
-            "healthy ReLU networks (information, not a problem)."
+            f"batches, steps {first}-{last}, {shares('start_dead_unit_fraction')} already in the first writes; a share "
+            "idle from the start is common in healthy ReLU networks (information, not a problem)."
         )
     if states == {dead_units.RECOVERED}:
         return (

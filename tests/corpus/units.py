@@ -64,6 +64,48 @@ def idle_units_stable(run_dir):
     ]
 
 
+@scenario()
+def idle_units_drift(run_dir):
+    """The same raw features in [0.5, 1] at a higher rate: units near their threshold drift into silence as the layer trains, and the idle share creeps up by a fifth of the layer while the loss falls tenfold. Drift of a healthy layer, not units dying: the warning must wait for a large part of the live units to stop."""
+    tf = _tf()
+    tf.keras.utils.set_random_seed(40)
+    rng = np.random.default_rng(40)
+    x = rng.uniform(0.5, 1.0, (4096, 32)).astype(np.float32)
+    y = ((x - 0.75) @ rng.normal(size=(32, 1)) * 4).astype(np.float32)
+    held = x[-512:]
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((32,)),
+            tf.keras.layers.Dense(64, activation="relu", kernel_initializer="he_normal", name="hidden"),
+            tf.keras.layers.Dense(1, name="out"),
+        ],
+        name="mlp",
+    )
+    before = silent_units(model, "hidden", held)
+    losses, _, _ = custom_loop(
+        run_dir,
+        model,
+        tf.keras.losses.MeanSquaredError(),
+        _batches(x[:-512], y[:-512], 64, 300, 40),
+        tf.keras.optimizers.Adam(3e-3),
+    )
+    after = silent_units(model, "hidden", held)
+    first, last = head_tail(losses)
+    live_lost = float((after.mean() - before.mean()) / (1 - before.mean()))
+    numbers = {
+        "idle_share_start": float(before.mean()),
+        "idle_share_end": float(after.mean()),
+        "live_units_lost": live_lost,
+        "loss_first": first,
+        "loss_last": last,
+    }
+    return numbers, [
+        ("the idle share crept up by a tenth of the layer or more", after.mean() - before.mean() >= 0.1),
+        ("a third of the live units or fewer went idle: drift, not dying", live_lost <= 1 / 3),
+        ("loss fell fivefold", last <= first / 5),
+    ]
+
+
 @scenario(Expect("dead", ("mlp/hidden",), severity="info"))
 def dead_phase_recovers(run_dir):
     """A stretch of unshuffled data: for 40 steps the loader serves one class only (a shard sorted by label, a curriculum stage). Hidden units that respond only to the other classes are silent on every example of those batches, as dead ones are, and fire again once mixed batches return. A dead phase that recovered: information, not a warning."""
