@@ -163,7 +163,7 @@ export function layerHeadline(f, layer) {
       if (e.median_orders_below_later_layers != null) return `${formatNumber(e.median_orders_below_later_layers)} orders below`;
       return e.median_norm != null ? `median norm ${formatNumber(e.median_norm)}` : '';
     case 'dead':
-      return e.median_dead_unit_fraction != null ? `${percent(e.median_dead_unit_fraction)} ${e.state === 'idle since the start' ? 'idle' : 'dead'}` : '';
+      return e.median_dead_unit_fraction != null ? `${percent(e.median_dead_unit_fraction)} ${e.state === 'idle' ? 'idle' : 'dead'}` : '';
     case 'non_finite':
       return e.steps_with_nonfinite != null ? `${formatNumber(e.steps_with_nonfinite)} step${e.steps_with_nonfinite === 1 ? '' : 's'}` : '';
     default:

@@ -28,7 +28,7 @@ import numpy as np
 from tb_gradcheck import rules
 from tb_gradcheck import trailing
 
-IDLE, DYING, SILENT, RECOVERED = "idle since the start", "dying", "silent", "recovered"
+IDLE, DYING, SILENT, RECOVERED = "idle", "dying", "silent", "recovered"
 
 
 def dead(v, t, sparse):
@@ -97,18 +97,20 @@ def dead(v, t, sparse):
         if not flags[:, j].any():
             continue
         last = int(np.flatnonzero(here[:, j])[-1])
-        if sick[:, j].any():
-            state = (SILENT if silent[last, j] else DYING) if sick[last, j] else RECOVERED
-            shown = sick[:, j]
-        else:
-            state, shown = IDLE, idle[:, j]
+        # What the layer went through (its worst), and whether that still
+        # holds at its latest write; a phase over by then has recovered.
+        was = DYING if dying[:, j].any() else SILENT if silent[:, j].any() else IDLE
+        shown = sick[:, j] if was != IDLE else idle[:, j]
+        state = was if shown[last] else RECOVERED
+        if state == DYING and silent[last, j]:
+            state = SILENT
         with np.errstate(invalid="ignore"):
             raw = {
                 DYING: share[:, j] - start[:, j] >= t.dying_share * (1 - start[:, j]),
                 SILENT: share[:, j] >= t.dead_silent,
                 IDLE: share[:, j] >= t.dead_units,
             }
-        kind_of = (SILENT if silent[:, j].any() and not dying[:, j].any() else DYING) if state == RECOVERED else state
+        kind_of = was
         confirmed = int(np.argmax(shown))
         # The rule is sure only once a window has passed; the layer was in
         # this state from the first write of the unbroken run that led there.

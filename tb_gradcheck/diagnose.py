@@ -335,22 +335,22 @@ def _dead_sentence(f, names, quote):
     if states == {dead_units.IDLE}:
         return (
             f"Idle units in {names}: {shares('median_dead_unit_fraction')} of the units get no gradient on whole "
-            f"batches, steps {first}-{last}, {shares('start_dead_unit_fraction')} already in the first writes; a share "
-            "idle from the start is common in healthy ReLU networks (information, not a problem)."
+            f"batches, steps {first}-{last} ({shares('start_dead_unit_fraction')} in the first writes: idle from the "
+            "start, or drifted there, not dying); common in healthy ReLU networks (information, not a problem)."
         )
     if states == {dead_units.RECOVERED}:
         return (
-            f"Dead units in {names} recovered: {shares('median_dead_unit_fraction')} of the units got no gradient "
-            f"on whole batches at steps {first}-{last}, {shares('latest_dead_unit_fraction')} at the latest write "
-            "(information, not a problem)."
+            f"Units without gradient in {names} recovered: {shares('median_dead_unit_fraction')} of the units got "
+            f"no gradient on whole batches at steps {first}-{last}, {shares('latest_dead_unit_fraction')} at the "
+            "latest write (information, not a problem)."
         )
     if f.severity == "info":
         idle = [n for n in f.layers if e[n]["state"] == dead_units.IDLE]
         back = [n for n in f.layers if e[n]["state"] == dead_units.RECOVERED]
         return (
-            f"Units without gradient on whole batches in {names}, steps {first}-{last}: idle since the start in "
-            f"{finding.name_list(idle, quote)}, dead for a while and recovered in {finding.name_list(back, quote)} "
-            "(information, not a problem)."
+            f"Units without gradient on whole batches in {names}, steps {first}-{last}: idle in "
+            f"{finding.name_list(idle, quote)}, without gradient for a while and recovered in "
+            f"{finding.name_list(back, quote)} (information, not a problem)."
         )
     behind = max(x.get("layers_cut_off_behind", 0) for x in e.values())
     dying = [n for n in f.layers if e[n]["state"] == dead_units.DYING]

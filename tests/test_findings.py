@@ -417,7 +417,7 @@ def _findings_of_units(run_dir, silent, steps=80, size=1.0, units=8):
 def test_units_idle_from_the_start_are_information_not_a_warning(tmp_path):
     """A stable share without gradient from step 0 is a property of healthy ReLU networks: shown, never a problem."""
     (f,) = _findings_of_units(tmp_path / "r", lambda step: range(3))["dead"]  # 3 of 8 units, always
-    assert f.severity == "info" and f.evidence["layer"]["state"] == "idle since the start"
+    assert f.severity == "info" and f.evidence["layer"]["state"] == "idle"
     assert f.steps == [0, 79] and "Idle units" in f.message and "not a problem" in f.message
 
 
@@ -434,7 +434,7 @@ def test_units_that_were_alive_and_stopped_are_dying_a_warning_from_where_they_s
 def test_a_small_rise_of_the_idle_share_is_drift_not_dying(tmp_path):
     """1 of 8 idle at the start, 3 later: a quarter of the live units, under dying_share (0.4)."""
     (f,) = _findings_of_units(tmp_path / "r", lambda step: range(3) if step >= 30 else range(1))["dead"]
-    assert f.severity == "info" and f.evidence["layer"]["state"] == "idle since the start"
+    assert f.severity == "info" and f.evidence["layer"]["state"] == "idle"
 
 
 def test_a_dead_phase_that_recovered_is_information(tmp_path):
@@ -442,6 +442,10 @@ def test_a_dead_phase_that_recovered_is_information(tmp_path):
     (f,) = found["dead"]
     assert f.severity == "info" and f.evidence["layer"]["state"] == "recovered"
     assert f.steps == [10, 39] and f.evidence["layer"]["latest_dead_unit_fraction"] == 0.0
+    # A phase too small to be dying (3 of 8 units, from a live start) is over too.
+    (f,) = _findings_of_units(tmp_path / "r3", lambda step: range(3) if 10 <= step < 40 else ())["dead"]
+    assert f.severity == "info" and f.evidence["layer"]["state"] == "recovered" and f.steps == [10, 39]
+    assert "recovered" in f.message and "idle from the start" not in f.message
     # The same phase still going at the latest write is a warning.
     (f,) = _findings_of_units(tmp_path / "r2", lambda step: range(6) if step >= 10 else (), steps=40)["dead"]
     assert f.severity == "warning" and f.evidence["layer"]["state"] == "dying"
@@ -497,4 +501,4 @@ def test_what_follows_from_an_explosion_is_attached_to_it_not_listed(tmp_path):
         ("dead", "info", ["layer"])
     ]
     assert "It explains what followed: dead units in \u2068layer\u2069 (steps 0-29)." in f.message
-    assert f.to_dict()["consequences"][0]["evidence"]["layer"]["state"] == "idle since the start"
+    assert f.to_dict()["consequences"][0]["evidence"]["layer"]["state"] == "idle"

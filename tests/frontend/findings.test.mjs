@@ -89,7 +89,7 @@ test('finding_cells_of_a_1000_layer_finding_are_found_by_lookup', () => {
 });
 
 test('information_is_shown_last_marks_no_row_and_needs_no_attention', () => {
-  const info = {kind: 'dead', severity: 'info', layers: ['a'], evidence: {a: {state: 'idle since the start', median_dead_unit_fraction: 0.45}}};
+  const info = {kind: 'dead', severity: 'info', layers: ['a'], evidence: {a: {state: 'idle', median_dead_unit_fraction: 0.45}}};
   const warn = {kind: 'vanishing', severity: 'warning', layers: ['b']};
   assert.deepEqual(sortFindings([info, warn]).map((f) => f.severity), ['warning', 'info']);
   assert.equal(worstSeverity([info]), 'info');
