@@ -104,17 +104,15 @@ def dead(v, t, sparse):
         state = was if shown[last] else RECOVERED
         if state == DYING and silent[last, j]:
             state = SILENT
-        with np.errstate(invalid="ignore"):
-            raw = {
-                DYING: share[:, j] - start[:, j] >= t.dying_share * (1 - start[:, j]),
-                SILENT: share[:, j] >= t.dead_silent,
-                IDLE: share[:, j] >= t.dead_units,
-            }
-        kind_of = was
-        confirmed = int(np.argmax(shown))
         # The rule is sure only once a window has passed; the layer was in
         # this state from the first write of the unbroken run that led there.
-        onset = trailing.run_start(here[:, j] & raw[kind_of], confirmed)
+        with np.errstate(invalid="ignore"):
+            if was == DYING:
+                held = share[:, j] - start[:, j] >= t.dying_share * (1 - start[:, j])
+            else:
+                held = share[:, j] >= (t.dead_silent if was == SILENT else t.dead_units)
+        confirmed = int(np.argmax(shown))
+        onset = trailing.run_start(here[:, j] & held, confirmed)
         steps = v.steps[shown]
         e = {
             "state": state,

@@ -98,10 +98,11 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
         their threshold on non-centred inputs drift into it (tests/corpus
         ``idle_units_drift``: 19% to 34% of the layer idle on held-out
         inputs in 300 Adam steps, a fifth of its live units; up to a quarter
-        in probes at other seeds). 0.4: well past that drift, and from a fully live start it is the 40%
-        dead that CS231n's notes give as the mark of a too-high learning
-        rate. Units killed by a learning-rate jump or a bad step lose far
-        more (60-95% of the live units in the corpus).
+        in probes at other seeds). 0.4: well past that drift, and from a
+        fully live start it is the 40% dead that CS231n's notes give as the
+        mark of a too-high learning rate. Units killed by a learning-rate
+        jump or a bad step lose far more (60-95% of the live units in the
+        corpus).
       dead_silent: A layer is silent where its dead share was at least this
         in every write of the trailing window, whatever it was at the start:
         (almost) none of its units passes any gradient to the layers before
@@ -119,9 +120,12 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
         lr 1e-3, the low end of the rates SGD is used at, moves them by their
         whole size, and one at the usual 1e-2 to 1e-1 by 10 to 100 times.
         Healthy training sits at network ratios of 0.01 to 10 from the first
-        step (0.02 to 40 over the corpus; ResNet50 from scratch at 32x32 is
-        the largest, its conv1 in front of BatchNorm at 2e3 alone, which is
-        why the network's ratio must be large too). Adam's step ignores the
+        step (0.02 to 30 over the corpus; ResNet50 from scratch at 32x32 is
+        the largest, 2.2 at 224x224, and its conv1 in front of BatchNorm is
+        at 2e3 alone, which is why the network's ratio must be large too).
+        Explosions from the first step sit far above: 1.5e5 to 7e7 in the
+        corpus (a tanh RNN of gain 3 over 50 steps, a 30-layer ReLU net at
+        twice He's scale). Adam's step ignores the
         gradient's scale, but a gradient 1e3 times the weights still says the
         forward or backward signal is amplified.
     """
