@@ -13,9 +13,16 @@ export const KIND_LABELS = {
   dead: 'Dead layers',
 };
 
-const SEVERITY_RANK = {error: 2, warning: 1};
+// "info" is shown and never a problem (idle units of a healthy network, a
+// dead phase that recovered): below a warning, and it needs no attention.
+const SEVERITY_RANK = {error: 3, warning: 2, info: 1};
 
-/** Orders findings most severe first (errors, then warnings), stable otherwise. */
+/** The class suffix a severity is drawn with: "error", "warning" or "info" (an unknown one as a warning). */
+export function severityClass(severity) {
+  return severity === 'error' || severity === 'info' ? severity : 'warning';
+}
+
+/** Orders findings most severe first (errors, warnings, then information), stable otherwise. */
 export function sortFindings(findings) {
   return findings
     .map((f, i) => [f, i])
@@ -79,11 +86,13 @@ export function findingCells(f, rows) {
 
 /**
  * Marks for the row labels: which rows a finding names, by worst severity.
+ * Information findings mark no row: the marks say where to look.
  * @returns {{row: number, severity: string, kinds: string[]}[]} In row order.
  */
 export function rowMarks(findings, rows) {
   const marks = new Map();
   for (const f of findings || []) {
+    if (f.severity === 'info') continue;
     for (const layer of f.layers || []) {
       for (const r of rowsOfLayer(layer, rows)) {
         const m = marks.get(r) || {row: r, severity: f.severity, kinds: []};
@@ -154,7 +163,7 @@ export function layerHeadline(f, layer) {
       if (e.median_orders_below_later_layers != null) return `${formatNumber(e.median_orders_below_later_layers)} orders below`;
       return e.median_norm != null ? `median norm ${formatNumber(e.median_norm)}` : '';
     case 'dead':
-      return e.median_zero_fraction != null ? `${percent(e.median_zero_fraction)} zeros` : '';
+      return e.median_dead_unit_fraction != null ? `${percent(e.median_dead_unit_fraction)} ${e.state === 'idle' ? 'idle' : 'dead'}` : '';
     case 'non_finite':
       return e.steps_with_nonfinite != null ? `${formatNumber(e.steps_with_nonfinite)} step${e.steps_with_nonfinite === 1 ? '' : 's'}` : '';
     default:
@@ -163,17 +172,17 @@ export function layerHeadline(f, layer) {
 }
 
 
-/** The worst severity in a findings list: "error", "warning" or null. */
+/** The worst severity in a findings list: "error", "warning", "info" or null. */
 export function worstSeverity(findings) {
   let rank = 0;
-  for (const f of findings || []) rank = Math.max(rank, SEVERITY_RANK[f.severity] || 0);
-  return rank === 2 ? 'error' : rank === 1 ? 'warning' : null;
+  for (const f of findings || []) rank = Math.max(rank, SEVERITY_RANK[f.severity] || SEVERITY_RANK.warning);
+  return ['', 'info', 'warning', 'error'][rank] || null;
 }
 
 /**
  * The run to open on: the one with the most severe findings (errors before
  * warnings, then more findings of that severity), the first run listed on a tie
- * or when every run is healthy.
+ * or when every run is healthy (information findings need no attention).
  * @param {string[]} runs Run names in listing order.
  * @param {Map<string, object[]>} findingsByRun Findings of the runs known so far.
  * @returns {string|null}
@@ -183,8 +192,9 @@ export function runNeedingAttention(runs, findingsByRun) {
   let bestScore = 0;
   for (const run of runs) {
     const list = findingsByRun.get(run) || [];
-    const rank = SEVERITY_RANK[worstSeverity(list)] || 0;
-    const score = rank * 1e6 + list.filter((f) => (SEVERITY_RANK[f.severity] || 0) === rank).length;
+    const worst = worstSeverity(list);
+    if (!worst || worst === 'info') continue;
+    const score = SEVERITY_RANK[worst] * 1e6 + list.filter((f) => worstSeverity([f]) === worst).length;
     if (score > bestScore) {
       best = run;
       bestScore = score;

@@ -15,7 +15,7 @@ import {labelColumnWidth, markAbsentRows, renderLegend, renderRowLabels, renderR
 
 const CHART = {min: 110, max: 220, caption: 22};
 const BOTTOM_ROOM = 48; // x axis and a margin under the last plot
-const SEVERITY_COLORS = {error: 'rgba(211, 47, 47, 0.9)', warning: 'rgba(239, 143, 0, 0.9)'};
+const SEVERITY_COLORS = {error: 'rgba(211, 47, 47, 0.9)', warning: 'rgba(239, 143, 0, 0.9)', info: 'rgba(96, 125, 139, 0.9)'};
 
 // Value ranges per decoded grid and scale kind: a redraw (scale toggle,
 // resize, a finding clicked) must not walk 2,000 x 1,200 cells again.

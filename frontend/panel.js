@@ -3,6 +3,7 @@
 // their ends and count ("block_03 \u2026 block_47, 1,030 layers").
 
 import {el} from './dom.js';
+import {severityClass, worstSeverity} from './findings.js';
 import {compactNames, LIST_ALL_UP_TO} from './format.js';
 
 // Chips shown on a card whose layer set is long.
@@ -42,7 +43,7 @@ export function renderFindings(panel, opts) {
   const findings = opts.findings || [];
   panel.runName.textContent = opts.run ? opts.run : '';
   panel.runName.title = opts.run ? `findings of run ${opts.run}` : '';
-  const worst = findings.some((f) => f.severity === 'error') ? 'error' : findings.length ? 'warning' : 'ok';
+  const worst = worstSeverity(findings) || 'ok';
   panel.count.textContent = opts.findings ? String(findings.length) : '';
   panel.count.className = `findings-count count-${worst}`;
   panel.count.hidden = !opts.findings;
@@ -66,7 +67,7 @@ export function renderFindings(panel, opts) {
 function findingItem(doc, f, index, opts) {
   const key = opts.keyOf(f);
   const active = key === opts.activeKey;
-  const sev = f.severity === 'error' ? 'error' : 'warning';
+  const sev = severityClass(f.severity);
   const head = el(doc, 'div', {className: 'finding-head'},
     el(doc, 'span', {className: `severity-pill sev-${sev}`, text: sev}),
     el(doc, 'span', {className: 'finding-kind', text: opts.kindLabel(f.kind)}),

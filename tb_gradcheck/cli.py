@@ -1,7 +1,10 @@
 """Command line: ``tb-gradcheck demo | report | export``.
 
-``report`` exits 0 when every run is healthy, 1 when anything was found, and
-2 for a usage or data error, so it can gate a CI job or a training script.
+``report`` exits 1 when a finding reaches the gate (``--fail-on``: errors by
+default, or warnings and errors, or never), 0 otherwise, and 2 for a usage or
+data error, so it can gate a CI job or a training script. Information
+findings (idle units, a dead phase that recovered) never fail it; the JSON
+keeps every finding with its severity whatever the gate.
 Names in ``report``'s output are plain text (``grep 'dense_0,'`` finds them)
 with control and bidirectional characters escaped visibly (``\\u202e``).
 
@@ -21,6 +24,8 @@ import time
 import unicodedata
 
 EXIT_HEALTHY, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+# What --fail-on accepts: the least severe finding that fails the report.
+FAIL_ON = ("error", "warning", "never")
 
 
 def main(argv=None):
@@ -39,6 +44,12 @@ def main(argv=None):
     report.add_argument("logdir", help="the log directory TensorBoard would read")
     report.add_argument("--run", help="only this run (default: every run with gradient data)")
     report.add_argument("--format", choices=("text", "json"), default="text")
+    report.add_argument(
+        "--fail-on",
+        choices=FAIL_ON,
+        default="error",
+        help="exit 1 when a finding is this severe or more: error (default), warning (warnings and errors), never",
+    )
     report.add_argument(
         "--threshold",
         action="append",
@@ -113,11 +124,17 @@ def _report(args):
         except queries.NotFound as e:
             raise _UsageError(f"{e}; runs with gradient data: {sorted(runs)}") from None
         problems[run] = [p.to_dict() for p in runs[run].problems]
-    healthy = not any(found.values())
+    problem = ("error", "warning")
+    healthy = not any(f["severity"] in problem for fs in found.values() for f in fs)
+    failing = problem[: problem.index(args.fail_on) + 1] if args.fail_on != "never" else ()
+    failed = any(f["severity"] in failing for fs in found.values() for f in fs)
     if args.format == "json":
         body = {
             "logdir": args.logdir,
+            # No finding of warning or error severity (information does not count).
             "healthy": healthy,
+            "fail_on": args.fail_on,
+            "failed": failed,
             "runs": {run: {"findings": fs, "problems": problems[run]} for run, fs in found.items()},
         }
         # Names stay exact in the JSON data; in its text, control and
@@ -126,17 +143,28 @@ def _report(args):
         print(_visible(json.dumps(body, indent=2, default=_json_default, ensure_ascii=False), json_escape=True))
     else:
         for run, fs in found.items():
+            count = sum(f["severity"] in problem for f in fs)
+            notes = len(fs) - count
             print(
-                f"run {_visible(run)}: " + ("healthy" if not fs else f"{len(fs)} finding{'s' if len(fs) > 1 else ''}")
+                f"run {_visible(run)}: "
+                + ("healthy" if not count else f"{count} finding{'s' if count > 1 else ''}")
+                + (f" ({notes} for information)" if notes else "")
             )
             for f in fs:
-                print(f"  {f['severity'].upper():7} {f['kind']:13} steps {f['steps'][0]}-{f['steps'][1]}")
-                print(f"    {_visible(f['message'])}")
-                for layer, numbers in f["evidence"].items():
-                    print(f"    - {_visible(layer)}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in numbers.items()))
+                _print_finding(f, "  ")
             for p in problems[run]:
                 print(f"  unreadable tag {_visible(p['tag'])}: {_visible(p['reason'])}")
-    return EXIT_HEALTHY if healthy else EXIT_FINDINGS
+    return EXIT_FINDINGS if failed else EXIT_HEALTHY
+
+
+def _print_finding(f, indent):
+    print(f"{indent}{f['severity'].upper():7} {f['kind']:13} steps {f['steps'][0]}-{f['steps'][1]}")
+    print(f"{indent}  {_visible(f['message'])}")
+    for layer, numbers in f["evidence"].items():
+        print(f"{indent}  - {_visible(layer)}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in numbers.items()))
+    for c in f.get("consequences", []):
+        print(f"{indent}  which explains:")
+        _print_finding(c, indent + "    ")
 
 
 def _plain_finding(finding):
@@ -149,7 +177,9 @@ def _plain_finding(finding):
     """
     from tb_gradcheck import diagnose
 
-    return dict(finding.to_dict(), message=diagnose.describe(finding, str))
+    plain = dict(finding.to_dict(), message=diagnose.describe(finding, str))
+    plain["consequences"] = [_plain_finding(c) for c in finding.consequences]
+    return plain
 
 
 # Characters that change how the text around them is shown, or are not

@@ -11,6 +11,7 @@ the default ``message``), plain names in the command line's report.
 
 import dataclasses
 
+from tb_gradcheck import dead_units
 from tb_gradcheck import finding
 from tb_gradcheck import metadata
 from tb_gradcheck import optimizer_findings
@@ -75,15 +76,58 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
         SGD step lr * g with lr <= 1 then changes the weights by less than
         float32 can represent, so they do not move at all. Relative to the
         weights, so it holds at any weight scale.
-      dead_units: A layer is dead where its ``dead_unit_fraction`` (units
-        whose every parameter gets exactly zero gradient over the whole
-        batch) was at least this in every write of the trailing window. The
-        window's minimum, because a live but selective ReLU unit (active on
-        2% of inputs) is silent on a batch of 64 about one time in four,
-        while a dead unit is silent on every batch: the share truly dead is
-        at most the minimum. 0.25: a quarter of the layer's width lost for
-        good (a dead unit gets no gradient to revive it); CS231n's notes cite
-        40% dead as the mark of a too-high learning rate.
+      dead_units: A layer's ``dead_unit_fraction`` (units whose every
+        parameter gets exactly zero gradient over the whole batch) of at
+        least this in every write of the trailing window is shown, as
+        information, when it is neither dying nor silent
+        (``tb_gradcheck.dead_units``): idle units. The window's minimum,
+        because a live but selective ReLU unit (active on 2% of inputs) is
+        silent on a batch of 64 about one time in four, while a dead unit is
+        silent on every batch: the share truly dead is at most the minimum.
+        Information, not a warning, because a share idle from the start is a
+        property of healthy networks: with correlated inputs (non-negative
+        features, pooled or averaged activations) each unit's response to
+        their common component has a sign set by the initialisation, a coin
+        flip, so up to about half of a layer can be idle on every input from
+        step 0 while the rest trains. 0.25: a quarter of the layer's width.
+      dying_share: A layer is dying where at least this share of the units
+        that were alive in the run's first ``min_writes`` writes gets no
+        gradient in every write of the trailing window: ``(lowest - start) >=
+        dying_share * (1 - start)``. A share of the live units, not of the
+        layer, because healthy training moves the idle share too: units near
+        their threshold on non-centred inputs drift into it (tests/corpus
+        ``idle_units_drift``: 19% to 34% of the layer idle on held-out
+        inputs in 300 Adam steps, a fifth of its live units; up to a quarter
+        in probes at other seeds). 0.4: well past that drift, and from a
+        fully live start it is the 40% dead that CS231n's notes give as the
+        mark of a too-high learning rate. Units killed by a learning-rate
+        jump or a bad step lose far more (60-95% of the live units in the
+        corpus).
+      dead_silent: A layer is silent where its dead share was at least this
+        in every write of the trailing window, whatever it was at the start:
+        (almost) none of its units passes any gradient to the layers before
+        it. 0.9: at most a tenth of the width left; a coin flip per unit
+        silences about half of a layer, and 90% or more of a layer of 16
+        units happens by chance less than once in 3,000 (binomial tail).
+        Every unit silent on ``min_writes`` batches in a row is silent at
+        once.
+      explode_ratio: A layer's gradient is too large for its weights where
+        its ``grad_to_weight`` (``||g|| / ||W||``) and the whole network's
+        are both at least this (``rises.too_large``): it explodes with or
+        without a past to rise from (an over-scaled initialisation, a
+        recurrent gain above 1, from the first step). An SGD step moves the
+        weights by ``lr * ||g|| / ||W||`` of their size; at 1e3 a step at
+        lr 1e-3, the low end of the rates SGD is used at, moves them by their
+        whole size, and one at the usual 1e-2 to 1e-1 by 10 to 100 times.
+        Healthy training sits at network ratios of 0.01 to 10 from the first
+        step (0.02 to 30 over the corpus; ResNet50 from scratch at 32x32 is
+        the largest, 2.2 at 224x224, and its conv1 in front of BatchNorm is
+        at 2e3 alone, which is why the network's ratio must be large too).
+        Explosions from the first step sit far above: 1.5e5 to 7e7 in the
+        corpus (a tanh RNN of gain 3 over 50 steps, a 30-layer ReLU net at
+        twice He's scale). Adam's step ignores the
+        gradient's scale, but a gradient 1e3 times the weights still says the
+        forward or backward signal is amplified.
     """
 
     baseline_writes: int = 20
@@ -96,9 +140,14 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
     vanishing_orders: float = 3.0
     vanishing_ratio: float = 6e-8
     dead_units: float = 0.25
+    dying_share: float = 0.4
+    dead_silent: float = 0.9
+    explode_ratio: float = 1e3
 
 
 KINDS = ("non_finite", "check_failure", "exploding", "vanishing", "dead")
+# From least to most severe. Only "warning" and "error" are problems.
+SEVERITIES = ("info", "warning", "error")
 
 # How sure each kind is, for the README and the tab's help: see README
 # "Findings and the command line".
@@ -122,18 +171,22 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
       sparse_rows: Names of layers with sparse gradients (exempt from "dead").
 
     Returns:
-      A list of ``finding.Finding``, most severe kinds first.
+      A list of ``finding.Finding``, most severe first (errors, warnings,
+      then information), each severity in the order of ``KINDS``; the
+      optimizer's findings follow the rest of their severity. A weaker
+      finding that follows from an error about non-finite or exploding
+      gradients on the same layers and steps is attached to that error
+      (``Finding.consequences``), not listed.
     """
     out = []
     found = verdicts(stats, checks, thresholds, sparse_rows)
     for kind, verdict in found.items():
-        if verdict.evidence:
-            out.append(_finding(kind, run, verdict))
-    # The optimizer's findings (clipping, layers not learning) follow the rest.
+        out += _findings(kind, run, verdict)
     dead = found["dead"].accounted_for if "dead" in found else ()
-    return sorted(out, key=lambda f: (f.severity != "error", KINDS.index(f.kind))) + optimizer_findings.find(
-        run, stats, thresholds, dead
-    )
+    out += optimizer_findings.find(run, stats, thresholds, dead)
+    order = [*KINDS, *optimizer_findings.KINDS]
+    out.sort(key=lambda f: (-SEVERITIES.index(f.severity), order.index(f.kind)))
+    return finding.attach_consequences(out, describe)
 
 
 def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
@@ -152,7 +205,7 @@ def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
         view = rules.StatsView(stats)
         out["non_finite"] = rules.non_finite(view)
         out["exploding"] = rules.exploding(view, t)
-        out["dead"] = rules.dead(view, t, set(sparse_rows))
+        out["dead"] = dead_units.dead(view, t, set(sparse_rows))
         # A dead layer is reported once, as dead: its zero gradient is also
         # far below the layers after it.
         out["vanishing"] = rules.vanishing(view, t, exclude=out["dead"].accounted_for)
@@ -161,14 +214,20 @@ def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
     return out
 
 
-def _finding(kind, run, verdict):
-    evidence = verdict.evidence
-    names = list(evidence)
-    severity = "error" if "error" in verdict.severity.values() else "warning"
-    steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
-    f = finding.Finding(kind, severity, run, names, steps, _METRICS[kind], verdict.aggregate, "", evidence)
-    f.message = describe(f)
-    return f
+def _findings(kind, run, verdict):
+    """One verdict's findings: its problems (error when any layer's is) and, apart, its information."""
+    out = []
+    for info in (False, True):
+        evidence = {n: e for n, e in verdict.evidence.items() if (verdict.severity[n] == "info") == info}
+        if not evidence:
+            continue
+        levels = {verdict.severity[n] for n in evidence}
+        severity = next(level for level in reversed(SEVERITIES) if level in levels)
+        steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
+        f = finding.Finding(kind, severity, run, list(evidence), steps, _METRICS[kind], verdict.aggregate, "", evidence)
+        f.message = describe(f)
+        out.append(f)
+    return out
 
 
 def describe(found, quote=None):
@@ -186,9 +245,28 @@ def describe(found, quote=None):
     Returns:
       The sentence.
     """
-    if found.kind not in KINDS:  # the optimizer's findings
-        return optimizer_findings.describe(found, quote)
     quote = quote or finding.isolate
+    text = (optimizer_findings.describe if found.kind not in KINDS else _sentence)(found, quote)
+    if found.consequences:
+        parts = [
+            f"{_CONSEQUENCE.get(c.kind, c.kind.replace('_', ' '))} in {finding.name_list(c.layers, quote)} "
+            f"(steps {c.steps[0]}-{c.steps[1]})"
+            for c in found.consequences
+        ]
+        text += f" It explains what followed: {'; '.join(parts)}."
+    return text
+
+
+# How a consequence is named in its cause's sentence.
+_CONSEQUENCE = {
+    "dead": "dead units",
+    "vanishing": "vanishing gradients",
+    "clipping": "clipping that binds",
+    "not_learning": "layers not learning",
+}
+
+
+def _sentence(found, quote):
     f, e = found, found.evidence
     names = finding.name_list(f.layers, quote)
     first, last = f.steps
@@ -212,6 +290,13 @@ def describe(found, quote=None):
     if f.kind == "exploding":
         worst = max(e.values(), key=lambda x: x["max_norm"] or 0.0)
         detail = []
+        ratios = [x for x in e.values() if x.get("max_grad_to_weight") is not None]
+        if ratios:
+            top = max(ratios, key=lambda x: x["max_grad_to_weight"])
+            detail.append(
+                f"up to {top['max_grad_to_weight']:.3g} times its weights' norm, so one SGD step at "
+                f"learning rate 1e-3 would move them {top['max_grad_to_weight'] * 1e-3:.3g} times their size"
+            )
         if worst["rise_orders"] is not None:
             detail.append(f"{worst['rise_orders']:.1f} orders above its trailing median {worst['baseline_norm']:.3g}")
         if worst["growth_orders_half_window"] is not None:
@@ -236,13 +321,50 @@ def describe(found, quote=None):
         )
         return f"Vanishing gradients in {names}: gradient norm {detail}, steps {first}-{last}."
     if f.kind == "dead":
-        share = [x["median_dead_unit_fraction"] for x in e.values()]
-        lo, hi = f"{min(share):.0%}", f"{max(share):.0%}"
-        behind = max(x.get("layers_cut_off_behind", 0) for x in e.values())
-        return (
-            f"Dead units in {names}: {lo if lo == hi else lo + '-' + hi} of the units get an exactly zero "
-            f"gradient on whole batches, steps {first}-{last}"
-            + (f"; no gradient reaches the {behind} layer{'s' if behind > 1 else ''} before it." if behind else ".")
-        )
+        return _dead_sentence(f, names, quote)
     worst = max(x["max_relative_error"] for x in e.values())
     return f"Gradient check failed for {names}: analytic and numeric gradients differ by up to {worst:.2%}."
+
+
+def _dead_sentence(f, names, quote):
+    e = f.evidence
+    first, last = f.steps
+
+    def shares(key):
+        values = [x[key] for x in e.values()]
+        lo, hi = f"{min(values):.0%}", f"{max(values):.0%}"
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    states = {x["state"] for x in e.values()}
+    if states == {dead_units.IDLE}:
+        return (
+            f"Idle units in {names}: {shares('median_dead_unit_fraction')} of the units get no gradient on whole "
+            f"batches, steps {first}-{last} ({shares('start_dead_unit_fraction')} in the first writes: idle from the "
+            "start, or drifted there, not dying); common in healthy ReLU networks (information, not a problem)."
+        )
+    if states == {dead_units.RECOVERED}:
+        return (
+            f"Units without gradient in {names} recovered: {shares('median_dead_unit_fraction')} of the units got "
+            f"no gradient on whole batches at steps {first}-{last}, {shares('latest_dead_unit_fraction')} at the "
+            "latest write (information, not a problem)."
+        )
+    if f.severity == "info":
+        idle = [n for n in f.layers if e[n]["state"] == dead_units.IDLE]
+        back = [n for n in f.layers if e[n]["state"] == dead_units.RECOVERED]
+        return (
+            f"Units without gradient on whole batches in {names}, steps {first}-{last}: idle in "
+            f"{finding.name_list(idle, quote)}, without gradient for a while and recovered in "
+            f"{finding.name_list(back, quote)} (information, not a problem)."
+        )
+    behind = max(x.get("layers_cut_off_behind", 0) for x in e.values())
+    dying = [n for n in f.layers if e[n]["state"] == dead_units.DYING]
+    how = (
+        f"up from {shares('start_dead_unit_fraction')} in the first writes"
+        if dying
+        else "so (almost) no gradient passes through"
+    )
+    return (
+        f"Dead units in {names}: {shares('median_dead_unit_fraction')} of the units get an exactly zero "
+        f"gradient on whole batches ({how}), steps {first}-{last}"
+        + (f"; no gradient reaches the {behind} layer{'s' if behind > 1 else ''} before it." if behind else ".")
+    )

@@ -85,3 +85,66 @@ def growth(lt, t):
     with np.errstate(invalid="ignore"):
         growing = enough & (growth >= t.growth_orders) & (recent > before) & (recent > network)
     return growth, growing
+
+
+def too_large(v, limit):
+    """Writes where a layer's gradient is too large for the weights it would update, with or without a past.
+
+    The ratio ``||g|| / ||W||`` is what an SGD step of learning rate ``lr``
+    moves the weights by, as a fraction of their size (``lr * ||g|| / ||W||``),
+    so it needs no baseline: an explosion present from the first step shows
+    in it as well as one that rises. A layer is flagged at a write when its
+    own ratio and the whole network's (``sqrt(sum ||g||^2) / sqrt(sum
+    ||W||^2)`` over the layers written there) are both at least ``limit``.
+    The network's, because one layer can have tiny weights by design and
+    then a large ratio on an ordinary gradient: a LayerScale initialised at
+    1e-6, a layer just leaving a zero initialisation, a convolution whose
+    gradient in front of a normalisation layer grows as its weights shrink.
+    Layers whose first recorded weight norm is exactly 0 (zero-initialised)
+    are left out of both: their ratio measures how far they have come from
+    zero, not how large their gradient is.
+
+    Args:
+      v: A ``rules.StatsView``.
+      limit: ``Thresholds.explode_ratio``.
+
+    Returns:
+      ``(large [S, L] bool, ratio [S, L], network ratio [S])``; all False
+      when the log has no weight norms.
+    """
+    s, n_rows = v.norm.shape
+    if v.weight_norm is None:
+        nothing = np.full((s, n_rows), np.nan)
+        return np.zeros((s, n_rows), bool), nothing, np.full(s, np.nan)
+    g, w = v.norm, v.weight_norm
+    with np.errstate(invalid="ignore"):
+        ok = v.present & np.isfinite(g) & np.isfinite(w) & (w > 0)
+        recorded = v.present & np.isfinite(w)
+    first = np.argmax(recorded, axis=0)
+    zero_init = recorded.any(axis=0) & (w[first, np.arange(n_rows)] == 0)
+    ok &= ~zero_init[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(ok, g / np.where(ok, w, 1.0), np.nan)
+        network = np.sqrt(np.where(ok, g * g, 0.0).sum(axis=1)) / np.sqrt(np.where(ok, w * w, 0.0).sum(axis=1))
+        large = ok & (ratio >= limit) & (network >= limit)[:, None]
+    return large, ratio, network
+
+
+def held(trigger, hold):
+    """``(starts, ends)`` of one layer's stretches: from a ``trigger`` write while ``trigger`` or ``hold`` lasts.
+
+    Each maximal run of writes where ``trigger | hold`` is true and that
+    holds a trigger write is one stretch, from its first trigger write to
+    the write after the run (``len(trigger)`` when it lasts to the end).
+    ``hold`` is the writes that carry a stretch on without starting one
+    (non-finite gradients, whose norm says nothing).
+    """
+    on = (trigger | hold).astype(np.int8)
+    edges = np.diff(np.concatenate([[0], on, [0]]))
+    run_starts, run_ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    hits = np.flatnonzero(trigger)
+    if not len(hits):
+        return hits, hits
+    run = np.searchsorted(run_starts, hits, side="right") - 1
+    runs, first = np.unique(run, return_index=True)
+    return hits[first].astype(np.int64), run_ends[runs].astype(np.int64)

@@ -35,7 +35,8 @@ class Verdict:
 
     Attributes:
       flags: bool ``[S, L]``: the rule holds at that write for that layer.
-      severity: ``{layer: "error" | "warning"}`` for every flagged layer.
+      severity: ``{layer: "error" | "warning" | "info"}`` for every flagged
+        layer; "info" is shown and never a problem (``dead_units``).
       evidence: ``{layer: {number name: value}}`` for every flagged layer,
         each with its own ``first_step`` and ``last_step``.
       aggregate: The heatmap aggregate that shows it best.
@@ -52,8 +53,8 @@ class Verdict:
 
     @property
     def accounted_for(self):
-        """The layers this verdict speaks for: those it names and those it keeps quiet."""
-        return set(self.evidence) | self.quiet
+        """The layers this verdict speaks for: those it names as a problem (not "info") and those it keeps quiet."""
+        return {name for name, level in self.severity.items() if level != "info"} | self.quiet
 
 
 class StatsView:
@@ -151,7 +152,7 @@ def non_finite(v):
 
 
 def exploding(v, t):
-    """Rises against the layer's own trailing past, and steady growth. Falls never count.
+    """Rises against the layer's own trailing past, steady growth, and gradients too large for their weights. Falls never count.
 
     A write is a rise when its peak norm is at least ``rise_orders`` above the
     median of the layer's typical norm over the ``baseline_writes`` writes
@@ -169,9 +170,15 @@ def exploding(v, t):
     recent writes already spread that wide, one more such write is its
     noise, not an event.
 
-    Severity: error when the rise lasts ``sustained_writes`` writes or more,
-    ends in non-finite gradients or in a norm of exactly 0, or the growth
-    reaches ``rise_orders``; warning otherwise.
+    Neither needs a past to see an explosion that is there from the first
+    step: a write is also flagged where the gradient is too large for the
+    weights it updates (``rises.too_large``: ``explode_ratio``), for as long
+    as that lasts.
+
+    Severity: error when the rise (or the too-large stretch) lasts
+    ``sustained_writes`` writes or more, ends in non-finite gradients or in a
+    norm of exactly 0, or the growth reaches ``rise_orders``; warning
+    otherwise.
     """
     s, n_rows = v.norm.shape
     lt = trailing.log_level(v.norm, v.present)
@@ -185,6 +192,7 @@ def exploding(v, t):
     with np.errstate(invalid="ignore"):
         onset = (rise >= t.rise_orders) & (lp > high) & (lp > network)
     growth, growing = rises.growth(lt, t)
+    large, ratio, network_ratio = rises.too_large(v, t.explode_ratio)
 
     flags = np.zeros((s, n_rows), bool)
     severity, evidence = {}, {}
@@ -192,31 +200,27 @@ def exploding(v, t):
         starts, ends = rises.spans(
             np.flatnonzero(onset[:, j]), base[:, j] + t.rise_orders, lt[:, j], lp[:, j], bad[:, j]
         )
-        # A rise that ends in non-finite gradients: any in it, or at the write
-        # that ends it; or in a norm of exactly 0 (the layer gets no gradient
-        # any more: the explosion killed it).
-        seen_bad = np.concatenate([[0], np.cumsum(bad[:, j])])
-        rise_bad = seen_bad[np.minimum(ends + 1, s)] > seen_bad[starts]
-        after = np.minimum(ends, s - 1)
-        rise_zero = (ends < s) & v.present[after, j] & (v.norm[after, j] == 0)
         # A one-write spike that recovers is a warning about one batch. In a
         # layer whose recent writes already spread over orders of magnitude
         # (heavy-tailed per-batch gradients), it must also clear the window's
         # largest peak (spike_margin_orders).
         with np.errstate(invalid="ignore"):
             clears = ~(lp[starts, j] - top[starts, j] < t.spike_margin_orders)
+        rise_bad, rise_zero = _outcomes(v, bad, j, starts, ends)
         keep = (ends - starts > 1) | rise_bad | rise_zero | clears
         starts, ends = starts[keep], ends[keep]
-        ends_bad, ends_zero = bool(rise_bad[keep].any()), bool(rise_zero[keep].any())
+        big_starts, big_ends = rises.held(large[:, j], bad[:, j])
+        all_starts, all_ends = np.concatenate([starts, big_starts]), np.concatenate([ends, big_ends])
+        ends_bad, ends_zero = (bool(x.any()) for x in _outcomes(v, bad, j, all_starts, all_ends))
         covered = np.zeros(s + 1, np.int64)
-        np.add.at(covered, starts, 1)
-        np.add.at(covered, ends, -1)
+        np.add.at(covered, all_starts, 1)
+        np.add.at(covered, all_ends, -1)
         flags[:, j] = np.cumsum(covered[:s]) > 0
         grew = growing[:, j]
         flags[:, j] |= grew
         if not flags[:, j].any():
             continue
-        longest = int(np.max(ends - starts)) if len(starts) else 0
+        longest = int(np.max(all_ends - all_starts)) if len(all_starts) else 0
         max_growth = float(np.nanmax(growth[grew, j])) if grew.any() else None
         error = (
             longest >= t.sustained_writes
@@ -234,12 +238,16 @@ def exploding(v, t):
             reasons.append("rise over its trailing median")
         if grew.any():
             reasons.append("steady growth")
+        if len(big_starts):
+            reasons.append("too large for its weights")
         peak_here = np.where(flags[:, j] & np.isfinite(v.peak[:, j]), v.peak[:, j], np.nan)
         evidence[name] = {
             "max_norm": _float(np.nanmax(peak_here)) if np.isfinite(peak_here).any() else None,
             "baseline_norm": _float(10.0 ** base[worst, j]) if worst is not None else None,
             "rise_orders": _float(rise[worst, j]) if worst is not None else None,
             "growth_orders_half_window": max_growth,
+            "max_grad_to_weight": _float(np.nanmax(ratio[large[:, j], j])) if len(big_starts) else None,
+            "network_grad_to_weight": _float(np.nanmax(network_ratio[large[:, j]])) if len(big_starts) else None,
             "rises": len(starts),
             "longest_rise_writes": int(longest),
             # A string, not a boolean: evidence values are numbers or words.
@@ -255,83 +263,19 @@ def exploding(v, t):
     return Verdict(flags, severity, evidence, v.peak_aggregate)
 
 
-def dead(v, t, sparse):
-    """Layers whose units get exactly zero gradient: ``dead_unit_fraction`` at or above ``dead_units`` in every write of the trailing window.
+def _outcomes(v, bad, j, starts, ends):
+    """Per span of layer ``j``: does it end in non-finite gradients, or in a norm of exactly 0?
 
-    Reads the writer's dead-unit statistic (units whose every parameter has
-    an exactly-zero gradient), not the share of zero elements: sparse inputs
-    zero whole kernel rows of a live layer, and a dead layer zeroes the rows
-    of the layer after it. Rows with sparse (IndexedSlices) gradients are
-    exempt. A log without the statistic gets no dead finding.
+    Non-finite: any in the span, or at the write that ends it. A norm of
+    exactly 0 at the write that ends it: the layer gets no gradient any
+    more, the explosion killed it.
     """
-    s, n_rows = v.norm.shape
-    flags = np.zeros((s, n_rows), bool)
-    if v.dead is None:
-        return Verdict(flags, {}, {}, "last")
-    here = np.isfinite(v.dead) & (v.dead >= 0) & (v.dead <= 1)  # a share; anything else is a damaged log
-    if v.weight_norm is not None:
-        # Weights that are NaN or Inf (non_finite says so) give units no
-        # meaning: ReLU(NaN) is 0 in a compiled step, a zero gradient that
-        # says nothing of the layer's units.
-        here &= ~(v.present & ~np.isfinite(v.weight_norm))
-    exempt = np.array([name in sparse for name in v.rows])
-    with np.errstate(invalid="ignore"):
-        whole = here & (v.dead >= 1)
-    # A wholly silent layer behind a later wholly silent one says nothing of
-    # its own units: no gradient reaches it. Its writes are the later
-    # layer's (in a chain, the one nearest the output is the cause: a
-    # saturated head, a dead layer in front of live ones).
-    later = np.flip(np.logical_or.accumulate(np.flip(whole & ~exempt[None, :], axis=1), axis=1), axis=1)
-    cut_off = whole & np.concatenate([later[:, 1:], np.zeros((s, 1), bool)], axis=1)
-    here &= ~cut_off
-    whole &= ~cut_off
-    # The lowest share over the trailing window, not the share at one write:
-    # a trained ReLU unit can be selective (active on 2% of the inputs is
-    # silent on a batch of 64 one time in four), but a dead unit is silent on
-    # every batch, so the share dead is at most the window's minimum, and the
-    # minimum over enough batches leaves the selective units out.
-    dead_share = np.where(here, v.dead, np.nan)
-    lowest = trailing.through(dead_share, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
-    count = trailing.through(here.astype(float), t.baseline_writes, np.nansum)
-    # A layer none of whose units gets any gradient on min_writes batches in
-    # a row is dead without waiting for a whole window: selectivity leaves
-    # some unit of a live layer active on some example of a batch, so a
-    # wholly silent layer is never a selective one (with every_n_steps=50 a
-    # window of 20 writes is 1,000 steps).
-    silent = trailing.through(whole.astype(float), t.min_writes, np.nansum) >= t.min_writes
-    with np.errstate(invalid="ignore"):
-        flags = here & ((count >= t.min_writes) & (lowest >= t.dead_units) | silent) & ~exempt[None, :]
-    evidence = {}
-    for j, name in enumerate(v.rows):
-        if not flags[:, j].any():
-            continue
-        steps = v.steps[flags[:, j]]
-        # The rule is sure only once a whole window has passed; the layer was
-        # dead from the first write of the unbroken run that led there.
-        with np.errstate(invalid="ignore"):
-            dead_here = here[:, j] & (dead_share[:, j] >= t.dead_units)
-        onset = trailing.run_start(dead_here, int(np.argmax(flags[:, j])))
-        evidence[name] = {
-            "median_dead_unit_fraction": float(np.median(v.dead[flags[:, j], j])),
-            "lowest_dead_unit_fraction": float(np.min(lowest[flags[:, j], j])),
-            "max_dead_unit_fraction": float(np.max(v.dead[flags[:, j], j])),
-            "fraction_of_steps": float(flags[:, j].sum() / here[:, j].sum()),
-            "first_step": int(v.steps[onset]),
-            "confirmed_at_step": int(steps[0]),
-            "last_step": int(steps[-1]),
-        }
-    quiet_rows = [j for j, name in enumerate(v.rows) if cut_off[:, j].any() and name not in evidence]
-    if evidence:
-        # For each named layer, the quiet layers before it that got no
-        # gradient while it was dead: one product over the writes, not a
-        # loop over pairs of rows (2,000 rows x 10,000 steps).
-        named = [j for j, name in enumerate(v.rows) if name in evidence]
-        together = cut_off[:, quiet_rows].T.astype(np.float32) @ flags[:, named].astype(np.float32) > 0
-        before = np.array(quiet_rows, np.int64)[:, None] < np.array(named, np.int64)[None, :]
-        for k, count in zip(named, (together & before).sum(axis=0)):
-            evidence[v.rows[k]]["layers_cut_off_behind"] = int(count)
-    quiet = frozenset(v.rows[j] for j in quiet_rows)
-    return Verdict(flags, {name: "warning" for name in evidence}, evidence, "last", quiet)
+    s = len(bad)
+    seen_bad = np.concatenate([[0], np.cumsum(bad[:, j])])
+    ends_bad = seen_bad[np.minimum(ends + 1, s)] > seen_bad[starts]
+    after = np.minimum(ends, s - 1)
+    ends_zero = (ends < s) & v.present[after, j] & (v.norm[after, j] == 0)
+    return ends_bad, ends_zero
 
 
 def vanishing(v, t, exclude=()):

@@ -121,12 +121,30 @@ def test_report_cli_exit_codes_and_json(logdir):
     code, out, _ = report(logdir, "--format", "json")
     assert code == 1
     body = json.loads(out)
-    assert body["healthy"] is False
+    assert body["healthy"] is False and body["fail_on"] == "error" and body["failed"] is True
     kinds = {run: {f["kind"] for f in r["findings"]} for run, r in body["runs"].items()}
     assert kinds == {"nan": {"non_finite"}, "relu_he": set(), "sigmoid": {"vanishing"}, "spike": {"exploding"}}
     assert body["runs"]["nan"]["findings"][0]["layers"] == [NAN_LAYER]
-    code, out, _ = report(logdir, "--run", "sigmoid")
+    code, out, _ = report(logdir, "--run", "sigmoid", "--fail-on", "warning")
     assert code == 1 and "vanishing" in out and "mlp/dense_0" in out
+
+
+def test_report_gate_fails_on_errors_by_default_and_as_asked(logdir):
+    """The default gate fails on errors only; ``--fail-on`` moves it; the JSON keeps every finding whatever the gate."""
+    gates = {}
+    for gate in ("default", "error", "warning", "never"):
+        args = () if gate == "default" else ("--fail-on", gate)
+        gates[gate] = {run: report(logdir, "--run", run, *args)[0] for run in ("relu_he", "sigmoid", "nan")}
+    # sigmoid: a vanishing warning; nan: a non-finite error.
+    assert gates["default"] == gates["error"] == {"relu_he": 0, "sigmoid": 0, "nan": 1}
+    assert gates["warning"] == {"relu_he": 0, "sigmoid": 1, "nan": 1}
+    assert gates["never"] == {"relu_he": 0, "sigmoid": 0, "nan": 0}
+    code, out, _ = report(logdir, "--run", "sigmoid", "--format", "json", "--fail-on", "never")
+    body = json.loads(out)
+    assert code == 0 and body["failed"] is False and body["healthy"] is False
+    assert [f["severity"] for f in body["runs"]["sigmoid"]["findings"]] == ["warning"]
+    code, _, err = report(logdir, "--fail-on", "info")
+    assert code == 2 and "--fail-on" in err
 
 
 def test_report_cli_usage_and_data_errors_exit_2(logdir, tmp_path):
@@ -145,10 +163,18 @@ def test_report_cli_usage_and_data_errors_exit_2(logdir, tmp_path):
 
 
 def test_threshold_override_changes_the_verdict(logdir):
-    code, out, _ = report(logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12")
+    code, out, _ = report(logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12", "--fail-on", "warning")
     assert code == 1 and "too small against its weights" in out  # the ratio floor still holds
     code, out, _ = report(
-        logdir, "--run", "sigmoid", "--threshold", "vanishing_orders=12", "--threshold", "vanishing_ratio=0"
+        logdir,
+        "--run",
+        "sigmoid",
+        "--threshold",
+        "vanishing_orders=12",
+        "--threshold",
+        "vanishing_ratio=0",
+        "--fail-on",
+        "warning",
     )
     assert code == 0, out
 
@@ -363,3 +389,116 @@ def test_a_layer_that_no_gradient_reaches_is_left_to_the_dead_layer_after_it(tmp
     assert set(found) == {"dead"} and found["dead"].layers == ["last"]
     assert found["dead"].evidence["last"]["layers_cut_off_behind"] == 1
     assert found["dead"].message.endswith("no gradient reaches the 1 layer before it.")
+
+
+def _findings_of_units(run_dir, silent, steps=80, size=1.0, units=8):
+    """One Dense-like kernel ``[4, units]`` (its own layer); at step s the units ``silent(s)`` get a zero gradient.
+
+    Every other element of the gradient is ``size``; the weights are ones.
+    Returns ``{kind: [finding]}``.
+    """
+    from tb_gradcheck import queries
+    from tb_gradcheck import store
+
+    kernel = tf.Variable(np.ones((4, units), np.float32), name="layer")
+    with GradientWriter(run_dir) as writer:
+        for step in range(steps):
+            g = np.full((4, units), size, np.float32)
+            g[:, list(silent(step))] = 0.0
+            writer.write([tf.constant(g)], [kernel], step)
+    s, ctx, eid = store.local_store(run_dir.parent)
+    matrix = queries.matrix(s, ctx, eid, s.run(ctx, eid, run_dir.name), "stats", "layer")
+    found = {}
+    for f in diagnose.find("r", matrix):
+        found.setdefault(f.kind, []).append(f)
+    return found
+
+
+def test_units_idle_from_the_start_are_information_not_a_warning(tmp_path):
+    """A stable share without gradient from step 0 is a property of healthy ReLU networks: shown, never a problem."""
+    (f,) = _findings_of_units(tmp_path / "r", lambda step: range(3))["dead"]  # 3 of 8 units, always
+    assert f.severity == "info" and f.evidence["layer"]["state"] == "idle"
+    assert f.steps == [0, 79] and "Idle units" in f.message and "not a problem" in f.message
+
+
+def test_units_that_were_alive_and_stopped_are_dying_a_warning_from_where_they_stopped(tmp_path):
+    (f,) = _findings_of_units(tmp_path / "r", lambda step: range(6) if step >= 30 else range(1))["dead"]
+    evidence = f.evidence["layer"]
+    assert f.severity == "warning" and evidence["state"] == "dying"
+    assert evidence["start_dead_unit_fraction"] == 1 / 8 and evidence["median_dead_unit_fraction"] == 6 / 8
+    # Sure once a whole window (20 writes) of it has passed; it started at 30.
+    assert evidence["first_step"] == 30 and evidence["confirmed_at_step"] == 49 and f.steps == [30, 79]
+    assert "up from 12% in the first writes" in f.message
+
+
+def test_a_small_rise_of_the_idle_share_is_drift_not_dying(tmp_path):
+    """1 of 8 idle at the start, 3 later: a quarter of the live units, under dying_share (0.4)."""
+    (f,) = _findings_of_units(tmp_path / "r", lambda step: range(3) if step >= 30 else range(1))["dead"]
+    assert f.severity == "info" and f.evidence["layer"]["state"] == "idle"
+
+
+def test_a_dead_phase_that_recovered_is_information(tmp_path):
+    found = _findings_of_units(tmp_path / "r", lambda step: range(6) if 10 <= step < 40 else ())
+    (f,) = found["dead"]
+    assert f.severity == "info" and f.evidence["layer"]["state"] == "recovered"
+    assert f.steps == [10, 39] and f.evidence["layer"]["latest_dead_unit_fraction"] == 0.0
+    # A phase too small to be dying (3 of 8 units, from a live start) is over too.
+    (f,) = _findings_of_units(tmp_path / "r3", lambda step: range(3) if 10 <= step < 40 else ())["dead"]
+    assert f.severity == "info" and f.evidence["layer"]["state"] == "recovered" and f.steps == [10, 39]
+    assert "recovered" in f.message and "idle from the start" not in f.message
+    # The same phase still going at the latest write is a warning.
+    (f,) = _findings_of_units(tmp_path / "r2", lambda step: range(6) if step >= 10 else (), steps=40)["dead"]
+    assert f.severity == "warning" and f.evidence["layer"]["state"] == "dying"
+
+
+def test_an_almost_silent_layer_is_a_warning_whatever_it_had_at_the_start(tmp_path):
+    """Silent from step 0 (a bias far below every pre-activation): no rise, but (almost) no gradient passes."""
+    # 15 of 16 units silent, every one of them on every other batch.
+    (f,) = _findings_of_units(tmp_path / "r", lambda step: range(16) if step % 2 else range(15), units=16)["dead"]
+    assert f.severity == "warning" and f.evidence["layer"]["state"] == "silent" and f.steps[0] == 0
+
+
+def test_an_explosion_from_the_first_step_is_found_without_a_past(tmp_path):
+    """No rise to see: the gradient is 2e3 times the weights from step 0 (a step at lr 1e-3 moves them twice their size)."""
+    found = _findings_of_layers(tmp_path / "r", [(4e3, 4e3)] * 30)
+    f = found["exploding"]
+    assert f.severity == "error" and f.steps[0] == 0 and f.layers == ["first", "last"]
+    assert f.evidence["first"]["max_grad_to_weight"] == pytest.approx(2e3, rel=1e-6)
+    assert (
+        f.evidence["first"]["reason"] == "too large for its weights" and f.evidence["first"]["outcome"] == "sustained"
+    )
+    assert "times its weights' norm" in f.message
+    assert "exploding" not in _findings_of_layers(tmp_path / "r2", [(4e1, 4e1)] * 30)  # 20 times: training
+
+
+def test_one_layer_with_tiny_weights_is_no_explosion_when_the_network_is_not(tmp_path):
+    """A LayerScale at 1e-6, a layer leaving zero: its own ratio is huge, the network's is not."""
+    found = _findings_of_layers(tmp_path / "r", [(1.0, 1.0)] * 30, weights=1e-5)
+    assert "exploding" not in found
+
+
+def test_a_zero_initialised_layer_is_left_out_of_the_ratio(tmp_path):
+    """Weights that start at exactly 0 and grow: their ratio says how far they came from zero, not how large the gradient is."""
+    from tb_gradcheck import queries
+    from tb_gradcheck import store
+
+    var = tf.Variable(np.zeros(4, np.float32), name="head")
+    with GradientWriter(tmp_path / "r") as writer:
+        for step in range(30):
+            writer.write([tf.fill([4], 0.5)], [var], step)
+            var.assign_add(tf.fill([4], 1e-5))  # an Adam step at lr 1e-5 from zero
+    s, ctx, eid = store.local_store(tmp_path)
+    matrix = queries.matrix(s, ctx, eid, s.run(ctx, eid, "r"), "stats", "layer")
+    assert [f.kind for f in diagnose.find("r", matrix)] == []
+
+
+def test_what_follows_from_an_explosion_is_attached_to_it_not_listed(tmp_path):
+    """One cause, one finding: the units without gradient in the exploding layer are its consequence."""
+    found = _findings_of_units(tmp_path / "r", lambda step: range(7), size=1e4, steps=30)
+    assert set(found) == {"exploding"}
+    (f,) = found["exploding"]
+    assert f.severity == "error" and [(c.kind, c.severity, c.layers) for c in f.consequences] == [
+        ("dead", "info", ["layer"])
+    ]
+    assert "It explains what followed: dead units in \u2068layer\u2069 (steps 0-29)." in f.message
+    assert f.to_dict()["consequences"][0]["evidence"]["layer"]["state"] == "idle"

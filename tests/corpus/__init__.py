@@ -21,8 +21,10 @@ with the expectations; tests/test_corpus.py asserts on it and
 import dataclasses
 import time
 
+from corpus import from_init  # noqa: F401  (registers the scenarios)
 from corpus import healthy  # noqa: F401  (registers the scenarios)
 from corpus import pathological  # noqa: F401  (registers the scenarios)
+from corpus import units  # noqa: F401  (registers the scenarios)
 from corpus.registry import SCENARIOS  # noqa: F401
 from corpus.registry import Expect  # noqa: F401
 from corpus.registry import Scenario  # noqa: F401
@@ -71,11 +73,22 @@ def run(logdir, names=None):
 class Score:
     """How one scenario's findings compare with its expectations.
 
-    A claim is one (kind, layer) a finding names. It is right when an
-    ``Expect`` of that kind requires or allows the layer and the layer's
-    first flagged step is in the expected range; every other claim is a
-    false alarm. A required layer no right claim names is missed. Severity
-    mismatches are listed apart.
+    A claim is one (kind, layer) a finding names, consequences attached to a
+    cause included (they are reported, under their cause). A claim of
+    warning or error severity is right when an ``Expect`` of that kind
+    requires or allows the layer and the layer's first flagged step is in
+    the expected range; every other one is a false alarm. An information
+    claim is no alarm: it is right when an ``Expect`` asks for it, and
+    otherwise only noted. A required layer no right claim names is missed.
+    Severity mismatches are listed apart.
+
+    Attributes:
+      right: ``(kind, layer, first step, severity)`` of each right claim.
+      wrong: The same, of each false alarm.
+      missed: ``(kind, layer)`` of each required layer not named.
+      wrong_severity: ``(kind, reported, expected)``.
+      errors_on_healthy: Kinds of the error findings of a healthy scenario.
+      notes: Information claims no ``Expect`` asked for.
     """
 
     right: list
@@ -83,19 +96,32 @@ class Score:
     missed: list
     wrong_severity: list
     errors_on_healthy: list
+    notes: list
+
+
+def claims(findings):
+    """Every finding and every consequence attached to one, as one list."""
+    return [c for f in findings for c in [f, *f.get("consequences", [])]]
 
 
 def score(scenario, findings, numbers):
-    right, wrong, wrong_severity = [], [], []
-    for f in findings:
+    right, wrong, wrong_severity, notes = [], [], [], []
+    for f in claims(findings):
         expects = [e for e in scenario.expect if e.kind == f["kind"]]
+        info = f["severity"] == "info"
         for layer in f["layers"]:
             first = f["evidence"][layer]["first_step"]
+            claim = (f["kind"], layer, first, f["severity"])
             match = next((e for e in expects if e.covers(layer, first, numbers)), None)
-            (right if match else wrong).append((f["kind"], layer, first))
+            if info and not (match and match.severity == "info"):
+                if match and match.severity:
+                    wrong_severity.append((f["kind"], f["severity"], match.severity))
+                notes.append(claim)
+                continue
+            (right if match else wrong).append(claim)
             if match and match.severity and match.severity != f["severity"]:
                 wrong_severity.append((f["kind"], f["severity"], match.severity))
-    named = {(k, layer) for k, layer, _ in right}
+    named = {(k, layer) for k, layer, _, _ in right}
     missed = [(e.kind, layer) for e in scenario.expect for layer in e.layers if (e.kind, layer) not in named]
-    errors = [f["kind"] for f in findings if f["severity"] == "error"] if not scenario.expect else []
-    return Score(right, wrong, missed, sorted(set(wrong_severity)), errors)
+    errors = [f["kind"] for f in findings if f["severity"] == "error"] if scenario.healthy else []
+    return Score(right, wrong, missed, sorted(set(wrong_severity)), errors, notes)

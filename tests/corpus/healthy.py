@@ -148,7 +148,14 @@ def transformer_warmup(run_dir):
 
 
 def _application(run_dir, build, seed):
-    """A keras.applications network from scratch on 32x32 images through ``fit``; the task is the dominant colour."""
+    """A keras.applications network from scratch on 32x32 images through ``fit``; the task is the dominant colour.
+
+    Adam at 1e-4 for three epochs of six steps: at 1e-3 a ResNet50 from
+    scratch at batch 16 is thrown about by its first steps (the epoch loss
+    went 1.41 then 2.07 on one machine, 1.42 then 2.10 on another), and the
+    premise would depend on the luck of one run. At 1e-4 the epoch losses
+    fall steadily (1.9, 0.49, 0.27 and 1.5, 0.77, 0.49 on two seeds).
+    """
     tf = _tf()
     from tb_gradcheck.keras import GradientCallback
 
@@ -158,19 +165,20 @@ def _application(run_dir, build, seed):
     x = rng.uniform(0, 0.3, size=(96, 32, 32, 3)).astype(np.float32)
     x[np.arange(96), :, :, y] += 0.7
     model = build(weights=None, input_shape=(32, 32, 3), classes=3)
-    model.compile(tf.keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy")
+    model.compile(tf.keras.optimizers.Adam(1e-4), "sparse_categorical_crossentropy")
     history = model.fit(
         x,
         y,
         batch_size=16,
-        epochs=2,
+        epochs=3,
         verbose=0,
         callbacks=[GradientCallback(run_dir.rsplit("/", 1)[0] + "/_fit_" + run_dir.rsplit("/", 1)[1])],
     )
     _move_fit_run(run_dir)
     losses = history.history["loss"]
-    return {"loss_epoch_1": losses[0], "loss_epoch_2": losses[-1]}, [
-        ("the loss is finite and fell", np.isfinite(losses).all() and losses[-1] < losses[0])
+    return {f"loss_epoch_{i + 1}": loss for i, loss in enumerate(losses)}, [
+        ("the loss is finite", bool(np.isfinite(losses).all())),
+        ("the last epoch's loss is at most two thirds of the first's", losses[-1] <= 2 / 3 * losses[0]),
     ]
 
 
@@ -198,7 +206,8 @@ def frozen_layer_unused_head(run_dir):
     inputs = tf.keras.Input((8,), dtype="int32")
     h = L.GlobalAveragePooling1D()(L.Embedding(200, 16, name="embedding")(inputs))
     # tanh: a ReLU layer fed only non-negative features starts with units
-    # that no input can switch on (a real dead-unit finding, not a healthy run).
+    # that no input can switch on (idle units, an information finding;
+    # idle_units_stable is that scenario).
     frozen = L.Dense(32, activation="tanh", name="frozen")
     h = frozen(h)
     frozen.trainable = False
@@ -219,8 +228,8 @@ def frozen_layer_unused_head(run_dir):
         tf.keras.optimizers.Adam(1e-3),
     )
     unchanged = all(np.array_equal(a, w.numpy()) for a, w in zip(before, frozen.weights))
-    # Healthy also means no dead units (with a ReLU frozen layer a quarter of
-    # "dense" was dead, and the dead finding said so).
+    # No dead units either (with a ReLU frozen layer a quarter of "dense" was
+    # idle from the start).
     probe = tf.keras.Model(model.inputs[0], model.get_layer("dense").output)
     dead = float((probe(tokens).numpy() <= 0).all(axis=0).mean())
     first, last = head_tail(losses)

@@ -1,5 +1,6 @@
 """The scenario registry and the training helpers the scenarios share."""
 
+import contextlib
 import dataclasses
 import re
 
@@ -23,7 +24,8 @@ class Expect:
         allowed layers' no earlier.
       before: Name of a premise number: the first flagged step must be at
         or before it (the explosion before the first NaN).
-      severity: ``"error"``, ``"warning"`` or None (either).
+      severity: ``"error"``, ``"warning"``, ``"info"`` (shown, no problem:
+        the scenario is healthy) or None (error or warning).
     """
 
     kind: str
@@ -56,20 +58,56 @@ class Scenario:
 
     @property
     def healthy(self):
-        return not self.expect
+        """No problem expected: no expectation, or information only."""
+        return all(e.severity == "info" for e in self.expect)
 
 
 def scenario(*expect):
-    """Registers a training function as a scenario with these expectations (none: healthy)."""
+    """Registers a training function as a scenario with these expectations (none: healthy).
+
+    The function trains under TensorFlow's op determinism (``deterministic``):
+    the same seed gives the same run on this machine every time, so a
+    premise that holds once holds on every try here. Another machine's
+    kernels (thread count, vector width, oneDNN) still change the last bits,
+    which is why every premise is about what the scenario is, with margin,
+    not about the numbers of one run.
+    """
 
     def register(fn):
-        SCENARIOS[fn.__name__] = Scenario(fn.__name__, fn, tuple(expect), fn.__doc__ or "")
+        def train(run_dir):
+            with deterministic():
+                return fn(run_dir)
+
+        SCENARIOS[fn.__name__] = Scenario(fn.__name__, train, tuple(expect), fn.__doc__ or "")
         return fn
 
     return register
 
 
-def custom_loop(run_dir, model, loss_fn, batches, optimizer, every_n_steps=1, scale=None):
+@contextlib.contextmanager
+def deterministic():
+    """TensorFlow's op determinism for the block, then back to what it was (it is process-wide)."""
+    import tensorflow as tf
+    from tensorflow.python.framework import config
+
+    was = config.is_op_determinism_enabled()
+    tf.config.experimental.enable_op_determinism()
+    try:
+        yield
+    finally:
+        if not was:
+            config.disable_op_determinism()
+
+
+def silent_units(model, layer, x):
+    """bool ``[units]``: the units of a ReLU ``layer`` that are zero on every example of ``x`` (a forward pass)."""
+    import tensorflow as tf
+
+    probe = tf.keras.Model(model.inputs[0], model.get_layer(layer).output)
+    return (probe(x).numpy() <= 0).all(axis=0)
+
+
+def custom_loop(run_dir, model, loss_fn, batches, optimizer, every_n_steps=1, scale=None, after_step=None):
     """Trains with a ``tf.function`` step that writes every gradient through ``GradientWriter``.
 
     Args:
@@ -81,6 +119,8 @@ def custom_loop(run_dir, model, loss_fn, batches, optimizer, every_n_steps=1, sc
       every_n_steps: The writer's window.
       scale: Optional ``{step: factor}`` multiplying the loss at that step
         (a corrupted batch); the log sees the scaled gradient.
+      after_step: Optional callable ``step -> None`` run after each step (a
+        measurement in the middle of training).
 
     Returns:
       ``(losses [S], gradient norms [S, V] per trainable variable (-1: no
@@ -114,6 +154,8 @@ def custom_loop(run_dir, model, loss_fn, batches, optimizer, every_n_steps=1, sc
             losses.append(float(loss))
             norms.append(n.numpy())
             finite.append(bool(ok))
+            if after_step is not None:
+                after_step(i)
     bad = ~np.array(finite)
     return np.array(losses), np.array(norms, np.float64), (int(np.argmax(bad)) if bad.any() else None)
 

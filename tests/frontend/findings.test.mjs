@@ -3,7 +3,7 @@ import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
 import {
-  evidenceItems, findingCells, findingKey, layerHeadline, rowMarks, runNeedingAttention, sortFindings, worstSeverity,
+  evidenceItems, findingCells, findingKey, layerHeadline, rowMarks, runNeedingAttention, severityClass, sortFindings, worstSeverity,
 } from '../../frontend/findings.js';
 
 const VANISHING = {
@@ -86,4 +86,21 @@ test('finding_cells_of_a_1000_layer_finding_are_found_by_lookup', () => {
   assert.equal(cells.rows[1029], 1029);
   const blockLevel = findingCells({...f, layers: ['t/block_3']}, rows);
   assert.deepEqual(blockLevel.rows, [24, 25, 26, 27, 28, 29, 30, 31]);
+});
+
+test('information_is_shown_last_marks_no_row_and_needs_no_attention', () => {
+  const info = {kind: 'dead', severity: 'info', layers: ['a'], evidence: {a: {state: 'idle', median_dead_unit_fraction: 0.45}}};
+  const warn = {kind: 'vanishing', severity: 'warning', layers: ['b']};
+  assert.deepEqual(sortFindings([info, warn]).map((f) => f.severity), ['warning', 'info']);
+  assert.equal(worstSeverity([info]), 'info');
+  assert.equal(worstSeverity([info, warn]), 'warning');
+  assert.equal(severityClass('info'), 'info');
+  assert.equal(severityClass('something new'), 'warning');
+  assert.deepEqual(rowMarks([info], ['a', 'b']), []);
+  assert.equal(layerHeadline(info, 'a'), '45% idle');
+  // A run with information only is as healthy as one without findings.
+  const found = new Map([['a_healthy', []], ['b_idle', [info]], ['c_idle', [info, info]]]);
+  assert.equal(runNeedingAttention(['a_healthy', 'b_idle', 'c_idle'], found), 'a_healthy');
+  found.set('d_vanishing', [warn]);
+  assert.equal(runNeedingAttention(['a_healthy', 'b_idle', 'c_idle', 'd_vanishing'], found), 'd_vanishing');
 });
