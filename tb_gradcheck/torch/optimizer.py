@@ -70,7 +70,8 @@ class Follower:
         if writer._pending is None:
             return
         group = writer._group
-        self._snapshot = [group.local(p).detach().clone() for p in writer._rows.params]
+        with torch.no_grad():  # one fused copy of every weight
+            self._snapshot = torch._foreach_mul([group.local(p).detach() for p in writer._rows.params], 1.0)
 
     def _after(self, optimizer, args, kwargs):
         writer = self._writer

@@ -42,20 +42,37 @@ def values(grad):
     return grad
 
 
-def step_norms(tensors):
-    """float64 ``[n]`` L2 norms and ``[n]`` non-finite counts of ``tensors`` (dense), on their device."""
-    if not tensors:
-        return None, None
-    norms = torch.stack(torch._foreach_norm(tensors, 2, dtype=F64))
-    return norms, nonfinite_counts(tensors)
+def step_norms(tensors, out):
+    """Writes float64 L2 norms to ``out[0]`` and non-finite counts to ``out[1]`` (``out`` ``[2, n]``).
+
+    On a GPU both are fused multi-tensor kernels, a few launches for all the
+    gradients. On a CPU there is no device to wait for, so the counts are
+    taken only for the gradients whose norm is not finite (a finite sum of
+    squares proves there are none), and the norms one tensor at a time,
+    which the CPU does several times faster than the fused float64 kernel.
+    """
+    if tensors[0].device.type == "cpu":
+        torch.stack([torch.linalg.vector_norm(t, dtype=F64) for t in tensors], out=out[0])
+        out[1].zero_()
+        bad = (~torch.isfinite(out[0])).nonzero().flatten().tolist()
+        if bad:
+            out[1].index_copy_(0, torch.tensor(bad), nonfinite_counts([tensors[i] for i in bad]))
+        return out
+    torch.stack(torch._foreach_norm(tensors, 2, dtype=F64), out=out[0])
+    torch.stack(_nonfinite(tensors), out=out[1])
+    return out
 
 
 def nonfinite_counts(tensors):
     """float64 ``[n]``: NaN and Inf elements of each tensor (see the module docstring)."""
+    return torch.stack(_nonfinite(tensors))
+
+
+def _nonfinite(tensors):
     out = []
     for chunk in _chunks(tensors):
         out += torch._foreach_norm(torch._foreach_mul(chunk, 0.0), 0, dtype=F64)
-    return torch.stack(out)
+    return out
 
 
 def _chunks(tensors):
@@ -74,29 +91,49 @@ def _chunks(tensors):
 def max_abs(tensors):
     """float64 ``[n]``: the largest |element| of each tensor (0 for an empty one; NaN if it has a NaN)."""
     nonempty = [t for t in tensors if t.numel()]
-    found = iter(torch._foreach_norm(nonempty, float("inf")) if nonempty else ())
-    zero = torch.zeros((), dtype=F64, device=tensors[0].device)
-    return torch.stack([next(found).to(F64) if t.numel() else zero for t in tensors])
+    found = torch._foreach_norm(nonempty, float("inf")) if nonempty else []
+    if len(nonempty) < len(tensors):
+        found = iter(found)
+        zero = torch.zeros((), dtype=tensors[0].dtype, device=tensors[0].device)
+        found = [next(found) if t.numel() else zero for t in tensors]
+    return torch.stack(found).to(F64)
 
 
-def unit_nonzeros(tensor, spec, sparse_rows=None):
-    """int64 ``[spec.units]``: nonzero elements of each unit of one gradient (dense, or sparse values).
+def unit_nonzeros(tensors, specs, sparse):
+    """float64 ``[units]``: nonzero elements of each unit of each gradient, in parameter order.
 
-    ``sparse_rows``: for a sparse gradient, the coalesced values ``tensor``
-    are rows of the whole; a unit over the last axis counts them as they are,
-    any other unit needs the dense gradient (made here, at a written step).
+    Gradients whose units are single elements (vectors: biases, norms'
+    affine parameters) are compared with 0 together, one kernel for all;
+    every other gradient takes one ``count_nonzero``. A sparse gradient's
+    coalesced values are rows of the whole: a unit over the last axis counts
+    them as they are, any other unit needs the dense gradient (made here, at
+    a written step).
     """
-    if sparse_rows is not None:
-        if spec.dims == (0,):
-            return torch.count_nonzero(tensor.reshape(-1, spec.units), dim=0)
-        tensor = sparse_rows.to_dense()
-    if tensor.numel() == 0:
-        return torch.zeros(spec.units, dtype=torch.int64, device=tensor.device)
-    return torch.count_nonzero(tensor.reshape(spec.view), dim=spec.dims).reshape(-1)
+    single = [i for i, s in enumerate(specs) if s.view[1:] == (1,) and sparse[i] is None]
+    pieces = [None] * len(tensors)
+    if single:
+        flags = torch.cat([tensors[i].reshape(-1) for i in single]) != 0
+        at = 0
+        for i in single:
+            pieces[i] = flags[at : at + specs[i].units]
+            at += specs[i].units
+    for i, (t, spec, rows) in enumerate(zip(tensors, specs, sparse)):
+        if pieces[i] is not None:
+            continue
+        if rows is not None and spec.dims == (0,):
+            pieces[i] = torch.count_nonzero(t.reshape(-1, spec.units), dim=0)
+            continue
+        if rows is not None:
+            t = rows.to_dense()
+        if t.numel() == 0:
+            pieces[i] = torch.zeros(spec.units, dtype=torch.int64, device=t.device)
+        else:
+            pieces[i] = torch.count_nonzero(t.reshape(spec.view), dim=spec.dims).reshape(-1)
+    return torch.cat(pieces).to(F64)
 
 
-def full(tensors, specs, constants, sparse=None):
-    """Every per-parameter reduction of a written step, on the device.
+def extras(tensors, specs, constants, sparse=None):
+    """The reductions a written step takes besides the norms: ``{"max_abs", "nonzero": [n], "unit_nonzero": [units]}``.
 
     Args:
       tensors: The present gradients (dense, or a sparse one's coalesced values).
@@ -104,30 +141,19 @@ def full(tensors, specs, constants, sparse=None):
       constants: The writer's ``Constants``.
       sparse: Per tensor, the coalesced sparse gradient it came from, or None.
 
-    Returns:
-      ``{"norm", "max_abs", "nonzero", "nonfinite": float64 [n], "unit_nonzero": float64 [units]}``:
-      a unit is dead where its count is 0.
+    A unit is dead where its count is 0; one of a gradient that has units
+    but no elements (a Linear with no inputs) is dead, as TensorFlow counts it.
     """
     sparse = sparse or [None] * len(tensors)
-    norms, nonfinite = step_norms(tensors)
-    per_unit = [unit_nonzeros(t, s, g) for t, s, g in zip(tensors, specs, sparse)]
-    counts = torch.cat(per_unit) if per_unit else torch.zeros(0, dtype=torch.int64)
+    counts = unit_nonzeros(tensors, specs, sparse)
     units = tuple(s.units for s in specs)
     owner = constants.get(
         ("unit_owner", units),
         counts.device,
         lambda: torch.repeat_interleave(torch.arange(len(units)), torch.tensor(units)),
     )
-    nonzero = torch.zeros(len(tensors), dtype=F64, device=counts.device).index_add_(0, owner, counts.to(F64))
-    # A unit of a gradient that is all units and no elements (a Linear with
-    # no inputs) has no nonzero element: dead, as TensorFlow counts it.
-    return {
-        "unit_nonzero": counts.to(F64),
-        "norm": norms,
-        "max_abs": max_abs(tensors),
-        "nonzero": nonzero,
-        "nonfinite": nonfinite,
-    }
+    nonzero = torch.zeros(len(tensors), dtype=F64, device=counts.device).index_add_(0, owner, counts)
+    return {"unit_nonzero": counts, "max_abs": max_abs(tensors), "nonzero": nonzero}
 
 
 class Constants:
