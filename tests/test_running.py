@@ -33,8 +33,8 @@ def test_add_steps_equals_add_one_step_at_a_time(xp):
     for part in (xs[:1], xs[1:5], xs[5:]):
         batched = running.add_steps(xp, batched, convert(part))
     for name, a, b in zip(running.State._fields, one, batched):
-        # Sums in another order: a few units in the last place apart.
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-14, err_msg=name)
+        # Sums in another order, of terms up to ~1e3: a few units in the last place of the largest apart.
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-12, atol=1e-11, err_msg=name)
     first = np.asarray(batched.first_nonfinite)
     assert first[5] == -1 and np.isnan(np.asarray(batched.max)[2, 0])
 
