@@ -149,7 +149,7 @@ def _backward(model, seed=0):
 
 def _grads(model):
     return {
-        n: (None if p.grad is None else p.grad.detach().double().numpy().copy())
+        n: (None if p.grad is None else p.grad.detach().double().cpu().numpy().copy())
         for n, p in model.named_parameters()
         if p.requires_grad
     }

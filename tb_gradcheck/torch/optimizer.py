@@ -91,7 +91,7 @@ class Follower:
 def _pairs(after, before):
     """``after`` and ``before`` in chunks whose differences stay under ``reductions.CHUNK_BYTES``."""
     at = 0
-    for chunk in reductions._chunks(after):
+    for chunk in reductions.chunks(after):
         yield chunk, before[at : at + len(chunk)]
         at += len(chunk)
 

@@ -8,14 +8,16 @@ synchronisation:
   dtype=torch.float64)``, one fused multi-tensor kernel on a GPU that
   accumulates in float64, so a gradient of 1e-30s is not rounded to 0 and
   one of 1e30s does not overflow;
-- non-finite elements: ``g * 0`` is 0 where ``g`` is finite and NaN where it
-  is NaN or Inf, and the "0-norm" (``_foreach_norm(..., 0)``) counts the
-  nonzero elements. The products are temporaries, made a bounded chunk of
-  gradients at a time (``CHUNK_BYTES``), so they never hold more than that;
+- non-finite elements: ``isfinite`` over the gradients laid out flat, and
+  the fused 1-norm of each gradient's flags (``_nonfinite``); the flat copy
+  and the flags are temporaries, made a bounded chunk of gradients at a
+  time (``CHUNK_BYTES``), so they never hold more than that;
 - max |g|: the inf-norm (NaN propagates);
-- per unit, the nonzero elements (``torch.count_nonzero`` over the axes
-  that are not the unit's, ``modules.UnitSpec``): a unit is dead when it
-  has none (NaN is nonzero), and a parameter's nonzero count is their sum.
+- per unit, the nonzero elements (``unit_nonzeros``: a ``segment_reduce``
+  over the units that are runs of the flat gradients, ``count_nonzero``
+  over the axes that are not the unit's for the rest, ``modules.UnitSpec``):
+  a unit is dead when it has none (NaN is nonzero), and a parameter's
+  nonzero count is their sum.
 
 A window's step needs only the first two (``step_norms``); a written step
 all of them (``full``). ``Pack`` gathers what a written step sends to the
@@ -31,8 +33,8 @@ import numpy as np
 import torch
 
 F64 = torch.float64
-# Largest total size of the temporaries of one non-finite count pass.
-CHUNK_BYTES = 64 << 20
+# Largest total size of the gradients laid out flat at once (their copy and flags are temporaries).
+CHUNK_BYTES = 256 << 20
 
 
 def values(grad):
@@ -69,13 +71,23 @@ def nonfinite_counts(tensors):
 
 
 def _nonfinite(tensors):
+    """Per tensor, a float64 0-d count of its NaN and Inf elements, in a handful of kernels for all of them.
+
+    There is no fused per-tensor count, and one ``count`` kernel per
+    tensor is what made the window's steps cost milliseconds on a GPU. So a
+    bounded chunk of the gradients is laid out flat (one copy), flagged
+    (``isfinite``), and the flags of each tensor summed by the fused
+    multi-tensor 1-norm over views of the flat flags, accumulated in float64.
+    """
     out = []
-    for chunk in _chunks(tensors):
-        out += torch._foreach_norm(torch._foreach_mul(chunk, 0.0), 0, dtype=F64)
+    for chunk in chunks(tensors):
+        flat = torch.cat([t.reshape(-1) for t in chunk])
+        bad = torch.isfinite(flat).logical_not_().to(torch.float32)
+        out += torch._foreach_norm(bad.split([t.numel() for t in chunk]), 1, dtype=F64)
     return out
 
 
-def _chunks(tensors):
+def chunks(tensors):
     chunk, size = [], 0
     for t in tensors:
         nbytes = t.numel() * t.element_size()
@@ -99,23 +111,31 @@ def max_abs(tensors):
     return torch.stack(found).to(F64)
 
 
-def unit_nonzeros(tensors, specs, sparse):
+def unit_nonzeros(tensors, specs, sparse, constants):
     """float64 ``[units]``: nonzero elements of each unit of each gradient, in parameter order.
 
-    Gradients whose units are single elements (vectors: biases, norms'
-    affine parameters) are compared with 0 together, one kernel for all;
-    every other gradient takes one ``count_nonzero``. A sparse gradient's
-    coalesced values are rows of the whole: a unit over the last axis counts
-    them as they are, any other unit needs the dense gradient (made here, at
-    a written step).
+    Units that are contiguous runs of a gradient (outputs first: every
+    ``Linear``, ``ConvNd`` and vector) are counted together: the gradients
+    laid out flat, compared with 0, and each run summed by one
+    ``segment_reduce`` (a unit has fewer than 2**24 elements, exact in
+    float32). Every other gradient takes one ``count_nonzero``. A sparse
+    gradient's coalesced values are rows of the whole: a unit over the last
+    axis counts them as they are, any other unit needs the dense gradient
+    (made here, at a written step).
     """
-    single = [i for i, s in enumerate(specs) if s.view[1:] == (1,) and sparse[i] is None]
+    runs = [i for i, s in enumerate(specs) if s.dims == (1,) and len(s.view) == 2 and sparse[i] is None]
     pieces = [None] * len(tensors)
-    if single:
-        flags = torch.cat([tensors[i].reshape(-1) for i in single]) != 0
+    if runs:
+        device = tensors[runs[0]].device
+        layout = tuple((specs[i].units, specs[i].view[1]) for i in runs)
+        lengths = constants.get(
+            ("unit_lengths", layout), device, lambda: torch.tensor([per for units, per in layout for _ in range(units)])
+        )
+        flags = (torch.cat([tensors[i].reshape(-1) for i in runs]) != 0).to(torch.float32)
+        counts = torch.segment_reduce(flags, "sum", lengths=lengths, unsafe=True)
         at = 0
-        for i in single:
-            pieces[i] = flags[at : at + specs[i].units]
+        for i in runs:
+            pieces[i] = counts[at : at + specs[i].units]
             at += specs[i].units
     for i, (t, spec, rows) in enumerate(zip(tensors, specs, sparse)):
         if pieces[i] is not None:
@@ -145,7 +165,7 @@ def extras(tensors, specs, constants, sparse=None):
     but no elements (a Linear with no inputs) is dead, as TensorFlow counts it.
     """
     sparse = sparse or [None] * len(tensors)
-    counts = unit_nonzeros(tensors, specs, sparse)
+    counts = unit_nonzeros(tensors, specs, sparse, constants)
     units = tuple(s.units for s in specs)
     owner = constants.get(
         ("unit_owner", units),
