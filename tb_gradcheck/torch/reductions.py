@@ -180,18 +180,31 @@ class Constants:
     """Small index tensors made on the host once and kept on each device.
 
     A host-to-device copy of pageable memory makes the host wait for the
-    device, so nothing between writes may make one: every index a step
+    device, so no step between writes may make one: every index a step
     needs is built here once and reused.
     """
 
     def __init__(self):
         self._held = {}
+        self._sources = []  # pinned host copies of what was sent to a GPU
 
     def get(self, key, device, make):
-        """The tensor ``make()`` (built on the host) on ``device``, made at the first call for ``key``."""
+        """The tensor ``make()`` (built on the host) on ``device``, made at the first call for ``key``.
+
+        On a GPU the first call copies from pinned memory without waiting
+        (the pinned source is kept with it until the writer goes), so even
+        a new index made between writes does not synchronise the host.
+        """
         held = self._held.get((key, str(device)))
         if held is None:
-            held = self._held[(key, str(device))] = make().to(device)
+            host = make()
+            if device.type == "cuda":
+                host = host.pin_memory()
+                self._sources.append(host)
+                held = host.to(device, non_blocking=True)
+            else:
+                held = host.to(device)
+            self._held[(key, str(device))] = held
         return held
 
 
