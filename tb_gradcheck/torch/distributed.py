@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from tb_gradcheck.torch import modules
+from tb_gradcheck.torch import reductions
 from tb_gradcheck.torch import window
 
 F64 = torch.float64
@@ -91,7 +92,7 @@ class Group:
     def weight_norms(self, params, device):
         """float64 ``[V]`` norms of this rank's part of each parameter (partial until ``reduce``)."""
         locals_ = [self.local(p).detach() for p in params]
-        return torch.stack(torch._foreach_norm(locals_, 2, dtype=F64)).to(device)
+        return torch.stack(reductions.norms(locals_)).to(device)
 
     # -- collectives ---------------------------------------------------------------
 

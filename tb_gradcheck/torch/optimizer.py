@@ -82,7 +82,7 @@ class Follower:
         after = [group.local(p).detach() for p in writer._rows.params]
         squares = []
         for a, b in _pairs(after, self._snapshot):
-            squares += torch._foreach_norm(torch._foreach_sub(a, b), 2, dtype=F64)
+            squares += reductions.norms(torch._foreach_sub(a, b))
         self._snapshot = None
         writer._pending.pack.add("update", torch.stack(squares) ** 2)
         writer._emit()
@@ -164,7 +164,7 @@ def clip(writer, rows, max_norm, norm_type, error_if_nonfinite, foreach):
     grads = [group.local(params[i].grad) for i in where]
     dense = [reductions.values(g) for g in grads]
     device = dense[0].device
-    squares = torch.stack(torch._foreach_norm(dense, 2, dtype=F64)) ** 2
+    squares = torch.stack(reductions.norms(dense)) ** 2
     squares = group.sum_shards(squares)  # whole-parameter squares when sharded (one all-reduce)
     norms = torch.sqrt(squares)
     if group.computes:

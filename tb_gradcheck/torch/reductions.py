@@ -54,13 +54,13 @@ def step_norms(tensors, out):
     which the CPU does several times faster than the fused float64 kernel.
     """
     if tensors[0].device.type == "cpu":
-        torch.stack([torch.linalg.vector_norm(t, dtype=F64) for t in tensors], out=out[0])
+        torch.stack(norms(tensors), out=out[0])
         out[1].zero_()
         bad = (~torch.isfinite(out[0])).nonzero().flatten().tolist()
         if bad:
             out[1].index_copy_(0, torch.tensor(bad), nonfinite_counts([tensors[i] for i in bad]))
         return out
-    torch.stack(torch._foreach_norm(tensors, 2, dtype=F64), out=out[0])
+    torch.stack(norms(tensors), out=out[0])
     torch.stack(_nonfinite(tensors), out=out[1])
     return out
 
@@ -100,10 +100,22 @@ def chunks(tensors):
         yield chunk
 
 
+def norms(tensors, order=2, dtype=F64):
+    """Per tensor, its ``order``-norm as a 0-d tensor: fused on a GPU, one tensor at a time on a CPU.
+
+    PyTorch's fused multi-tensor norm runs a slow per-tensor loop on a CPU
+    (several times the plain norm's time, and float64 accumulation makes it
+    worse), so there each tensor gets ``linalg.vector_norm``.
+    """
+    if tensors and tensors[0].device.type == "cpu":
+        return [torch.linalg.vector_norm(t, order, dtype=dtype) for t in tensors]
+    return list(torch._foreach_norm(tensors, order, dtype=dtype))
+
+
 def max_abs(tensors):
     """float64 ``[n]``: the largest |element| of each tensor (0 for an empty one; NaN if it has a NaN)."""
     nonempty = [t for t in tensors if t.numel()]
-    found = torch._foreach_norm(nonempty, float("inf")) if nonempty else []
+    found = norms(nonempty, float("inf"), None) if nonempty else []
     if len(nonempty) < len(tensors):
         found = iter(found)
         zero = torch.zeros((), dtype=tensors[0].dtype, device=tensors[0].device)
