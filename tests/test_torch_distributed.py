@@ -26,7 +26,10 @@ RTOL = 2e-5
 
 
 def _run(mode, logdir):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    # One intra-op thread per process: two processes of tiny models on a shared 2-core machine.
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1"
+    )
     out = subprocess.run(
         [sys.executable, str(JOB), mode, str(logdir), str(free_port())],
         capture_output=True,

@@ -20,7 +20,7 @@ HAS_CHECK = importlib.util.find_spec("tb_gradcheck.torch.check") is not None
 
 
 def _run(args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")  # tiny models, a shared 2-core machine
     out = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out.stdout

@@ -18,6 +18,10 @@ RTOL = 1e-6  # float32 storage of float64 statistics
 MISSING = -1.0
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
+# One intra-op thread: these models are tiny, and on a shared 2-core machine PyTorch's thread pool made
+# each step tens of times slower than one thread.
+torch.set_num_threads(1)
+
 
 def _mlp(seed=0):
     torch.manual_seed(seed)

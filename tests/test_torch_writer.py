@@ -22,6 +22,10 @@ RTOL = 1e-6
 # The gradients' own device: a GPU where there is one (the reductions run there).
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
+# One intra-op thread: these models are tiny, and on a shared 2-core machine PyTorch's thread pool made
+# each step tens of times slower than one thread.
+torch.set_num_threads(1)
+
 
 class Zoo(nn.Module):
     """One of each module kind whose units the writer knows, registered out of forward order."""
