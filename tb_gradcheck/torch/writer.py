@@ -105,6 +105,11 @@ class GradientWriter:
         self.every_n_steps = int(every_n_steps)
         self._model = modules.unwrap(model)
         self._group = distributed.Group(self._model)
+        if scaler is not None and self._group.sharded:
+            raise ValueError(
+                "Expected no `scaler` with sharded (FSDP2 / DTensor) parameters: the steps it refuses are not "
+                "counted across shards yet. Received: a GradScaler and DTensor parameters"
+            )
         self._log = eventlog.EventLog(logdir, sink=sink)
         self._order = modules.Order(self._model)
         self._rows = None  # modules.Parameters, at the first write
