@@ -14,8 +14,9 @@ _LAZY = {
     "check_gradients": ("tb_gradcheck.checks", "check_gradients"),
 }
 # Submodules reachable as attributes without an import of their own
-# (``tb_gradcheck.keras.GradientCallback``); each imports TensorFlow.
-_SUBMODULES = ("keras",)
+# (``tb_gradcheck.keras.GradientCallback``, ``tb_gradcheck.torch.GradientWriter``);
+# keras imports TensorFlow, torch imports PyTorch when one of its names is used.
+_SUBMODULES = ("keras", "torch")
 
 __all__ = sorted(_LAZY)
 

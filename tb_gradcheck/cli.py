@@ -38,6 +38,12 @@ def main(argv=None):
     demo.add_argument("--port", type=_port, default=6006, help="TensorBoard port (default 6006)")
     demo.add_argument("--host", default="localhost", help="TensorBoard host (default localhost)")
     demo.add_argument("--no-serve", action="store_true", help="write the runs and exit without starting TensorBoard")
+    demo.add_argument(
+        "--framework",
+        choices=("auto", "tensorflow", "torch"),
+        default="auto",
+        help="train with TensorFlow or PyTorch (default: TensorFlow if installed, else PyTorch)",
+    )
     demo.set_defaults(func=_demo)
 
     report = sub.add_parser("report", help="print findings (vanishing, exploding, dead, non-finite, check failures)")
@@ -247,7 +253,8 @@ def _demo(args):
         _check_port(args.host, args.port)
     logdir = args.logdir or tempfile.mkdtemp(prefix="tb_gradcheck_demo_")
     started = time.time()
-    runs = demo.write_runs(logdir, steps=args.steps)
+    framework = demo.framework() if args.framework == "auto" else args.framework
+    runs = demo.write_runs(logdir, steps=args.steps, framework=framework)
     print(
         f"Wrote {len(runs)} runs to {logdir} in {time.time() - started:.1f} s: {', '.join(os.path.basename(r) for r in runs)}"
     )

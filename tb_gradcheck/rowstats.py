@@ -197,19 +197,25 @@ def _dead_fractions(dead, where, structure):
             "Expected one dead flag per unit of the present parameters. "
             f"Received: {len(dead)} flags for {int(units.sum())} units"
         )
-    starts = np.concatenate([[0], np.cumsum(units)])
-    dead_v = np.array([dead[s:e].mean() if e > s else 0.0 for s, e in zip(starts[:-1], starts[1:])])
+    starts = np.concatenate([[0], np.cumsum(units)]).astype(int)
+    # Whole arrays, not a NumPy call per parameter: this runs at every written step.
+    cumulative = np.concatenate([[0], np.cumsum(dead, dtype=np.int64)])
+    dead_v = np.where(units > 0, (cumulative[starts[1:]] - cumulative[starts[:-1]]) / np.maximum(units, 1), 0.0)
     # A layer's unit j is dead when it is dead in every present parameter of
     # the layer with the layer's unit count; a layer none of whose present
     # parameters has that count has no fraction.
-    all_dead = [np.ones(u, bool) for u in structure.layer_units]
-    covered = np.zeros(n_layer, bool)
-    for k, i in enumerate(where):
-        layer = structure.layer_of[i]
-        if units[k] == structure.layer_units[layer]:
-            all_dead[layer] &= dead[starts[k] : starts[k + 1]]
-            covered[layer] = True
-    dead_l = np.array([d.mean() if len(d) else 0.0 for d in all_dead])
+    layer_of = np.asarray(structure.layer_of)[np.asarray(where, int)]
+    layer_units = np.asarray(structure.layer_units, int)
+    match = units == layer_units[layer_of] if len(where) else np.zeros(0, bool)
+    offsets = np.concatenate([[0], np.cumsum(layer_units)]).astype(int)
+    slots = np.concatenate([offsets[layer] + np.arange(u) for layer, u in zip(layer_of[match], units[match])] or [[]])
+    flags = np.concatenate([dead[s:e] for s, e in zip(starts[:-1][match], starts[1:][match])] or [[]])
+    total = int(offsets[-1])
+    alive = np.bincount(slots.astype(int), ~flags.astype(bool), minlength=total)
+    all_dead = alive == 0  # in every matching parameter; a layer with none is blanked below
+    slot_layer = np.repeat(np.arange(n_layer), layer_units)
+    dead_l = np.bincount(slot_layer, all_dead, n_layer) / np.maximum(layer_units, 1)
+    covered = np.bincount(layer_of[match], minlength=n_layer) > 0
     return dead_v, np.where(covered, dead_l, MISSING)
 
 

@@ -50,15 +50,16 @@ def init(full, n_rows):
 
 
 def step_columns(xp, norm_v, nonfinite_v, present, layer_matrix, layer_present):
-    """``[L + V, 3]``: one step's ``WINDOW_COLUMNS``, layers first, MISSING in rows without a gradient.
+    """``[..., L + V, 3]``: one step's ``WINDOW_COLUMNS``, layers first, MISSING in rows without a gradient.
 
     Args:
       xp: The array module (numpy, torch, jax.numpy).
-      norm_v: ``[V]`` gradient norms (any value where absent).
-      nonfinite_v: ``[V]`` non-finite element counts (likewise).
-      present: bool ``[V]`` array: the parameter has a gradient.
+      norm_v: ``[..., V]`` gradient norms (any value where absent); leading
+        axes are steps (``add_steps`` takes several at once).
+      nonfinite_v: ``[..., V]`` non-finite element counts (likewise).
+      present: bool ``[..., V]`` array: the parameter has a gradient.
       layer_matrix: bool ``[L, V]`` array (``Structure.layer_matrix``).
-      layer_present: bool ``[L]`` array: some parameter of the layer has one.
+      layer_present: bool ``[..., L]`` array: some parameter of the layer has one.
 
     A layer's norm is ``sqrt`` of its parameters' squared norms summed in the
     arrays' dtype: give float64 norms where the device has float64 (float32
@@ -67,13 +68,13 @@ def step_columns(xp, norm_v, nonfinite_v, present, layer_matrix, layer_present):
     zero = xp.where(present, norm_v, 0.0) * 0.0  # a zero of the arrays' dtype and device
     norm_v = xp.where(present, norm_v, zero)
     nonfinite_v = xp.where(present, nonfinite_v, zero)
-    norm_l = xp.sqrt(xp.sum(xp.where(layer_matrix, (norm_v * norm_v)[None, :], 0.0), axis=1))
-    nonfinite_l = xp.sum(xp.where(layer_matrix, nonfinite_v[None, :], 0.0), axis=1)
-    norm = xp.concatenate([norm_l, norm_v])
-    nonfinite = xp.concatenate([nonfinite_l, nonfinite_v])
-    here = xp.concatenate([layer_present, present])
-    out = xp.stack([norm, nonfinite, xp.where(xp.isfinite(norm), norm, MISSING)], axis=1)
-    return xp.where(here[:, None], out, MISSING)
+    norm_l = xp.sqrt(xp.sum(xp.where(layer_matrix, (norm_v * norm_v)[..., None, :], 0.0), axis=-1))
+    nonfinite_l = xp.sum(xp.where(layer_matrix, nonfinite_v[..., None, :], 0.0), axis=-1)
+    norm = xp.concatenate([norm_l, norm_v], axis=-1)
+    nonfinite = xp.concatenate([nonfinite_l, nonfinite_v], axis=-1)
+    here = xp.concatenate([layer_present, present], axis=-1)
+    out = xp.stack([norm, nonfinite, xp.where(xp.isfinite(norm), norm, MISSING)], axis=-1)
+    return xp.where(here[..., None], out, MISSING)
 
 
 def add(xp, state, x):
@@ -88,6 +89,29 @@ def add(xp, state, x):
         count=state.count + xp.where(here, 1.0, 0.0),
         first_nonfinite=xp.where(bad & (state.first_nonfinite < 0), state.steps, state.first_nonfinite),
         steps=state.steps + 1.0,
+    )
+
+
+def add_steps(xp, state, xs):
+    """``state`` with several steps' ``step_columns`` ``xs`` ``[S, R, 3]`` added, oldest first.
+
+    The same state as ``add`` once per step, in a fixed number of array
+    operations whatever ``S``: a device adapter keeps each step's columns
+    (a store or two per step) and adds them every few steps at once.
+    """
+    here = xs != MISSING  # NaN != MISSING: NaN is data
+    bad = xs[..., 1] > 0  # [S, R]; MISSING (-1) is not
+    seen_bad = xp.any(bad, axis=0)
+    first = xp.argmax(bad * 1.0, axis=0) * 1.0 + state.steps  # the first True along the steps
+    return State(
+        last=xs[-1],
+        sum=state.sum + xp.sum(xp.where(here, xs, 0.0), axis=0),
+        # NaN propagates through amax and maximum; -inf where absent changes nothing.
+        max=xp.maximum(state.max, xp.amax(xp.where(here, xs, -float("inf")), axis=0)),
+        min=xp.minimum(state.min, xp.amin(xp.where(here, xs, float("inf")), axis=0)),
+        count=state.count + xp.sum(xp.where(here, 1.0, 0.0), axis=0),
+        first_nonfinite=xp.where(seen_bad & (state.first_nonfinite < 0), first, state.first_nonfinite),
+        steps=state.steps + xs.shape[0] * 1.0,
     )
 
 

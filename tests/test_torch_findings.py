@@ -21,6 +21,10 @@ from torch import nn
 
 from tb_gradcheck.torch import GradientWriter
 
+# One intra-op thread: these models are tiny, and on a shared 2-core machine PyTorch's thread pool made
+# each step tens of times slower than one thread.
+torch.set_num_threads(1)
+
 
 def _mlp(widths, activation, init, features=16):
     layers = collections.OrderedDict()

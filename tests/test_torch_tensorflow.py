@@ -25,6 +25,9 @@ STEPS = 6
 RTOL = 2e-5
 METRICS = ("grad_norm", "grad_max_abs", "grad_zero_fraction", "dead_unit_fraction", "weight_norm", "update_norm")
 WIDTHS = (8, 16, 16, 1)
+# One intra-op thread: these models are tiny, and on a shared 2-core machine PyTorch's thread pool made
+# each step tens of times slower than one thread.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

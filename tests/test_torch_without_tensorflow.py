@@ -47,6 +47,7 @@ TRAIN = textwrap.dedent(
 
 
 def _python(code, *args, env=None, cwd=None, python=sys.executable):
+    env = dict(env or os.environ, OMP_NUM_THREADS="1")  # a tiny model on a shared 2-core machine
     out = subprocess.run(
         [python, "-c", code, *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
     )

@@ -22,6 +22,10 @@ RTOL = 1e-6
 # The gradients' own device: a GPU where there is one (the reductions run there).
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
+# One intra-op thread: these models are tiny, and on a shared 2-core machine PyTorch's thread pool made
+# each step tens of times slower than one thread.
+torch.set_num_threads(1)
+
 
 class Zoo(nn.Module):
     """One of each module kind whose units the writer knows, registered out of forward order."""
@@ -274,7 +278,9 @@ def test_compiled_model_writes_the_same_numbers_as_eager(tmp_path):
         writer = GradientWriter(tmp_path / run, model)
         for step in range(3):
             model.zero_grad()
-            model(x).pow(2).sum().backward()
+            # The writer's forward hooks (kept on a compiled model) never make dynamo recompile it.
+            with torch._dynamo.config.patch(error_on_recompile=step > 0):
+                model(x).pow(2).sum().backward()
             writer.write(step)
         writer.close()
     _, a, content = _rows(tmp_path / "eager", "layer")
@@ -415,3 +421,23 @@ def test_no_host_synchronisation_at_steps_that_are_not_written(tmp_path):
         scaler.update()
     writer.close()
     assert [s for s, _, _ in read_events(tmp_path, "stats")] == [0, 5, 10, 11]
+
+
+def test_write_check_writes_the_reports_rows_as_the_tab_reads_them(tmp_path):
+    from tb_gradcheck import check_report
+
+    def row(name, granularity, status, error):
+        return check_report.CheckRow(name, granularity, 4, 1.0, 1.0 + error, error, 1e-6, status, "", ())
+
+    layers = (row("0", "layer", "ok", 1e-7), row("2", "layer", "mismatch", 0.05))
+    variables = tuple(row(n, "variable", s, e) for n, s, e in (("0.weight", "ok", 0.0), ("2.weight", "mismatch", 0.05)))
+    report = check_report.GradientCheckReport(layers, variables, 0.5, 1e-8, "float64", 7, 3, 0.01, 10, False)
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    with GradientWriter(tmp_path, model) as writer:
+        writer.write_check(report, 12)
+    ((step, layer, _),) = read_events(tmp_path, "check", "layer")
+    ((_, variable, _),) = read_events(tmp_path, "check", "variable")
+    status = metadata.CHECK_COLUMNS.index("status")
+    assert step == 12 and layer.shape == (2, len(metadata.CHECK_COLUMNS))
+    assert list(layer[:, status]) == [0.0, 2.0] and list(variable[:, status]) == [0.0, 2.0]
+    assert layer[1, metadata.CHECK_COLUMNS.index("relative_error")] == pytest.approx(0.05)

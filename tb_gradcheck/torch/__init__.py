@@ -1,9 +1,11 @@
-"""tb_gradcheck for PyTorch: the Gradients tab's statistics and the gradient check from a torch training loop.
+"""tb_gradcheck for PyTorch: per-layer gradient statistics and the gradient check for ``torch.nn.Module``s.
 
-Needs torch, tensorboard and numpy; never TensorFlow. What it stores is the
-TensorFlow writer's format (``docs/stored_format.md``), so the plugin, the
-tab, ``tb-gradcheck report`` and ``export`` read PyTorch runs as they read
-TensorFlow's, and runs of both sit in one logdir.
+``GradientWriter`` writes the Gradients tab's statistics from a torch
+training loop; ``check_gradients`` checks a model's gradient per layer.
+Both need torch, tensorboard and numpy, never TensorFlow. What the writer
+stores is the TensorFlow writer's format (``docs/stored_format.md``), so
+the plugin, the tab, ``tb-gradcheck report`` and ``export`` read PyTorch
+runs as they read TensorFlow's, and runs of both sit in one logdir:
 
     writer = tb_gradcheck.torch.GradientWriter("logs/run1", model, optimizer=optimizer)
     for step, (x, y) in enumerate(loader):
@@ -16,21 +18,22 @@ TensorFlow's, and runs of both sit in one logdir.
             report = tb_gradcheck.torch.check_gradients(batch_loss, model, (x, y), seed=step)
             writer.write_check(report, step)
     writer.close()
+
+Imported lazily, like the package itself: ``import tb_gradcheck.torch`` does
+not import torch until one of these is used.
 """
 
-from tb_gradcheck.torch.writer import GradientWriter
-
 _LAZY = {
+    "GradientWriter": ("tb_gradcheck.torch.writer", "GradientWriter"),
     "check_gradients": ("tb_gradcheck.torch.check", "check_gradients"),
     "float64_twin": ("tb_gradcheck.torch.check", "float64_twin"),
     "GradientCheckReport": ("tb_gradcheck.check_report", "GradientCheckReport"),
 }
 
-__all__ = ["GradientWriter", *sorted(_LAZY)]
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name):
-    # The check's modules are imported on first use.
     import importlib
 
     if name in _LAZY:

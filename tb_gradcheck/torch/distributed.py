@@ -21,17 +21,24 @@ import numpy as np
 import torch
 
 from tb_gradcheck.torch import modules
+from tb_gradcheck.torch import reductions
 from tb_gradcheck.torch import window
 
 F64 = torch.float64
 
 
+_DTENSOR = []
+
+
 def _dtensor_class():
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch built without distributed
-        return None
-    return DTensor
+    """``DTensor``, or None in a torch built without distributed (looked up once)."""
+    if not _DTENSOR:
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:
+            DTensor = None
+        _DTENSOR.append(DTensor)
+    return _DTENSOR[0]
 
 
 def rank():
@@ -85,7 +92,7 @@ class Group:
     def weight_norms(self, params, device):
         """float64 ``[V]`` norms of this rank's part of each parameter (partial until ``reduce``)."""
         locals_ = [self.local(p).detach() for p in params]
-        return torch.stack(torch._foreach_norm(locals_, 2, dtype=F64)).to(device)
+        return torch.stack(reductions.norms(locals_)).to(device)
 
     # -- collectives ---------------------------------------------------------------
 
@@ -156,8 +163,6 @@ class Group:
         if "max_abs" in out:
             slots = out["max_abs"].reshape(world, -1)
             out["max_abs"] = np.where(np.isnan(slots).any(axis=0), np.nan, slots.max(axis=0))
-        if "held" in out:
-            out["held"] = out["held"].reshape(-1, 2, out["held"].size // max(len(out["held"]), 1) // 2)
         return out
 
     def _global_units(self, counts, where, device):

@@ -70,7 +70,8 @@ class Follower:
         if writer._pending is None:
             return
         group = writer._group
-        self._snapshot = [group.local(p).detach().clone() for p in writer._rows.params]
+        with torch.no_grad():  # one fused copy of every weight
+            self._snapshot = torch._foreach_mul([group.local(p).detach() for p in writer._rows.params], 1.0)
 
     def _after(self, optimizer, args, kwargs):
         writer = self._writer
@@ -81,7 +82,7 @@ class Follower:
         after = [group.local(p).detach() for p in writer._rows.params]
         squares = []
         for a, b in _pairs(after, self._snapshot):
-            squares += torch._foreach_norm(torch._foreach_sub(a, b), 2, dtype=F64)
+            squares += reductions.norms(torch._foreach_sub(a, b))
         self._snapshot = None
         writer._pending.pack.add("update", torch.stack(squares) ** 2)
         writer._emit()
@@ -90,7 +91,7 @@ class Follower:
 def _pairs(after, before):
     """``after`` and ``before`` in chunks whose differences stay under ``reductions.CHUNK_BYTES``."""
     at = 0
-    for chunk in reductions._chunks(after):
+    for chunk in reductions.chunks(after):
         yield chunk, before[at : at + len(chunk)]
         at += len(chunk)
 
@@ -163,7 +164,7 @@ def clip(writer, rows, max_norm, norm_type, error_if_nonfinite, foreach):
     grads = [group.local(params[i].grad) for i in where]
     dense = [reductions.values(g) for g in grads]
     device = dense[0].device
-    squares = torch.stack(torch._foreach_norm(dense, 2, dtype=F64)) ** 2
+    squares = torch.stack(reductions.norms(dense)) ** 2
     squares = group.sum_shards(squares)  # whole-parameter squares when sharded (one all-reduce)
     norms = torch.sqrt(squares)
     if group.computes:

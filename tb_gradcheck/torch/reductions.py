@@ -8,14 +8,16 @@ synchronisation:
   dtype=torch.float64)``, one fused multi-tensor kernel on a GPU that
   accumulates in float64, so a gradient of 1e-30s is not rounded to 0 and
   one of 1e30s does not overflow;
-- non-finite elements: ``g * 0`` is 0 where ``g`` is finite and NaN where it
-  is NaN or Inf, and the "0-norm" (``_foreach_norm(..., 0)``) counts the
-  nonzero elements. The products are temporaries, made a bounded chunk of
-  gradients at a time (``CHUNK_BYTES``), so they never hold more than that;
+- non-finite elements: ``isfinite`` over the gradients laid out flat, and
+  the fused 1-norm of each gradient's flags (``_nonfinite``); the flat copy
+  and the flags are temporaries, made a bounded chunk of gradients at a
+  time (``CHUNK_BYTES``), so they never hold more than that;
 - max |g|: the inf-norm (NaN propagates);
-- per unit, the nonzero elements (``torch.count_nonzero`` over the axes
-  that are not the unit's, ``modules.UnitSpec``): a unit is dead when it
-  has none (NaN is nonzero), and a parameter's nonzero count is their sum.
+- per unit, the nonzero elements (``unit_nonzeros``: a ``segment_reduce``
+  over the units that are runs of the flat gradients, ``count_nonzero``
+  over the axes that are not the unit's for the rest, ``modules.UnitSpec``):
+  a unit is dead when it has none (NaN is nonzero), and a parameter's
+  nonzero count is their sum.
 
 A window's step needs only the first two (``step_norms``); a written step
 all of them (``full``). ``Pack`` gathers what a written step sends to the
@@ -31,8 +33,8 @@ import numpy as np
 import torch
 
 F64 = torch.float64
-# Largest total size of the temporaries of one non-finite count pass.
-CHUNK_BYTES = 64 << 20
+# Largest total size of the gradients laid out flat at once (their copy and flags are temporaries).
+CHUNK_BYTES = 256 << 20
 
 
 def values(grad):
@@ -42,23 +44,50 @@ def values(grad):
     return grad
 
 
-def step_norms(tensors):
-    """float64 ``[n]`` L2 norms and ``[n]`` non-finite counts of ``tensors`` (dense), on their device."""
-    if not tensors:
-        return None, None
-    norms = torch.stack(torch._foreach_norm(tensors, 2, dtype=F64))
-    return norms, nonfinite_counts(tensors)
+def step_norms(tensors, out):
+    """Writes float64 L2 norms to ``out[0]`` and non-finite counts to ``out[1]`` (``out`` ``[2, n]``).
+
+    On a GPU both are fused multi-tensor kernels, a few launches for all the
+    gradients. On a CPU there is no device to wait for, so the counts are
+    taken only for the gradients whose norm is not finite (a finite sum of
+    squares proves there are none), and the norms one tensor at a time,
+    which the CPU does several times faster than the fused float64 kernel.
+    """
+    if tensors[0].device.type == "cpu":
+        torch.stack(norms(tensors), out=out[0])
+        out[1].zero_()
+        bad = (~torch.isfinite(out[0])).nonzero().flatten().tolist()
+        if bad:
+            out[1].index_copy_(0, torch.tensor(bad), nonfinite_counts([tensors[i] for i in bad]))
+        return out
+    torch.stack(norms(tensors), out=out[0])
+    torch.stack(_nonfinite(tensors), out=out[1])
+    return out
 
 
 def nonfinite_counts(tensors):
     """float64 ``[n]``: NaN and Inf elements of each tensor (see the module docstring)."""
+    return torch.stack(_nonfinite(tensors))
+
+
+def _nonfinite(tensors):
+    """Per tensor, a float64 0-d count of its NaN and Inf elements, in a handful of kernels for all of them.
+
+    There is no fused per-tensor count, and one ``count`` kernel per
+    tensor is what made the window's steps cost milliseconds on a GPU. So a
+    bounded chunk of the gradients is laid out flat (one copy), flagged
+    (``isfinite``), and the flags of each tensor summed by the fused
+    multi-tensor 1-norm over views of the flat flags, accumulated in float64.
+    """
     out = []
-    for chunk in _chunks(tensors):
-        out += torch._foreach_norm(torch._foreach_mul(chunk, 0.0), 0, dtype=F64)
-    return torch.stack(out)
+    for chunk in chunks(tensors):
+        flat = torch.cat([t.reshape(-1) for t in chunk])
+        bad = torch.isfinite(flat).logical_not_().to(torch.float32)
+        out += torch._foreach_norm(bad.split([t.numel() for t in chunk]), 1, dtype=F64)
+    return out
 
 
-def _chunks(tensors):
+def chunks(tensors):
     chunk, size = [], 0
     for t in tensors:
         nbytes = t.numel() * t.element_size()
@@ -71,32 +100,72 @@ def _chunks(tensors):
         yield chunk
 
 
+def norms(tensors, order=2, dtype=F64):
+    """Per tensor, its ``order``-norm as a 0-d tensor: fused on a GPU, one tensor at a time on a CPU.
+
+    PyTorch's fused multi-tensor norm runs a slow per-tensor loop on a CPU
+    (several times the plain norm's time, and float64 accumulation makes it
+    worse), so there each tensor gets ``linalg.vector_norm``.
+    """
+    if tensors and tensors[0].device.type == "cpu":
+        return [torch.linalg.vector_norm(t, order, dtype=dtype) for t in tensors]
+    return list(torch._foreach_norm(tensors, order, dtype=dtype))
+
+
 def max_abs(tensors):
     """float64 ``[n]``: the largest |element| of each tensor (0 for an empty one; NaN if it has a NaN)."""
     nonempty = [t for t in tensors if t.numel()]
-    found = iter(torch._foreach_norm(nonempty, float("inf")) if nonempty else ())
-    zero = torch.zeros((), dtype=F64, device=tensors[0].device)
-    return torch.stack([next(found).to(F64) if t.numel() else zero for t in tensors])
+    found = norms(nonempty, float("inf"), None) if nonempty else []
+    if len(nonempty) < len(tensors):
+        found = iter(found)
+        zero = torch.zeros((), dtype=tensors[0].dtype, device=tensors[0].device)
+        found = [next(found) if t.numel() else zero for t in tensors]
+    return torch.stack(found).to(F64)
 
 
-def unit_nonzeros(tensor, spec, sparse_rows=None):
-    """int64 ``[spec.units]``: nonzero elements of each unit of one gradient (dense, or sparse values).
+def unit_nonzeros(tensors, specs, sparse, constants):
+    """float64 ``[units]``: nonzero elements of each unit of each gradient, in parameter order.
 
-    ``sparse_rows``: for a sparse gradient, the coalesced values ``tensor``
-    are rows of the whole; a unit over the last axis counts them as they are,
-    any other unit needs the dense gradient (made here, at a written step).
+    Units that are contiguous runs of a gradient (outputs first: every
+    ``Linear``, ``ConvNd`` and vector) are counted together: the gradients
+    laid out flat, compared with 0, and each run summed by one
+    ``segment_reduce`` (a unit has fewer than 2**24 elements, exact in
+    float32). Every other gradient takes one ``count_nonzero``. A sparse
+    gradient's coalesced values are rows of the whole: a unit over the last
+    axis counts them as they are, any other unit needs the dense gradient
+    (made here, at a written step).
     """
-    if sparse_rows is not None:
-        if spec.dims == (0,):
-            return torch.count_nonzero(tensor.reshape(-1, spec.units), dim=0)
-        tensor = sparse_rows.to_dense()
-    if tensor.numel() == 0:
-        return torch.zeros(spec.units, dtype=torch.int64, device=tensor.device)
-    return torch.count_nonzero(tensor.reshape(spec.view), dim=spec.dims).reshape(-1)
+    runs = [i for i, s in enumerate(specs) if s.dims == (1,) and len(s.view) == 2 and sparse[i] is None]
+    pieces = [None] * len(tensors)
+    if runs:
+        device = tensors[runs[0]].device
+        layout = tuple((specs[i].units, specs[i].view[1]) for i in runs)
+        lengths = constants.get(
+            ("unit_lengths", layout), device, lambda: torch.tensor([per for units, per in layout for _ in range(units)])
+        )
+        flags = (torch.cat([tensors[i].reshape(-1) for i in runs]) != 0).to(torch.float32)
+        counts = torch.segment_reduce(flags, "sum", lengths=lengths, unsafe=True)
+        at = 0
+        for i in runs:
+            pieces[i] = counts[at : at + specs[i].units]
+            at += specs[i].units
+    for i, (t, spec, rows) in enumerate(zip(tensors, specs, sparse)):
+        if pieces[i] is not None:
+            continue
+        if rows is not None and spec.dims == (0,):
+            pieces[i] = torch.count_nonzero(t.reshape(-1, spec.units), dim=0)
+            continue
+        if rows is not None:
+            t = rows.to_dense()
+        if t.numel() == 0:
+            pieces[i] = torch.zeros(spec.units, dtype=torch.int64, device=t.device)
+        else:
+            pieces[i] = torch.count_nonzero(t.reshape(spec.view), dim=spec.dims).reshape(-1)
+    return torch.cat(pieces).to(F64)
 
 
-def full(tensors, specs, constants, sparse=None):
-    """Every per-parameter reduction of a written step, on the device.
+def extras(tensors, specs, constants, sparse=None):
+    """The reductions a written step takes besides the norms: ``{"max_abs", "nonzero": [n], "unit_nonzero": [units]}``.
 
     Args:
       tensors: The present gradients (dense, or a sparse one's coalesced values).
@@ -104,48 +173,50 @@ def full(tensors, specs, constants, sparse=None):
       constants: The writer's ``Constants``.
       sparse: Per tensor, the coalesced sparse gradient it came from, or None.
 
-    Returns:
-      ``{"norm", "max_abs", "nonzero", "nonfinite": float64 [n], "unit_nonzero": float64 [units]}``:
-      a unit is dead where its count is 0.
+    A unit is dead where its count is 0; one of a gradient that has units
+    but no elements (a Linear with no inputs) is dead, as TensorFlow counts it.
     """
     sparse = sparse or [None] * len(tensors)
-    norms, nonfinite = step_norms(tensors)
-    per_unit = [unit_nonzeros(t, s, g) for t, s, g in zip(tensors, specs, sparse)]
-    counts = torch.cat(per_unit) if per_unit else torch.zeros(0, dtype=torch.int64)
+    counts = unit_nonzeros(tensors, specs, sparse, constants)
     units = tuple(s.units for s in specs)
     owner = constants.get(
         ("unit_owner", units),
         counts.device,
         lambda: torch.repeat_interleave(torch.arange(len(units)), torch.tensor(units)),
     )
-    nonzero = torch.zeros(len(tensors), dtype=F64, device=counts.device).index_add_(0, owner, counts.to(F64))
-    # A unit of a gradient that is all units and no elements (a Linear with
-    # no inputs) has no nonzero element: dead, as TensorFlow counts it.
-    return {
-        "unit_nonzero": counts.to(F64),
-        "norm": norms,
-        "max_abs": max_abs(tensors),
-        "nonzero": nonzero,
-        "nonfinite": nonfinite,
-    }
+    nonzero = torch.zeros(len(tensors), dtype=F64, device=counts.device).index_add_(0, owner, counts)
+    return {"unit_nonzero": counts, "max_abs": max_abs(tensors), "nonzero": nonzero}
 
 
 class Constants:
     """Small index tensors made on the host once and kept on each device.
 
     A host-to-device copy of pageable memory makes the host wait for the
-    device, so nothing between writes may make one: every index a step
+    device, so no step between writes may make one: every index a step
     needs is built here once and reused.
     """
 
     def __init__(self):
         self._held = {}
+        self._sources = []  # pinned host copies of what was sent to a GPU
 
     def get(self, key, device, make):
-        """The tensor ``make()`` (built on the host) on ``device``, made at the first call for ``key``."""
+        """The tensor ``make()`` (built on the host) on ``device``, made at the first call for ``key``.
+
+        On a GPU the first call copies from pinned memory without waiting
+        (the pinned source is kept with it until the writer goes), so even
+        a new index made between writes does not synchronise the host.
+        """
         held = self._held.get((key, str(device)))
         if held is None:
-            held = self._held[(key, str(device))] = make().to(device)
+            host = make()
+            if device.type == "cuda":
+                host = host.pin_memory()
+                self._sources.append(host)
+                held = host.to(device, non_blocking=True)
+            else:
+                held = host.to(device)
+            self._held[(key, str(device))] = held
         return held
 
 

@@ -1,12 +1,17 @@
 """A window's steps between writes (``every_n_steps > 1``), reduced on the device with nothing read back.
 
-``DeviceWindow`` keeps ``running.State`` on the gradients' device and adds
-each step with ``running.step_columns`` and ``running.add`` (a handful of
-small kernels, no host synchronisation). ``HeldWindow`` is for sharded
-parameters, whose per-step norms are partial sums until their all-reduce:
-it holds each step's partial reductions on the device and reduces them,
-after the one all-reduce of the write, with the same ``running`` functions
-on the host.
+Each step's per-parameter norms and non-finite counts are written straight
+into a row of a history on the device (``slot``: the reductions' own
+output, no copy); every ``HISTORY`` steps, and at the write, the rows are
+added to the window's ``running.State`` at once (``running.step_columns``
+and ``running.add_steps``, a fixed number of small kernels whatever the
+number of steps). So a step between writes costs its reductions and no
+bookkeeping kernel of its own, and the host never waits for the device.
+
+``HeldWindow`` is for sharded parameters, whose per-step values are partial
+sums until the all-reduce of the write: it keeps every step's row until the
+write and reduces them on the host after that one all-reduce, with the same
+``running`` functions.
 """
 
 import numpy as np
@@ -15,10 +20,12 @@ import torch
 from tb_gradcheck import running
 
 F64 = torch.float64
+# Steps held on the device before they are added to the running state.
+HISTORY = 32
 
 
 class DeviceWindow:
-    """The running reductions of the steps since the last write, on the device.
+    """The steps since the last write, on the device.
 
     Args:
       structure: The rows' ``structure.Structure``.
@@ -28,58 +35,85 @@ class DeviceWindow:
     def __init__(self, structure, constants):
         self._structure = structure
         self._constants = constants
+        self._history = None  # float64 [HISTORY, 2, V]: norms and non-finite counts
+        self._held = []  # the present flags of the rows held
         self._state = None
         self.steps = []
 
-    def add(self, norm_v, nonfinite_v, present, step):
-        """Adds one step: float64 ``[V]`` norms and non-finite counts (0 where absent), ``present`` a tuple."""
-        device = norm_v.device
-        structure = self._structure
-        mask = self._constants.get(("present", present), device, lambda: torch.tensor(present))
-        layers = self._constants.get("layer_matrix", device, lambda: torch.from_numpy(structure.layer_matrix()))
-        layer_present = self._constants.get(
-            ("layer_present", present), device, lambda: torch.from_numpy(_layer_present(structure, present))
-        )
+    def slot(self, device):
+        """The ``[2, V]`` row this step's norms and counts go to (``add`` then keeps it)."""
+        if self._history is None:
+            self._history = torch.empty((HISTORY, 2, len(self._structure.variable_names)), dtype=F64, device=device)
+        return self._history[len(self._held)]
+
+    def add(self, present, step):
+        """Keeps the row of ``slot`` as the step ``step`` with parameters ``present`` (a tuple)."""
+        self._held.append(present)
+        self.steps.append(step)
+        if len(self._held) == HISTORY:
+            self._fold()
+
+    def _fold(self):
+        held = len(self._held)
+        if not held:
+            return
+        structure, constants = self._structure, self._constants
+        rows = self._history[:held]
+        device = rows.device
+        layers = constants.get("layer_matrix", device, lambda: torch.from_numpy(structure.layer_matrix()))
+        patterns = sorted(set(self._held))
+        masks = {p: _masks(structure, constants, p, device) for p in patterns}
+        if len(patterns) == 1:
+            mask, layer_mask = masks[patterns[0]]
+            mask, layer_mask = mask.expand(held, -1), layer_mask.expand(held, -1)
+        else:
+            mask = torch.stack([masks[p][0] for p in self._held])
+            layer_mask = torch.stack([masks[p][1] for p in self._held])
         if self._state is None:
             n_rows = len(structure.layer_names) + len(structure.variable_names)
             self._state = running.init(lambda shape, v: torch.full(shape, v, dtype=F64, device=device), n_rows)
-        x = running.step_columns(torch, norm_v, nonfinite_v, mask, layers, layer_present)
-        self._state = running.add(torch, self._state, x)
-        self.steps.append(step)
+        xs = running.step_columns(torch, rows[:, 0], rows[:, 1], mask, layers, layer_mask)
+        self._state = running.add_steps(torch, self._state, xs)
+        self._held = []
 
     def take(self, pack):
-        """Adds the state to ``pack`` and starts a new window; returns the window's steps."""
+        """Adds the window's state to ``pack`` and starts a new window; returns the window's steps."""
+        self._fold()
         for name, value in zip(running.State._fields, self._state):
             pack.add("state/" + name, value)
         steps, self._state, self.steps = self.steps, None, []
         return steps
 
-    @staticmethod
-    def host_state(host, steps):
+    def host_state(self, host, steps):
         """The window's ``running.State`` on the host (``rowstats.window_slabs``' input)."""
         state = running.State(*[host["state/" + name] for name in running.State._fields])
         return running.to_numpy(state, np.asarray, steps)
 
 
 class HeldWindow:
-    """Each step's partial (per-shard) squared norms and non-finite counts, held on the device until the write."""
+    """Each step's partial (per-shard) norms and non-finite counts, held on the device until the write."""
 
     def __init__(self, structure, constants):
         self._structure = structure
-        self._held = []
+        self._rows = []
         self._present = []
+        self._taken = []
         self.steps = []
 
-    def add(self, norm_v, nonfinite_v, present, step):
-        self._held.append(torch.stack([norm_v * norm_v, nonfinite_v]))
+    def slot(self, device):
+        self._rows.append(torch.empty((2, len(self._structure.variable_names)), dtype=F64, device=device))
+        return self._rows[-1]
+
+    def add(self, present, step):
         self._present.append(present)
         self.steps.append(step)
 
     def take(self, pack):
-        pack.add("held", torch.stack(self._held))  # [S, 2, V]; summed over shards by the all-reduce
-        steps, present = self.steps, self._present
-        self._held, self._present, self.steps = [], [], []
-        self._taken = present
+        held = torch.stack(self._rows)
+        held[:, 0] = held[:, 0] * held[:, 0]  # squares: their sum over the shards is the whole's
+        pack.add("held", held)  # [S, 2, V], summed over the shards by the all-reduce
+        steps, self._taken = self.steps, self._present
+        self._rows, self._present, self.steps = [], [], []
         return steps
 
     def host_state(self, host, steps):
@@ -87,14 +121,19 @@ class HeldWindow:
         layers = structure.layer_matrix()
         n_rows = len(structure.layer_names) + len(structure.variable_names)
         state = running.init(lambda shape, v: np.full(shape, v, np.float64), n_rows)
-        for (squares, nonfinite), present in zip(host["held"], self._taken):
-            present = np.array(present)
-            x = running.step_columns(
-                np, np.sqrt(squares), nonfinite, present, layers, _layer_present(structure, present)
-            )
-            state = running.add(np, state, x)
+        present = np.array(self._taken, bool)
+        held = host["held"].reshape(len(self._taken), 2, -1)
+        xs = running.step_columns(np, np.sqrt(held[:, 0]), held[:, 1], present, layers, present @ layers.T > 0)
+        state = running.add_steps(np, state, xs)
         return running.to_numpy(state, np.asarray, steps)
 
 
-def _layer_present(structure, present):
-    return structure.layer_matrix() @ np.asarray(present, bool) > 0
+def _masks(structure, constants, present, device):
+    """bool ``[V]`` present parameters and bool ``[L]`` layers with one, on ``device`` (made once per pattern)."""
+    mask = constants.get(("present", present), device, lambda: torch.tensor(present))
+    layer_mask = constants.get(
+        ("layer_present", present),
+        device,
+        lambda: torch.from_numpy(structure.layer_matrix() @ np.asarray(present, bool) > 0),
+    )
+    return mask, layer_mask

@@ -105,6 +105,11 @@ class GradientWriter:
         self.every_n_steps = int(every_n_steps)
         self._model = modules.unwrap(model)
         self._group = distributed.Group(self._model)
+        if scaler is not None and self._group.sharded:
+            raise ValueError(
+                "Expected no `scaler` with sharded (FSDP2 / DTensor) parameters: the steps it refuses are not "
+                "counted across shards yet. Received: a GradScaler and DTensor parameters"
+            )
         self._log = eventlog.EventLog(logdir, sink=sink)
         self._order = modules.Order(self._model)
         self._rows = None  # modules.Parameters, at the first write
@@ -112,6 +117,7 @@ class GradientWriter:
         self._contents = {}  # layout key -> stats content
         self._last_key = None
         self._window = None  # the steps since the last write (every_n_steps > 1)
+        self._wheres = {}  # present flags -> indices of the present parameters
         self._pending = None  # a written step waiting for its optimizer step
         self._before_clip = None  # per-parameter norms from clip_grad_norm_ this step
         self._follower = None if optimizer is None else optim.Follower(self, optimizer)
@@ -142,41 +148,41 @@ class GradientWriter:
         rows = self._structure()
         grads = [p.grad for p in rows.params]
         present = tuple(g is not None for g in grads)
-        where = [i for i, p in enumerate(present) if p]
         sparse = tuple(g is not None and g.is_sparse for g in grads)
+        where = self._where(present)
         key = (present, sparse, self._optimizer_columns(before_clip))
         self._last_key = key
         due = step % self.every_n_steps == 0
-        coalesced = [self._group.local(grads[i]).coalesce() if sparse[i] else None for i in where]
-        tensors = [c.values() if c is not None else self._group.local(grads[i]) for i, c in zip(where, coalesced)]
+        local = self._group.local
+        coalesced = [local(grads[i]).coalesce() if sparse[i] else None for i in where] if any(sparse) else None
+        if coalesced is not None:
+            tensors = [c.values() if c is not None else local(grads[i]) for i, c in zip(where, coalesced)]
+        elif self._group.sharded:
+            tensors = [local(grads[i]) for i in where]
+        else:
+            tensors = [grads[i] for i in where]
         device = self._device(tensors)
-        full = None
-        if due and where:
-            full = reductions.full(tensors, [self._group.spec(rows, i) for i in where], self._constants, coalesced)
-            norm_p, nonfinite_p = full["norm"], full["nonfinite"]
-        elif where:
-            norm_p, nonfinite_p = reductions.step_norms(tensors)
+        if self.every_n_steps > 1 and self._window is None:
+            self._window = self._group.window(rows.structure, self._constants)
+        columns = self._norms(tensors, where, device)  # [2, V]: norms, non-finite counts
         scale = None if self._scale is None else self._scale.read(device)
-        if scale is not None and where:
+        if scale is not None:
             # The statistics of the gradients the optimizer applies: unscaled.
-            norm_p = norm_p * scale.inverse
-            if full is not None:
-                full["max_abs"] = full["max_abs"] * scale.inverse
-            self._scale.count(nonfinite_p)
-        norm_v = self._spread(norm_p if where else None, where, device)
-        nonfinite_v = self._spread(nonfinite_p if where else None, where, device)
-        if self.every_n_steps > 1:
-            if self._window is None:
-                self._window = self._group.window(rows.structure, self._constants)
-            self._window.add(norm_v, nonfinite_v, present, step)
+            columns[0].mul_(scale.inverse)
+            self._scale.count(columns[1])
+        if self._window is not None:
+            self._window.add(present, step)
         if not due:
             return
         pack = reductions.Pack()
-        if full is not None:
-            for name in ("max_abs", "nonzero", "unit_nonzero"):
-                pack.add(name, full[name])
-        pack.add("norm", norm_v)
-        pack.add("nonfinite", nonfinite_v)
+        if where:
+            extras = reductions.extras(tensors, [self._group.spec(rows, i) for i in where], self._constants, coalesced)
+            if scale is not None:
+                extras["max_abs"] = extras["max_abs"] * scale.inverse
+            for name, value in extras.items():
+                pack.add(name, value)
+        pack.add("norm", columns[0])
+        pack.add("nonfinite", columns[1])
         pack.add("weight", self._group.weight_norms(rows.params, device))
         steps = self._window.take(pack) if self._window is not None else None
         if before_clip is not None:
@@ -280,15 +286,27 @@ class GradientWriter:
             return tensors[0].device
         return self._group.local(self._rows.params[0]).device
 
-    def _spread(self, values, where, device):
-        """float64 ``[V]`` from per-present-parameter ``values``, 0 where absent."""
+    def _where(self, present):
+        """The indices of the present parameters (a list made once per pattern)."""
+        where = self._wheres.get(present)
+        if where is None:
+            where = self._wheres[present] = [i for i, p in enumerate(present) if p]
+        return where
+
+    def _norms(self, tensors, where, device):
+        """float64 ``[2, V]`` on the device: each parameter's gradient norm and non-finite count, 0 where absent.
+
+        Written into the window's own row where there is a window (no copy).
+        """
         n = len(self._rows.params)
+        out = self._window.slot(device) if self._window is not None else torch.empty((2, n), dtype=F64, device=device)
         if len(where) == n:
-            return values
-        out = torch.zeros(n, dtype=F64, device=device)
+            return reductions.step_norms(tensors, out)
+        out.zero_()
         if where:
             index = self._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
-            out = out.index_copy(0, index, values)
+            found = reductions.step_norms(tensors, torch.empty((2, len(where)), dtype=F64, device=device))
+            out.index_copy_(1, index, found)
         return out
 
     def _optimizer_columns(self, before_clip):
