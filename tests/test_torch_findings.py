@@ -88,17 +88,17 @@ def lr_diverges(run_dir, every_n_steps=1):
 
 
 def dead_negative_bias(run_dir):
-    """corpus dead_negative_bias: 45 of dense_1's 64 ReLU units start with bias -20 and never fire."""
+    """corpus dead_negative_bias: 60 of dense_1's 64 ReLU units (94%) start with bias -20 and never fire."""
     torch.manual_seed(24)
     x, y = _regression(24)
     model = _mlp([64, 64, 64], nn.ReLU, "he_normal")
     with torch.no_grad():
-        model.dense_1.bias[:45] = -20.0
+        model.dense_1.bias[:60] = -20.0
     _train(run_dir, model, _batches(x, y, 64, 200, 24), torch.optim.Adam(model.parameters(), 1e-3))
     with torch.no_grad():
         h = model.act_1(model.dense_1(model.act_0(model.dense_0(torch.from_numpy(x)))))
     share = float((h <= 0).all(dim=0).float().mean())
-    return {"dead_share_dense_1": share}, [("50-85% of dense_1 is dead", 0.5 <= share <= 0.85)]
+    return {"dead_share_dense_1": share}, [("90% or more of dense_1 is dead", share >= 0.9)]
 
 
 _DIVERGE = (
