@@ -30,6 +30,7 @@ leaf's units its last two axes.
 import dataclasses
 import functools
 import re
+import sys
 
 import jax
 from jax.extend import core
@@ -167,16 +168,34 @@ def depth_order(fn, params, *args, **kwargs):
     where module names sort otherwise. Parameters ``fn`` never reads come
     last, in natural order.
 
+    ``params`` may be an NNX module: then ``fn`` takes the module, and
+    the names are those of its ``nnx.Param`` state.
+
     Example:
 
-        order = tb_gradcheck.jax.depth_order(model.apply, params, x)
+        order = tb_gradcheck.jax.depth_order(model.apply, params, x)  # Linen
+        order = tb_gradcheck.jax.depth_order(lambda m: m(x), model)  # NNX
         tx = tb_gradcheck.jax.monitor(optax.adam(1e-3), order=order)
     """
-    closed = jax.make_jaxpr(lambda p: fn(p, *args, **kwargs))(params)
+    rebuild = _nnx_rebuild(params)
+    if rebuild is not None:  # an NNX module: trace over its parameters' State, as nnx.grad differentiates it
+        params, merge = rebuild
+        closed = jax.make_jaxpr(lambda p: fn(merge(p), *args, **kwargs))(params)
+    else:
+        closed = jax.make_jaxpr(lambda p: fn(p, *args, **kwargs))(params)
     names = ["/".join(p) for p in path_names(params)]
     first = {}
     _walk(closed.jaxpr, dict(zip(closed.jaxpr.invars, range(len(names)))), first, [0])
     return [names[i] for i in sorted(first, key=first.get)]
+
+
+def _nnx_rebuild(obj):
+    """``(Param state, state -> module)`` of an NNX module, or None for anything else (flax is not imported here)."""
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is None or not isinstance(obj, nnx.Module):
+        return None
+    graphdef, state, rest = nnx.split(obj, nnx.Param, ...)
+    return state, lambda p: nnx.merge(graphdef, p, rest)
 
 
 def _walk(jaxpr, leaf_of, first, clock):

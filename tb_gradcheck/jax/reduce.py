@@ -13,9 +13,9 @@ Norms at any scale. A float32 sum of squares underflows for elements below
 large finite one Inf. ``norm`` scales by max |x| first:
 ||x|| = m * ||x / m|| with m = max |x|, which can neither under- nor
 overflow (it is 0, Inf or NaN exactly when m is). It costs a second pass,
-so between writes a window takes only ``sumsq``, and the monitor redoes the
-step with ``full`` when that sum falls outside the band where it is exact
-(``in_band``).
+so between writes a window takes only ``quick`` (the sum of squares and max
+|x|, one pass), and the monitor redoes the step with ``full`` when that sum
+falls outside the band where it is exact (``in_band``).
 """
 
 import jax.numpy as jnp
@@ -34,15 +34,23 @@ def as_float(x):
     return x if x.dtype in (jnp.float32, jnp.float64) else x.astype(jnp.float32)
 
 
-def sumsq(x):
-    """The sum of squares of ``x`` in its float dtype: one fused pass."""
+def quick(x):
+    """A window's step between writes: the sum of squares and max |x| of ``x``, read in one fused pass."""
     x = as_float(x)
-    return jnp.sum(x * x)
+    if x.size == 0:
+        zero = jnp.zeros((), x.dtype)
+        return zero, zero
+    return jnp.sum(x * x), jnp.max(jnp.abs(x))
 
 
-def in_band(sums):
-    """Whether every sum of squares of ``sums`` gives its norm exactly (0, or finite and not below ``SUMSQ_LOW``)."""
-    return jnp.all(jnp.isfinite(sums) & ((sums == 0) | (sums >= SUMSQ_LOW)))
+def in_band(sums, tops):
+    """Whether every sum of squares gives its norm exactly: finite, and not below ``SUMSQ_LOW`` unless all 0.
+
+    ``tops`` (max |x|) tells a sum that is 0 because every element is 0
+    (exact) from one whose squares all underflowed (a vanishing gradient,
+    which must not read as no gradient).
+    """
+    return jnp.all(jnp.isfinite(sums) & ((sums >= SUMSQ_LOW) | (tops == 0)))
 
 
 def norm(x, top=None):
