@@ -90,12 +90,12 @@ class GradientWriter:
             self._latest[lay] = (state, step)
             if step % lay.every_n_steps:
                 continue
-            held = fetch(state)
-            if int(held.step) != step:
+            count, held = fetch(state)
+            if int(held.step) != step or int(count) != step + 1:
                 raise ValueError(
-                    f"Expected `step` to be the index of the update just made, which the monitor counts from 0 "
-                    f"(its count: {int(held.step)}; the monitor writes at multiples of every_n_steps of its own "
-                    f"count). Received: step={step}"
+                    "Expected `step` to be the index of the update just made, counted from 0 as the monitor "
+                    f"counts its updates (it writes when that index is a multiple of every_n_steps; the last "
+                    f"update it made was number {int(count) - 1}). Received: step={step}"
                 )
             self._write(lay, held, step)
 
@@ -213,7 +213,7 @@ def find_states(opt_state):
 
 
 def fetch(state, held=True):
-    """A monitor's held reductions (``Held``), or with ``held=False`` its window under way, as NumPy arrays.
+    """``(count, Held)``: a monitor's count and held reductions; or with ``held=False`` its window under way; as NumPy.
 
     Reads the state's leaves whatever wraps them (``nnx.Optimizer`` keeps
     each array in a Variable, which flattens to the array): the count, the
@@ -224,10 +224,10 @@ def fetch(state, held=True):
     template = (0, Held(*[0] * (len(Held._fields) - 1), window=window), window)
     treedef = jax.tree_util.tree_structure(template)
     leaves = jax.tree_util.tree_leaves(state)[: treedef.num_leaves]
-    start, stop = (1, 1 + treedef.children()[1].num_leaves) if held else (treedef.num_leaves - len(window), None)
+    start, stop = (0, 1 + treedef.children()[1].num_leaves) if held else (treedef.num_leaves - len(window), None)
     values = [np.asarray(x) for x in jax.device_get(leaves[start:stop])]
     if held:
-        return jax.tree_util.tree_unflatten(treedef.children()[1], values)
+        return values[0], jax.tree_util.tree_unflatten(treedef.children()[1], values[1:])
     return running.State(*values)
 
 
