@@ -206,9 +206,8 @@ def _taker(lay, grads, weights, applied, template):
     def take():
         parts = [reduce.full(g, u) for g, u in zip(grads, lay.units)]
         norm, top, nonzero, nonfinite, dead = zip(*parts)
-        missing = jnp.full(len(grads), -1.0, floats)
-        weight = missing if weights is None else stack([reduce.norm(w) for w in weights], floats)
-        update = missing if applied is None else stack([reduce.norm(u) for u in applied], floats)
+        weight = _missing(len(grads), floats) if weights is None else stack([reduce.norm(w) for w in weights], floats)
+        update = _missing(len(grads), floats) if applied is None else stack([reduce.norm(u) for u in applied], floats)
         return Held(
             step=jnp.zeros((), jnp.int32),
             norm=stack(norm, floats),
@@ -222,6 +221,10 @@ def _taker(lay, grads, weights, applied, template):
         )
 
     return take
+
+
+def _missing(n, dtype):
+    return jnp.full(n, -1.0, dtype)
 
 
 def _quick(shapes, sums):
@@ -251,15 +254,21 @@ def _empty_window(lay, dtype):
 def _empty_held(lay, dtype, window):
     n = len(lay.names)
     counts = _count_dtype(dtype)
-    missing = jnp.full(n, -1.0, dtype)
+
+    def missing():
+        return jnp.full(n, -1.0, dtype)
+
+    # Every leaf a buffer of its own: a state is donated to the next step
+    # (``jax.jit(..., donate_argnums=...)``), and one buffer in two leaves
+    # would be donated twice.
     return Held(
         step=jnp.full((), -1, jnp.int32),
-        norm=missing,
-        max_abs=missing,
+        norm=missing(),
+        max_abs=missing(),
         nonzero=jnp.zeros(n, counts),
         nonfinite=jnp.zeros(n, counts),
         dead=jnp.zeros(int(np.sum(lay.units)), bool),
-        weight=missing,
-        update=missing,
-        window=window,
+        weight=missing(),
+        update=missing(),
+        window=None if window is None else _empty_window(lay, dtype),
     )

@@ -59,7 +59,8 @@ class GradientWriter:
             logdir = validate.path(logdir, "logdir")
         self._log = eventlog.EventLog(logdir, sink=sink)
         self._contents = {}  # Layout -> the stats layout content
-        self._latest = {}  # Layout -> (MonitorState, step): the newest state seen, for a partial window at close
+        self._periods = {}  # tree structure -> the every_n_steps of the monitors in it
+        self._latest = {}  # tree structure -> (optax state, step): the newest seen, for partial windows at close
         _open.add(self)
 
     def write(self, opt_state, step):
@@ -84,10 +85,19 @@ class GradientWriter:
         """
         self._check_open()
         step = _step(step)
-        states = find_states(opt_state)
+        tree = getattr(opt_state, "opt_state", opt_state)
+        # Between writes: the tree's structure (one C++ walk, no Python per
+        # node) says which monitors it holds; the state is kept for close().
+        structure = jax.tree_util.tree_structure(tree)
+        periods = self._periods.get(structure)
+        if periods is not None and all(step % n for n in periods):
+            self._latest[structure] = (tree, step)
+            return
+        states = find_states(tree)
+        self._periods[structure] = {state.layout.every_n_steps for state in states}
+        self._latest[structure] = (tree, step)
         for state in states:
             lay = state.layout
-            self._latest[lay] = (state, step)
             if step % lay.every_n_steps:
                 continue
             count, held = fetch(state)
@@ -122,9 +132,10 @@ class GradientWriter:
         if self._log.closed:
             return
         try:
-            for lay, (state, step) in list(self._latest.items()):
-                if step % lay.every_n_steps:
-                    self._write_partial(lay, state, step)
+            for tree, step in list(self._latest.values()):
+                for state in find_states(tree):
+                    if step % state.layout.every_n_steps:
+                        self._write_partial(state.layout, state, step)
         finally:
             self._latest.clear()
             self._log.close()
