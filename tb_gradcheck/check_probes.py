@@ -83,10 +83,9 @@ def measure_noise(evaluator, checked, theta, grads, units, f0, rng):
             linear = 0.0
             for v, t, g, u in zip(checked, theta, grads, units):
                 signs = rng.integers(0, 2, size=t.shape) * 2.0 - 1.0
-                value = (t * (1.0 + signs * (_NOISE_ULPS * u))).astype(v.dtype.as_numpy_dtype)
-                v.assign(value)
+                value = evaluator.write(v, t * (1.0 + signs * (_NOISE_ULPS * u)))
                 if g is not None:
-                    linear += float(np.sum(g * (value.astype(np.float64) - t)))
+                    linear += float(np.sum(g * (value - t)))
             values.append(evaluator.loss() - linear)
     finally:
         for v in checked:

@@ -1,19 +1,19 @@
-"""State of the gradient check: tracing the loss, evaluating it, and restoring every variable it reads bit for bit."""
+"""The gradient check's TensorFlow evaluator: tracing the loss, evaluating it, restoring every variable it reads bit for bit."""
 
 import warnings
 
 import numpy as np
 import tensorflow as tf
 
+from tb_gradcheck import check_evaluator
 
-class Evaluator:
-    """Evaluates the loss and its gradient, and owns the snapshot of every variable it reads."""
+
+class Evaluator(check_evaluator.Evaluator):
+    """The TensorFlow evaluator: traces the loss, and owns the snapshot of every variable it reads."""
 
     def __init__(self, loss_fn, checked):
-        self._checked = checked
+        super().__init__(checked)
         self._fn, self._state = trace(loss_fn)
-        self.evaluations = 0
-        self._dtype = None
         # Every variable the loss reads (from the trace) and the checked
         # ones, each once, snapshot to host memory before anything runs.
         seen, union = set(), []
@@ -27,62 +27,30 @@ class Evaluator:
         self._written = None  # the other variables loss_fn writes, found after its first call
         self._changed = set()
 
-    @property
-    def dtype(self):
-        return self._dtype
+    def saved64(self, v):
+        return self._saved[id(v)].astype(np.float64)
 
-    def saved_value(self, v):
-        return self._saved[id(v)]
+    def dtype_name(self, v):
+        return tf.as_dtype(v.dtype).name
 
-    def loss(self):
-        """One loss evaluation as a Python float; state the loss wrote is put back."""
-        value = self._fn()
-        self.evaluations += 1
-        value = _scalar(value)
-        if self._dtype is None:
-            self._dtype = value.dtype
+    def _forward(self):
+        value = _scalar(self._fn())
         self._undo_writes()
-        return float(value.numpy())
+        return float(value.numpy()), value.dtype.name
 
-    def gradients(self):
-        """The analytic gradient of each checked variable (numpy, or None where the loss ignores it)."""
+    def _backward(self):
         with tf.GradientTape(watch_accessed_variables=False) as tape:
-            for v in self._checked:
+            for v in self.checked:
                 tape.watch(v)
             value = _scalar(self._fn())
-        grads = tape.gradient(value, self._checked, unconnected_gradients=tf.UnconnectedGradients.NONE)
+        grads = tape.gradient(value, self.checked, unconnected_gradients=tf.UnconnectedGradients.NONE)
         self._undo_writes()
         return [None if g is None else tf.convert_to_tensor(g).numpy() for g in grads]
 
-    def perturb(self, variables, theta, direction, step):
-        """Sets each variable to fl(theta + step * d); returns the applied perturbations (float64)."""
-        applied = []
-        for v, t, d in zip(variables, theta, direction):
-            value = (t + step * d).astype(v.dtype.as_numpy_dtype)
-            v.assign(value)
-            applied.append(value.astype(np.float64) - t)
-        return applied
-
-    def slope_at(self, variables, theta, direction, step):
-        """The analytic derivative along ``direction`` with ``variables`` at fl(theta + step * d), then put back.
-
-        The derivative is the gradient there dotted with the perturbation
-        actually applied, over ``step``; counted as one evaluation.
-        """
-        applied = self.perturb(variables, theta, direction, step)
-        try:
-            grads = self.gradients()
-        finally:
-            for v in variables:
-                self.reset(v)
-        self.evaluations += 1
-        by_id = {id(v): g for v, g in zip(self._checked, grads)}
-        dots = [
-            np.sum(np.asarray(by_id[id(v)], np.float64) * p)
-            for v, p in zip(variables, applied)
-            if by_id[id(v)] is not None
-        ]
-        return float(sum(dots)) / step
+    def write(self, v, value):
+        value = value.astype(v.dtype.as_numpy_dtype)
+        v.assign(value)
+        return value.astype(np.float64)
 
     def reset(self, v):
         v.assign(self._saved[id(v)])
@@ -173,11 +141,3 @@ def _same(a, b):
 def display_name(v):
     name = getattr(v, "path", None) or v.name
     return name[:-2] if name.endswith(":0") else name
-
-
-# Unit roundoff u = 2**-(mantissa bits + 1): the largest relative error of one rounding.
-_UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
-
-
-def unit_roundoff(dtype):
-    return _UNIT_ROUNDOFF[tf.as_dtype(dtype).name]

@@ -11,6 +11,10 @@ rounding, accumulated through a healthy network, keeps its gradient within
 A row whose float32 gradient is further from the float64 one than the
 float32 check's own tolerance (1%) is a mismatch, as the float32 check of the
 model would have made it.
+
+``gap`` is that comparison on gradients already computed, for any framework
+(no TensorFlow import); ``float32_gap`` computes them with TensorFlow, which
+it imports when called.
 """
 
 import dataclasses
@@ -18,8 +22,7 @@ import math
 
 import numpy as np
 
-from tb_gradcheck import check_state
-from tb_gradcheck import grouping
+from tb_gradcheck import check_run
 from tb_gradcheck.check_report import MISMATCH
 
 # The float32 check's tolerance (checks.DEFAULT_TOLERANCE): a gap it would
@@ -58,20 +61,40 @@ def float32_gap(report, loss_fn, variables, twin_loss_fn, twin_variables, tolera
             "Expected the model's variables and the twin's, in the same order and shapes. Received: "
             f"{len(variables)} and {len(twin_variables)} variables"
         )
+    from tb_gradcheck import grouping
+
     model = _gradients(loss_fn, variables)
     twin = _gradients(twin_loss_fn, twin_variables)
-    rows = grouping.Rows(twin_variables)
-    members = [[i for i, layer in enumerate(rows.layer_of) if layer == j] for j in range(len(rows.layer_names))]
+    return gap(report, model, twin, grouping.Rows(twin_variables), tolerance)
+
+
+def gap(report, gradients, references, rows, tolerance=FLOAT32_TOLERANCE):
+    """``report`` with each row's gradient held against a reference (the float64 twin's), gradients given.
+
+    Args:
+      report: The twin's ``GradientCheckReport``.
+      gradients: The model's gradient per variable (numpy, or None), in the twin's variable order.
+      references: The twin's gradient per variable (numpy, or None).
+      rows: The twin's rows (``check_run.Layout`` or ``grouping.Rows``).
+      tolerance: The relative gap above which a row is a mismatch.
+
+    Returns:
+      The report, rows changed as ``float32_gap`` says.
+    """
+    members = check_run.layer_members(rows)
     layers = tuple(
-        _row(r, [model[i] for i in m], [twin[i] for i in m], tolerance) for r, m in zip(report.layers, members)
+        _row(r, [gradients[i] for i in m], [references[i] for i in m], tolerance)
+        for r, m in zip(report.layers, members)
     )
     per_variable = None
     if report.variables is not None:
-        per_variable = tuple(_row(r, [g], [t], tolerance) for r, g, t in zip(report.variables, model, twin))
+        per_variable = tuple(_row(r, [g], [t], tolerance) for r, g, t in zip(report.variables, gradients, references))
     return dataclasses.replace(report, layers=layers, variables=per_variable)
 
 
 def _gradients(loss_fn, variables):
+    from tb_gradcheck import check_state
+
     evaluator = check_state.Evaluator(loss_fn, [check_state.tf_variable(v) for v in variables])
     try:
         return [None if g is None else np.asarray(g, np.float64) for g in evaluator.gradients()]
@@ -91,14 +114,14 @@ def _row(row, gradients, references, tolerance):
         return row  # the float64 gradient itself is not finite: the twin's check speaks to that
     zero = [np.zeros_like(r) for _, r in pairs]
     gradients = [z if g is None else g for (g, _), z in zip(pairs, zero)]
-    gap = math.sqrt(sum(float(np.sum((g - r) ** 2)) for g, (_, r) in zip(gradients, pairs)))
-    finite = math.isfinite(gap)
-    if finite and gap <= tolerance * reference:
+    distance = math.sqrt(sum(float(np.sum((g - r) ** 2)) for g, (_, r) in zip(gradients, pairs)))
+    finite = math.isfinite(distance)
+    if finite and distance <= tolerance * reference:
         return row
     direction = [r / reference for _, r in pairs] if reference > 0 else zero
     along = sum(float(np.sum(g * d)) for g, d in zip(gradients, direction))
     if finite:
-        relative = gap / reference if reference > 0 else math.inf
+        relative = distance / reference if reference > 0 else math.inf
         reason = (
             f"the model's own gradient is {relative:.2g} off the float64 twin's: its backward pass loses "
             "precision in the model's dtype (cancellation, a sum of large terms)"

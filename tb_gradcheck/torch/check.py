@@ -1,0 +1,242 @@
+"""Numeric-vs-analytic gradient check per layer for PyTorch: the TensorFlow check's algorithm on a torch evaluator.
+
+The algorithm (rows, noise, probes, steps, error bars, verdicts, bisection,
+the report) is ``check_run``'s, written once for every framework; this
+module validates PyTorch's arguments, names the rows (the module path that
+owns each parameter, as the writer names them), builds the float64 twin,
+turns TensorFloat-32 off, and runs ``check_run`` on a
+``check_state.Evaluator``. The report is the same ``GradientCheckReport``
+the TensorFlow check returns, for ``GradientWriter.write_check``.
+"""
+
+import contextlib
+import copy
+import warnings
+
+import torch
+
+from tb_gradcheck import check_run
+from tb_gradcheck import twin_gap
+from tb_gradcheck import validate
+from tb_gradcheck.torch import check_state
+
+DTYPES = (None, "float64")
+
+
+def check_gradients(
+    loss_fn,
+    model,
+    batch=None,
+    *,
+    dtype=None,
+    probes=check_run.DEFAULT_PROBES,
+    epsilon=None,
+    seed=None,
+    granularity="layer",
+    tolerance=None,
+    thorough=False,
+):
+    """Checks the analytic gradient of a PyTorch loss against central differences, per layer.
+
+    Example:
+
+        report = tb_gradcheck.torch.check_gradients(
+            lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]), model, (x, y),
+            dtype="float64", seed=step)
+        writer.write_check(report, step)
+        assert report.ok, report.failures
+
+    Rows are layers: the module that owns each parameter, by its
+    ``named_modules`` path (``encoder.0`` for ``encoder.0.weight``; a
+    parameter directly on the root module is its own row, by its name), in
+    the order of ``named_parameters``; with ``granularity="variable"`` also
+    each parameter, by its ``named_parameters`` name.
+
+    The model is evaluated in the mode it is in. In training mode, every
+    evaluation starts the random number generators from the same seed
+    (forked: the caller's are not advanced), so dropout draws the same mask
+    at every point, and the buffers a module writes (BatchNorm's running
+    statistics) are put back after each, so every evaluation sees the same
+    function; a warning names the buffers. Call ``model.eval()`` first to
+    check the inference-mode gradient without either.
+
+    Args:
+      loss_fn: The loss as a callable returning a scalar floating-point
+        tensor: ``loss_fn()`` (a closure over a fixed batch) when ``batch``
+        is None, else ``loss_fn(model, batch)``. Gradients come from
+        ``torch.autograd.grad``: ``.grad`` is never written.
+      model: A ``torch.nn.Module`` (its parameters that require grad are
+        checked; every parameter and buffer is restored bit for bit), a dict
+        of named parameters, an iterable of ``(name, parameter)`` pairs, or
+        of parameters (named by position).
+      batch: None (default), or the batch ``loss_fn(model, batch)`` takes:
+        a tensor or a tuple, list or dict of them.
+      dtype: None (default) checks the model as it is. ``"float64"`` checks a
+        float64 twin: ``copy.deepcopy(model)`` cast to float64, called as
+        ``loss_fn(twin, batch)`` with the batch's floating-point tensors cast
+        to float64 and float64 as the default dtype (so tensors ``loss_fn``
+        makes are float64 too); the model itself is only read. The twin's
+        error bar is ~1e-7 of the derivative instead of ~3e-3, so errors
+        that are a small share of the gradient are caught at the default
+        cost. A float32 model also has its own gradient held against the
+        twin's (one backward pass of each): a row more than 1% off, or not
+        finite where the twin's is, is a mismatch (float32 arithmetic the
+        twin cannot see; ``twin_gap``); not when the loss draws random
+        numbers (dropout or noise in training mode): float64 draws other
+        ones than float32 from the same seed.
+        Needs ``batch``.
+      probes, epsilon, seed, granularity, tolerance, thorough: As for
+        ``tb_gradcheck.check_gradients`` (TensorFlow): probes per row
+        (default 3), the step as a fraction of the row's scale (None: chosen
+        from the measured noise), the seed of the random directions and of
+        every evaluation's random numbers (None: drawn, and recorded in the
+        report), ``"layer"`` or ``"variable"``, the relative error above
+        which a resolved difference is a mismatch (None: 0.01 in float32,
+        4.3e-7 in float64), and blind-spot probes over 64-element blocks.
+
+    TensorFloat-32 (and oneDNN's reduced float32 precision) is turned off
+    while the check runs, so float32 models are checked in float32, and put
+    back as it was.
+
+    Returns:
+      A ``GradientCheckReport`` (``tb_gradcheck.check_report``), the type
+      the TensorFlow check returns.
+
+    Raises:
+      TypeError: ``loss_fn`` is not callable or does not return a
+        floating-point tensor; ``model`` is not a module or parameters; an
+        argument has the wrong type.
+      ValueError: No parameters to check, a non-scalar loss, an argument
+        out of range, or ``dtype="float64"`` without ``batch``.
+      Anything ``loss_fn`` raises, after every parameter and buffer has been restored.
+    """
+    if not callable(loss_fn):
+        raise TypeError(f"Expected `loss_fn` to be a callable. Received: {type(loss_fn).__name__}")
+    opts = check_run.options(probes, epsilon, seed, granularity, tolerance, thorough)
+    dtype = validate.one_of(dtype, "dtype", DTYPES)
+    if dtype is None:
+        fn = loss_fn if batch is None else (lambda: loss_fn(model, batch))
+        return _check(fn, model, opts)
+    if batch is None:
+        raise ValueError(
+            "Expected `batch` with dtype='float64': the twin's loss is loss_fn(twin, batch) with the batch in "
+            "float64. Received: batch=None"
+        )
+    twin = float64_twin(model)
+    batch64 = _to_float64(batch)
+
+    def twin_fn():
+        # Tensors loss_fn makes (torch.zeros, a constant) follow the
+        # default dtype: float64 here, or they would round the twin's loss.
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            return loss_fn(twin, batch64)
+        finally:
+            torch.set_default_dtype(default)
+
+    report = _check(twin_fn, twin, opts)
+    names, checked, _ = check_state.parameters(model)
+    if any(p.dtype != torch.float32 for p in checked):
+        return report  # float16 or bfloat16 arithmetic is inexact by design; float64 is the twin's own
+    own_fn = lambda: loss_fn(model, batch)  # noqa: E731
+    with _ieee_float32():
+        # A loss that draws random numbers is not compared: from the same
+        # seed, torch.rand and torch.randn draw other numbers in float64 than
+        # in float32, and the two gradients would then differ by far more
+        # than precision (dropout's masks happen to agree; noise does not).
+        if check_state.draws_random_numbers(own_fn, model, opts.seed):
+            return report
+        own = check_state.gradients(own_fn, model, opts.seed)
+        reference = check_state.gradients(twin_fn, twin, opts.seed)
+    return twin_gap.gap(report, own, reference, check_run.Layout(names, [check_state.owner(n) for n in names]))
+
+
+def float64_twin(model):
+    """A float64 copy of ``model`` (``copy.deepcopy``, then ``.double()``), holding its weights; ``model`` untouched.
+
+    Raises:
+      TypeError: ``model`` is not a ``torch.nn.Module``, or cannot be deep-copied.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"Expected a torch.nn.Module to make a float64 twin of. Received: {type(model).__name__}")
+    try:
+        twin = copy.deepcopy(model)
+    except Exception as e:  # a module holding something deepcopy refuses (a lock, an open file)
+        raise TypeError(
+            f"Expected a module copy.deepcopy can copy. Received: {type(model).__name__} ({type(e).__name__}: {e})"
+        ) from e
+    for p in twin.parameters():
+        p.grad = None  # the copy of the caller's .grad is not the twin's
+    return twin.double()
+
+
+def _check(fn, model, opts):
+    names, checked, state = check_state.parameters(model)
+    layout = check_run.Layout(names, [check_state.owner(n) for n in names])
+    with _ieee_float32():
+        evaluator = check_state.Evaluator(fn, checked, state, opts.seed)
+        try:
+            report = check_run.run(evaluator, layout, opts)
+        finally:
+            changed = evaluator.restore_all()
+    if changed:
+        warnings.warn(
+            f"loss_fn changed tensors other than the ones checked ({', '.join(sorted(changed))}), e.g. BatchNorm "
+            "running statistics in training mode; check_gradients put them back after every evaluation and "
+            "restored them bit for bit. Call model.eval() first to check the inference-mode gradient without this.",
+            stacklevel=3,
+        )
+    return report
+
+
+def _to_float64(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(torch.float64) if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return type(batch)((k, _to_float64(v)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(_to_float64(v) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_float64(v) for v in batch)
+    return batch
+
+
+# The precision settings of each backend that can compute float32 matmuls
+# and convolutions with fewer mantissa bits (TF32 on NVIDIA GPUs, bfloat16
+# in oneDNN): inputs rounded to 10 bits (2**-11 = 4.9e-4) or fewer, coarser
+# than a float32 step of sqrt(u) = 2.4e-4, so most perturbed weights would
+# not change inside the matmul and a difference would not be a derivative.
+def _precision_settings():
+    backends = torch.backends
+    candidates = [
+        getattr(backends, "cuda", None) and backends.cuda.matmul,
+        getattr(backends, "cudnn", None) and getattr(backends.cudnn, "conv", None),
+        getattr(backends, "cudnn", None) and getattr(backends.cudnn, "rnn", None),
+        getattr(backends, "mkldnn", None) and getattr(backends.mkldnn, "matmul", None),
+        getattr(backends, "mkldnn", None) and getattr(backends.mkldnn, "conv", None),
+        getattr(backends, "mkldnn", None) and getattr(backends.mkldnn, "rnn", None),
+    ]
+    return [c for c in candidates if c is not None and hasattr(c, "fp32_precision")]
+
+
+@contextlib.contextmanager
+def _ieee_float32():
+    """Float32 computed in float32 while the check runs; the caller's settings put back after."""
+    settings = _precision_settings()
+    if settings:  # torch >= 2.9: one setting per backend and op kind
+        saved = [s.fp32_precision for s in settings]
+        try:
+            for s in settings:
+                s.fp32_precision = "ieee"
+            yield
+        finally:
+            for s, value in zip(settings, saved):
+                s.fp32_precision = value
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
