@@ -12,9 +12,10 @@ never TensorFlow or PyTorch.
         writer.write(opt_state, step)
 """
 
+from tb_gradcheck.jax.check import check_gradients
 from tb_gradcheck.jax.layout import depth_order
 from tb_gradcheck.jax.transform import MonitorState
 from tb_gradcheck.jax.transform import monitor
 from tb_gradcheck.jax.writer import GradientWriter
 
-__all__ = ["GradientWriter", "MonitorState", "depth_order", "monitor"]
+__all__ = ["GradientWriter", "MonitorState", "check_gradients", "depth_order", "monitor"]

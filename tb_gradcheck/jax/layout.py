@@ -177,7 +177,7 @@ def depth_order(fn, params, *args, **kwargs):
         order = tb_gradcheck.jax.depth_order(lambda m: m(x), model)  # NNX
         tx = tb_gradcheck.jax.monitor(optax.adam(1e-3), order=order)
     """
-    rebuild = _nnx_rebuild(params)
+    rebuild = nnx_rebuild(params)
     if rebuild is not None:  # an NNX module: trace over its parameters' State, as nnx.grad differentiates it
         params, merge = rebuild
         closed = jax.make_jaxpr(lambda p: fn(merge(p), *args, **kwargs))(params)
@@ -189,7 +189,7 @@ def depth_order(fn, params, *args, **kwargs):
     return [names[i] for i in sorted(first, key=first.get)]
 
 
-def _nnx_rebuild(obj):
+def nnx_rebuild(obj):
     """``(Param state, state -> module)`` of an NNX module, or None for anything else (flax is not imported here)."""
     nnx = sys.modules.get("flax.nnx")
     if nnx is None or not isinstance(obj, nnx.Module):
