@@ -15,7 +15,19 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-MODULES = ("writer", "check_cost", "check_power", "torch_check", "findings", "backend", "listing", "frontend", "load", "jax")
+MODULES = (
+    "writer",
+    "check_cost",
+    "check_power",
+    "torch_check",
+    "findings",
+    "backend",
+    "listing",
+    "frontend",
+    "load",
+    "jax",
+    "jax_check",
+)
 # Benchmarks whose module is named otherwise (``benchmarks/jax.py`` would read as the jax package).
 MODULE_FILES = {"jax": "jax_writer"}
 
