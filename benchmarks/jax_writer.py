@@ -13,7 +13,7 @@ timed in interleaved rounds in one run:
   is kept (a list append: the callback's cost without any file).
 
 Figures are medians of the rounds, as ratios to the bare step of the same
-rounds. A round times ``INNER`` steps and waits for the last.
+rounds. A round times 20 steps (5 with ``--quick``) and waits for the last.
 """
 
 import tempfile
@@ -30,7 +30,7 @@ from benchmarks.common import row
 TARGET_EVERY10 = {"cnn": 1.05, "transformer": 1.05}
 
 
-def _models(quick):
+def _models(quick, accelerator=False):
     import flax.linen as nn
     import jax.numpy as jnp
 
@@ -69,11 +69,19 @@ def _models(quick):
             ("cnn", "cnn3_b16", CNN(), (16, 32, 32, 3)),
             ("transformer", "transformer2_w128_b8", Transformer(2, 128), (8, 32, 128)),
         ]
-    return [
-        ("mlp", "mlp20_w256_b64", MLP(20, 256), (64, 256)),
-        ("cnn", "cnn3_b32", CNN(), (32, 32, 32, 3)),
-        ("transformer", "transformer6_w256_b16", Transformer(6, 256), (16, 64, 256)),
-    ]
+    # The writer benchmark's models and batches (benchmarks/writer.py); on an
+    # accelerator, whose step at these batches is a few hundred kernels of
+    # microseconds each (launch-bound: any fixed cost looks large), also
+    # batches 16x larger, which an accelerator trains with.
+    scales = (1, 16) if accelerator else (1,)
+    out = []
+    for k in scales:
+        out += [
+            ("mlp", f"mlp20_w256_b{64 * k}", MLP(20, 256), (64 * k, 256)),
+            ("cnn", f"cnn3_b{32 * k}", CNN(), (32 * k, 32, 32, 3)),
+            ("transformer", f"transformer6_w256_b{16 * k}", Transformer(6, 256), (16 * k, 64, 256)),
+        ]
+    return out
 
 
 def _ways(model, x_shape, logdir, inner):
@@ -147,7 +155,7 @@ def run(quick=False):
     rows = []
     repeats, inner = (5, 5) if quick else (11, 20)
     device = jax.devices()[0].device_kind
-    for kind, name, model, x_shape in _models(quick):
+    for kind, name, model, x_shape in _models(quick, jax.default_backend() != "cpu"):
         started = time.time()
         with tempfile.TemporaryDirectory() as logdir:
             ways, closers = _ways(model, x_shape, logdir, inner)
