@@ -39,11 +39,11 @@ def batch():
     return jnp.asarray(rng.normal(size=(6, 3)), jnp.float32), jnp.asarray(rng.normal(size=(6, 1)), jnp.float32)
 
 
-def test_nnx_optimizer_in_depth_order_writes_rows_named_by_module(tmp_path):
+def test_nnx_optimizer_in_depth_order_writes_windows_with_rows_named_by_module(tmp_path):
     model = Model(nnx.Rngs(0))
     x, y = batch()
     order = tj.depth_order(lambda m: m(x), model)
-    optimizer = nnx.Optimizer(model, tj.monitor(optax.adam(1e-3), order=order), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(model, tj.monitor(optax.adam(1e-3), every_n_steps=3, order=order), wrt=nnx.Param)
 
     @nnx.jit
     def step(model, optimizer):
@@ -52,9 +52,11 @@ def test_nnx_optimizer_in_depth_order_writes_rows_named_by_module(tmp_path):
         return grads
 
     with tj.GradientWriter(tmp_path) as writer:
-        for s in range(2):
+        for s in range(5):
             grads = step(model, optimizer)
             writer.write(optimizer, s)
+    # Windows written at 0 and 3, and the partial one (step 4) at close, read from NNX's wrapped state.
+    assert [s for s, _, _ in read_events(tmp_path)] == [0, 3, 4]
     content = stats_content(tmp_path)
     # Depth order from the forward pass, numbers by value (layers/2 before layers/10).
     assert content["layer"]["rows"] == ["linear1"] + [f"layers/{i}" for i in range(11)] + ["head"]
