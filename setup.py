@@ -23,7 +23,7 @@ setuptools.setup(
     # The frontend lives at the top level of the repository (frontend/) and
     # ships inside the package as tb_gradcheck/frontend, where plugin.py looks
     # first.
-    packages=["tb_gradcheck", "tb_gradcheck.torch", "tb_gradcheck.frontend"],
+    packages=["tb_gradcheck", "tb_gradcheck.torch", "tb_gradcheck.jax", "tb_gradcheck.frontend"],
     package_dir={"tb_gradcheck": "tb_gradcheck", "tb_gradcheck.frontend": "frontend"},
     package_data={"tb_gradcheck.frontend": ["*.js", "*.css"]},
     # TensorFlow is not a hard requirement: the plugin and the report command
@@ -38,6 +38,8 @@ setuptools.setup(
         "cpu": ["tensorflow-cpu>=2.21,<2.22"],
         # 2.6: torch.nn.utils.get_total_norm, and optimizer step hooks on every optimizer.
         "torch": ["torch>=2.6"],
+        # The JAX writer needs jax and optax; flax for its tests, examples and benchmarks (Linen and NNX models).
+        "jax": ["jax>=0.10", "optax>=0.2.8", "flax>=0.12"],
         # ruff pinned: `ruff format --check` in .ci/run must not change its mind with a new release.
         "test": ["pytest", "pytest-xdist", "hypothesis", "playwright", "ruff==0.17.6"],
     },

@@ -27,9 +27,11 @@ MODULES = (
     "frontend",
     "load",
     "align",
+    "jax",
+    "jax_check",
 )
-# A name whose module is called otherwise (benchmarks/torch.py would read as PyTorch itself).
-MODULE_FILES = {"torch": "torch_writer"}
+# Benchmarks whose module is named otherwise (benchmarks/torch.py or jax.py would read as the framework itself).
+MODULE_FILES = {"torch": "torch_writer", "jax": "jax_writer"}
 
 
 def print_table(rows, out=sys.stdout):

@@ -188,6 +188,54 @@ def window_slabs(state, step, weight_norms, last=None):
     return out.astype(np.float32)
 
 
+def optimizer_rows(names, structure, update_norms=None, weight_norms=None, before_clip=None):
+    """float64 ``[L + V, len(names)]``: a write step's optimizer columns ``names``, layers first.
+
+    The definitions of TensorFlow's ``tb_gradcheck.updates``: ``update_norm``
+    is the norm of the change the step made to the weights (a layer's over
+    all its parameters), ``update_to_weight`` that over the weights' norm
+    before the update (MISSING where the weights are all 0: undefined, not
+    Inf), ``grad_norm_before_clip`` the norm of the gradient before clipping.
+
+    Args:
+      names: Optimizer columns (``metadata.OPTIMIZER_STAT_COLUMNS``), in stored order.
+      structure: The ``structure.Structure`` of the parameters.
+      update_norms, weight_norms, before_clip: float64 ``[V]`` per-parameter
+        norms, or None: the columns that need them are MISSING.
+    """
+    out = np.full((len(structure.layer_names) + len(structure.variable_names), len(names)), MISSING)
+
+    def both(norms):
+        norms = np.asarray(norms, np.float64)
+        return np.concatenate([combine_norms(norms, structure), norms])
+
+    values = {}
+    if update_norms is not None:
+        values["update_norm"] = both(update_norms)
+        if weight_norms is not None:
+            update, weight = values["update_norm"], both(weight_norms)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                values["update_to_weight"] = np.where(weight > 0, update / np.where(weight > 0, weight, 1.0), MISSING)
+    if before_clip is not None:
+        values["grad_norm_before_clip"] = both(before_clip)
+    for k, name in enumerate(names):
+        if name in values:
+            out[:, k] = values[name]
+    return out
+
+
+def with_last_columns(slabs, columns):
+    """float32 ``[A, R, C + K]``: ``slabs`` ``[A, R, C]`` with ``columns`` ``[R, K]`` in the ``last`` slab, MISSING in the others.
+
+    How the optimizer columns are stored (``docs/stored_format.md``): taken
+    at the write step, so only the ``last`` slab has them.
+    """
+    slabs = np.asarray(slabs, np.float32)
+    extra = np.full(slabs.shape[:2] + (np.shape(columns)[1],), MISSING, np.float32)
+    extra[0] = columns
+    return np.concatenate([slabs, extra], axis=2)
+
+
 def _dead_fractions(dead, where, structure):
     """Dead-unit fraction of each present parameter ``[P]``, and of each layer ``[L]`` (MISSING where undefined)."""
     units = np.asarray([structure.variable_units[i] for i in where], int)

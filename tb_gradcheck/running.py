@@ -62,19 +62,42 @@ def step_columns(xp, norm_v, nonfinite_v, present, layer_matrix, layer_present):
       layer_present: bool ``[..., L]`` array: some parameter of the layer has one.
 
     A layer's norm is ``sqrt`` of its parameters' squared norms summed in the
-    arrays' dtype: give float64 norms where the device has float64 (float32
-    squares overflow above norms of ~1.8e19). NaN stays in its own layer.
+    arrays' dtype, at any scale (``_layer_norms``). NaN stays in its own layer.
     """
     zero = xp.where(present, norm_v, 0.0) * 0.0  # a zero of the arrays' dtype and device
     norm_v = xp.where(present, norm_v, zero)
     nonfinite_v = xp.where(present, nonfinite_v, zero)
-    norm_l = xp.sqrt(xp.sum(xp.where(layer_matrix, (norm_v * norm_v)[..., None, :], 0.0), axis=-1))
+    norm_l = _layer_norms(xp, norm_v, layer_matrix)
     nonfinite_l = xp.sum(xp.where(layer_matrix, nonfinite_v[..., None, :], 0.0), axis=-1)
     norm = xp.concatenate([norm_l, norm_v], axis=-1)
     nonfinite = xp.concatenate([nonfinite_l, nonfinite_v], axis=-1)
     here = xp.concatenate([layer_present, present], axis=-1)
     out = xp.stack([norm, nonfinite, xp.where(xp.isfinite(norm), norm, MISSING)], axis=-1)
     return xp.where(here[..., None], out, MISSING)
+
+
+def _layer_norms(xp, norm_v, layer_matrix):
+    """``[..., L]``: ``sqrt`` of each layer's squared parameter norms, exact where the squares would under- or overflow.
+
+    Float32 squares overflow for norms above ~1.8e19 and underflow below
+    ~1e-19 (an exploding layer would read Inf, a vanishing one 0). The sum
+    is also taken with the norms scaled by 2**-64 and by 2**64, and the one
+    in range is kept: the plain sum where it is finite and not tiny (every
+    square it lost is then negligible), the scaled-down one where it
+    overflowed (its squares of norms above 1e-19 are exact, and smaller ones
+    do not count beside an overflowing one), the scaled-up one where every
+    norm is below 1e-18. Three sums over ``[L, V]``: nothing beside the
+    gradients. NaN gives NaN in all three.
+    """
+
+    def root_sum_of_squares(scale):
+        scaled = norm_v * scale
+        return xp.sqrt(xp.sum(xp.where(layer_matrix, (scaled * scaled)[..., None, :], 0.0), axis=-1))
+
+    plain = root_sum_of_squares(1.0)
+    big = root_sum_of_squares(2.0**-64) * 2.0**64
+    tiny = root_sum_of_squares(2.0**64) * 2.0**-64
+    return xp.where(plain < 1e-18, tiny, xp.where(xp.isfinite(plain), plain, big))
 
 
 def add(xp, state, x):

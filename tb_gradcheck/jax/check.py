@@ -1,0 +1,212 @@
+"""Numeric-vs-analytic gradient check per layer for JAX: ``check_run``'s algorithm on a JAX evaluator.
+
+The algorithm (rows, noise, probes, steps, error bars, verdicts, bisection,
+the report) is ``check_run``'s, written once for every framework; this
+module names the rows as the JAX writer does (``layout``: a parameter's
+path, its layer the parent path), orders them by the loss's first read of
+each parameter (``layout.depth_order``), builds the float64 twin under
+``jax_enable_x64``, and evaluates the loss and its gradient through two
+jitted functions of the parameters (compiled once; each evaluation is one
+call). The report is the ``GradientCheckReport`` every check returns, for
+``GradientWriter.write_check``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tb_gradcheck import check_evaluator
+from tb_gradcheck import check_run
+from tb_gradcheck import twin_gap
+from tb_gradcheck import validate
+from tb_gradcheck.jax import layout as layouts
+
+DTYPES = (None, "float64")
+
+
+def check_gradients(
+    loss_fn,
+    params,
+    batch=None,
+    *,
+    dtype=None,
+    probes=check_run.DEFAULT_PROBES,
+    epsilon=None,
+    seed=None,
+    granularity="layer",
+    tolerance=None,
+    thorough=False,
+):
+    """Checks the analytic gradient of a JAX loss against central differences, per layer.
+
+    Example:
+
+        report = tb_gradcheck.jax.check_gradients(loss_fn, params, (x, y), dtype="float64", seed=step)
+        writer.write_check(report, step)
+        assert report.ok, report.failures
+
+    Rows are layers, named as ``GradientWriter`` names them (the parent path
+    of each parameter: ``Dense_0`` for ``params/Dense_0/kernel``, ``linear1``
+    for NNX's ``linear1.kernel``), in the order the loss first reads them;
+    with ``granularity="variable"`` also each parameter. Every floating-point
+    leaf of ``params`` is checked; others (integer counters) are held fixed.
+
+    Args:
+      loss_fn: ``loss_fn(params, batch)`` (or ``loss_fn(params)`` when
+        ``batch`` is None), a scalar floating-point loss, traceable by
+        ``jax.jit`` and ``jax.grad`` (a ``jax.custom_vjp`` inside it is what
+        gets checked). Randomness must come from keys it closes over or
+        takes in ``batch``, so every evaluation sees the same function.
+      params: The parameter pytree, or an NNX module (then ``loss_fn`` takes
+        the module; its ``nnx.Param`` state is checked). Not modified.
+      batch: None (default), or the batch ``loss_fn`` takes (any pytree).
+      dtype: None (default) checks in the parameters' own dtype.
+        ``"float64"`` checks a float64 twin: ``params`` and ``batch``'s
+        floating-point leaves cast to float64, traced and run under
+        ``jax.enable_x64``. Its error bar is ~1e-7 of the derivative instead
+        of ~3e-3. A float32 model also has its own gradient held against the
+        twin's (``twin_gap``): a row more than 1% off, or not finite where
+        the twin's is, is a mismatch (float32 arithmetic the twin cannot see).
+      probes, epsilon, seed, granularity, tolerance, thorough: As for
+        ``tb_gradcheck.check_gradients`` (TensorFlow).
+
+    Matrix products and convolutions run at full float32 precision while the
+    check runs (``jax.default_matmul_precision("float32")``: no TF32 or
+    bfloat16 passes on GPUs and TPUs), so a float32 model is checked in float32.
+
+    Returns:
+      A ``GradientCheckReport`` (``tb_gradcheck.check_report``).
+
+    Raises:
+      TypeError: ``loss_fn`` is not callable or returns no floating-point
+        scalar; an argument of the wrong type.
+      ValueError: No floating-point parameters, an argument out of range.
+    """
+    if not callable(loss_fn):
+        raise TypeError(f"Expected `loss_fn` to be a callable. Received: {type(loss_fn).__name__}")
+    opts = check_run.options(probes, epsilon, seed, granularity, tolerance, thorough)
+    dtype = validate.one_of(dtype, "dtype", DTYPES)
+    tree, fn = _pure(loss_fn, params, batch)
+    with jax.default_matmul_precision("float32"):
+        if dtype is None:
+            return _check(fn, tree, opts)
+        with jax.enable_x64(True):
+            tree64 = _to_float64(tree)
+            fn64 = _pure(loss_fn, params, _to_float64(batch))[1]
+            report = _check(fn64, tree64, opts)
+            names, owners, checked = _rows(fn64, tree64)
+            reference = _gradient(fn64, tree64, checked)
+        if any(jax.tree_util.tree_leaves(tree)[i].dtype != jnp.float32 for i in checked):
+            return report  # float16 or bfloat16 arithmetic is inexact by design; float64 is the twin's own
+        own = _gradient(fn, tree, checked)
+    return twin_gap.gap(report, own, reference, check_run.Layout(names, owners))
+
+
+class _Leaf:
+    """One checked parameter: its index among the pytree's leaves (a handle the check passes back)."""
+
+    def __init__(self, index):
+        self.index = index
+
+
+class Evaluator(check_evaluator.Evaluator):
+    """The loss and its gradient at the parameters as they are, through two jitted functions of the leaves.
+
+    Args:
+      fn: The loss as a function of the parameter pytree.
+      tree: The parameter pytree (JAX arrays); never modified: written
+        values live in the evaluator's own list of leaves.
+      checked: Indices of the checked leaves, in row order.
+    """
+
+    def __init__(self, fn, tree, checked):
+        super().__init__([_Leaf(i) for i in checked])
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        self._saved = [jnp.asarray(x) for x in leaves]
+        self._current = list(self._saved)
+        indices = list(checked)
+
+        def loss_of(checked_leaves, all_leaves):
+            merged = list(all_leaves)
+            for i, x in zip(indices, checked_leaves):
+                merged[i] = x
+            return fn(jax.tree_util.tree_unflatten(treedef, merged))
+
+        self._loss = jax.jit(loss_of)
+        self._grad = jax.jit(jax.grad(loss_of))
+
+    def _checked_leaves(self):
+        return [self._current[v.index] for v in self.checked]
+
+    def _forward(self):
+        value = self._loss(self._checked_leaves(), self._current)
+        if np.ndim(value) != 0 or not jnp.issubdtype(value.dtype, jnp.floating):
+            raise TypeError(
+                "Expected `loss_fn` to return a floating-point scalar. "
+                f"Received: shape {np.shape(value)}, dtype {value.dtype}"
+            )
+        return float(value), str(value.dtype)
+
+    def _backward(self):
+        return [np.asarray(g, np.float64) for g in self._grad(self._checked_leaves(), self._current)]
+
+    def write(self, v, value):
+        saved = self._saved[v.index]
+        rounded = np.asarray(value).astype(saved.dtype)
+        self._current[v.index] = jax.device_put(rounded, saved.sharding)
+        return np.asarray(rounded, np.float64)
+
+    def saved64(self, v):
+        return np.asarray(self._saved[v.index], np.float64)
+
+    def reset(self, v):
+        self._current[v.index] = self._saved[v.index]
+
+    def dtype_name(self, v):
+        return str(self._saved[v.index].dtype)
+
+
+def _pure(loss_fn, params, batch):
+    """``(parameter pytree, loss as a function of it)``; an NNX module becomes its Param state."""
+    rebuild = layouts.nnx_rebuild(params)
+    if rebuild is not None:
+        tree, merge = rebuild
+        return tree, (lambda p: loss_fn(merge(p))) if batch is None else (lambda p: loss_fn(merge(p), batch))
+    return params, (lambda p: loss_fn(p)) if batch is None else (lambda p: loss_fn(p, batch))
+
+
+def _rows(fn, tree):
+    """``(names, owners, checked leaf indices)`` of the floating-point leaves, in the order ``fn`` first reads them."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    parts = layouts.path_names(tree)
+    floating = [i for i, x in enumerate(leaves) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+    if not floating:
+        raise ValueError(
+            "Expected floating-point parameters to check. Received: a pytree with no floating-point arrays"
+        )
+    names = ["/".join(p) for p in parts]
+    rank = {n: k for k, n in enumerate(layouts.depth_order(fn, tree))}
+    order = sorted(floating, key=lambda i: (rank.get(names[i], len(rank)), layouts.natural_key(parts[i])))
+    owners = ["/".join(parts[i][:-1]) or parts[i][0] for i in order]
+    return [names[i] for i in order], owners, order
+
+
+def _check(fn, tree, opts):
+    names, owners, checked = _rows(fn, tree)
+    evaluator = Evaluator(fn, tree, checked)
+    return check_run.run(evaluator, check_run.Layout(names, owners), opts)
+
+
+def _gradient(fn, tree, checked):
+    """The gradient of each checked leaf as float64 numpy, at ``tree``."""
+    grads = jax.tree_util.tree_leaves(jax.jit(jax.grad(fn))(tree))
+    return [np.asarray(grads[i], np.float64) for i in checked]
+
+
+def _to_float64(tree):
+    """``tree`` with its floating-point leaves cast to float64 (under ``jax.enable_x64``)."""
+
+    def cast(x):
+        return x.astype(jnp.float64) if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) else x
+
+    return jax.tree_util.tree_map(cast, tree)

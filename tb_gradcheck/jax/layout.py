@@ -1,0 +1,230 @@
+"""A parameter pytree's rows: names from its paths, layers, depth order and units; no device work.
+
+A parameter is a leaf of the pytree the optimizer is given (Flax Linen's
+``{"params": {"Dense_0": {"kernel": ...}}}``, Flax NNX's ``nnx.State``, any
+dict or dataclass of arrays). Its name is its path joined with ``/``, with
+what names no module dropped: Linen's leading ``params`` collection and
+NNX's trailing ``.value`` (``params/Dense_0/kernel`` -> ``Dense_0/kernel``,
+NNX ``linear1.kernel.value`` -> ``linear1/kernel``). Its layer is the
+parent path (``Dense_0``, ``linear1``); a leaf at the top of the tree is a
+layer of its own.
+
+Depth order. A pytree flattens dicts in sorted key order, which is not the
+order of the network: Linen's ``Dense_10`` sorts before ``Dense_2``, an NNX
+module's ``decoder`` before its ``encoder``. Two orders do better:
+
+- by default, path components in natural order (numbers by value, so
+  ``Dense_2`` < ``Dense_10`` and ``layers/2`` < ``layers/10``): the
+  depth order of auto-named Linen modules and of NNX lists;
+- ``depth_order(fn, params, *args)``: the order in which ``fn`` (the forward
+  pass or the loss) first reads each parameter, from its jaxpr; pass it to
+  ``monitor(order=...)`` for named modules.
+
+Units (``dead_unit_fraction``), as for Keras: a leaf of rank 2 or more has
+one unit per index of its last axis (Dense kernel ``[in, out]``, Conv kernel
+``[..., in, out]``, Embed ``[num, features]``), a vector one per element
+(bias, LayerNorm scale), a scalar one; ``unit_axes={name: 2}`` makes a
+leaf's units its last two axes.
+"""
+
+import dataclasses
+import functools
+import re
+import sys
+
+import jax
+from jax.extend import core
+
+from tb_gradcheck import structure
+
+# Path components that name no module: the Linen collection that holds the
+# parameters (first), and a Variable's value attribute (last).
+_COLLECTION = "params"
+_VALUE_ATTRIBUTES = ("value", "raw_value")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What the monitor and the writer share about one parameter pytree: hashable, so it rides as pytree aux data.
+
+    Attributes:
+      names: Per row (depth order), the parameter's name.
+      owners: Per row, its layer's name.
+      shapes: Per row, its shape.
+      units: Per row, its unit count.
+      order: Per row, the leaf's index in the pytree's flattening.
+      every_n_steps: Steps per write.
+      updates: Whether the monitor measures the updates of an optimizer it wraps.
+    """
+
+    names: tuple
+    owners: tuple
+    shapes: tuple
+    units: tuple
+    order: tuple
+    every_n_steps: int
+    updates: bool
+
+    @property
+    def structure(self):
+        """The ``structure.Structure`` of the rows (made once per layout)."""
+        return _structure(self)
+
+    def sizes(self):
+        """Per row, the parameter's element count."""
+        return self.structure.variable_sizes
+
+
+@functools.lru_cache(maxsize=64)
+def _structure(layout):
+    return structure.Structure(layout.names, layout.owners, layout.shapes, layout.units)
+
+
+def path_names(tree):
+    """Per leaf of ``tree`` in flattening order, its name parts (strings), what names no module dropped."""
+    out = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        parts = [_part(k) for k in path]
+        while (
+            len(parts) > 1
+            and parts[-1] in _VALUE_ATTRIBUTES
+            and isinstance(path[len(parts) - 1], jax.tree_util.GetAttrKey)
+        ):
+            parts.pop()
+        if len(parts) > 1 and parts[0] == _COLLECTION:
+            parts = parts[1:]
+        out.append(tuple(parts) or ("param",))
+    return out
+
+
+def _part(key):
+    for attribute in ("key", "name", "idx"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def natural_key(parts):
+    """Sort key of name parts: digit runs compare by value (``Dense_2`` < ``Dense_10``)."""
+    return tuple(tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", p) if t) for p in parts)
+
+
+def make(params, every_n_steps, updates=False, order=None, unit_axes=None):
+    """The ``Layout`` of a parameter pytree.
+
+    Args:
+      params: The parameter pytree (arrays or anything with ``shape``).
+      every_n_steps: Steps per write.
+      updates: Whether the monitor measures an optimizer's updates.
+      order: None (natural order of the paths), or the parameter names in
+        depth order (``depth_order``); names it does not list follow in
+        natural order.
+      unit_axes: ``{name: axes}`` overrides of the unit axes, or None.
+
+    Raises:
+      ValueError: An empty pytree, or ``order``/``unit_axes`` naming no parameter.
+    """
+    leaves = jax.tree_util.tree_leaves(params)
+    if not leaves:
+        raise ValueError("Expected a parameter pytree with at least one array. Received: a pytree without leaves")
+    parts = path_names(params)
+    names = ["/".join(p) for p in parts]
+    index = sorted(range(len(parts)), key=lambda i: natural_key(parts[i]))
+    if order is not None:
+        order = list(order)
+        unknown = sorted(set(order) - set(names))
+        if unknown:
+            raise ValueError(
+                f"Expected `order` to list parameter names of the pytree. Received: unknown names {unknown[:5]}; "
+                f"the pytree's names are {names[:5]}{'...' if len(names) > 5 else ''}"
+            )
+        rank = {n: k for k, n in enumerate(order)}
+        index = sorted(index, key=lambda i: (0, rank[names[i]]) if names[i] in rank else (1, 0))
+    unit_axes = dict(unit_axes or {})
+    unknown = sorted(set(unit_axes) - set(names))
+    if unknown:
+        raise ValueError(
+            f"Expected `unit_axes` to name parameters of the pytree. Received: unknown names {unknown[:5]}"
+        )
+    shapes = [tuple(int(d) for d in leaves[i].shape) for i in index]
+    return Layout(
+        names=tuple(names[i] for i in index),
+        owners=tuple("/".join(parts[i][:-1]) or parts[i][0] for i in index),
+        shapes=tuple(shapes),
+        units=tuple(structure.trailing_units(s, unit_axes.get(names[i], 1)) for s, i in zip(shapes, index)),
+        order=tuple(index),
+        every_n_steps=int(every_n_steps),
+        updates=bool(updates),
+    )
+
+
+def depth_order(fn, params, *args, **kwargs):
+    """The names of ``params``' leaves in the order ``fn(params, *args, **kwargs)`` first reads them.
+
+    ``fn`` is traced once (``jax.make_jaxpr``; nothing runs on a device) and
+    its equations walked in program order, into the bodies of ``jit``,
+    ``remat``, ``scan`` and other calls, so the first read of a parameter
+    is where the forward pass first uses it: the network's depth order even
+    where module names sort otherwise. Parameters ``fn`` never reads come
+    last, in natural order.
+
+    ``params`` may be an NNX module: then ``fn`` takes the module, and
+    the names are those of its ``nnx.Param`` state.
+
+    Example:
+
+        order = tb_gradcheck.jax.depth_order(model.apply, params, x)  # Linen
+        order = tb_gradcheck.jax.depth_order(lambda m: m(x), model)  # NNX
+        tx = tb_gradcheck.jax.monitor(optax.adam(1e-3), order=order)
+    """
+    rebuild = nnx_rebuild(params)
+    if rebuild is not None:  # an NNX module: trace over its parameters' State, as nnx.grad differentiates it
+        params, merge = rebuild
+        closed = jax.make_jaxpr(lambda p: fn(merge(p), *args, **kwargs))(params)
+    else:
+        closed = jax.make_jaxpr(lambda p: fn(p, *args, **kwargs))(params)
+    names = ["/".join(p) for p in path_names(params)]
+    first = {}
+    _walk(closed.jaxpr, dict(zip(closed.jaxpr.invars, range(len(names)))), first, [0])
+    return [names[i] for i in sorted(first, key=first.get)]
+
+
+def nnx_rebuild(obj):
+    """``(Param state, state -> module)`` of an NNX module, or None for anything else (flax is not imported here)."""
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is None or not isinstance(obj, nnx.Module):
+        return None
+    graphdef, state, rest = nnx.split(obj, nnx.Param, ...)
+    return state, lambda p: nnx.merge(graphdef, p, rest)
+
+
+def _walk(jaxpr, leaf_of, first, clock):
+    """Records, per leaf index, the clock of the first equation that reads it (recursing into sub-jaxprs)."""
+    for eqn in jaxpr.eqns:
+        reads = [leaf_of[v] for v in eqn.invars if not isinstance(v, core.Literal) and v in leaf_of]
+        inner = _sub_jaxprs(eqn)
+        if inner and reads:
+            for sub in inner:
+                # A call's body takes the call's operands as its invars
+                # (trailing ones, where a loop adds its own carry first).
+                offset = len(sub.invars) - len(eqn.invars)
+                mapping = {}
+                for k, v in enumerate(eqn.invars):
+                    if not isinstance(v, core.Literal) and v in leaf_of and 0 <= k + offset < len(sub.invars):
+                        mapping[sub.invars[k + offset]] = leaf_of[v]
+                _walk(sub, mapping, first, clock)
+        for leaf in reads:
+            if leaf not in first:
+                first[leaf] = clock[0]
+        clock[0] += 1
+
+
+def _sub_jaxprs(eqn):
+    out = []
+    for value in eqn.params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, core.ClosedJaxpr):
+                out.append(item.jaxpr)
+            elif isinstance(item, core.Jaxpr):
+                out.append(item)
+    return out

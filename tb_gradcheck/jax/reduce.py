@@ -1,0 +1,89 @@
+"""The per-parameter reductions inside the jitted step: what ``rowstats.Reductions`` holds, in ``jax.numpy``.
+
+Each function takes the parameter's gradient (or weights, or update) as a
+JAX array, of any sharding: under ``jit`` a reduction of a sharded array is
+the reduction of the global array (XLA adds the collectives), so the numbers
+do not depend on how the arrays are split over devices.
+
+Float16 and bfloat16 are reduced in float32 (their squares overflow at
+|g| > 256); float32 and float64 (``jax_enable_x64``) in their own dtype.
+
+Norms at any scale. A float32 sum of squares underflows for elements below
+~1e-19 and overflows above ~1e19, so a vanishing gradient would read 0 and a
+large finite one Inf. ``norm`` scales by max |x| first:
+||x|| = m * ||x / m|| with m = max |x|, which can neither under- nor
+overflow (it is 0, Inf or NaN exactly when m is). It costs a second pass,
+so between writes a window takes only ``quick`` (the sum of squares and max
+|x|, one pass), and the monitor redoes the step with ``full`` when that sum
+falls outside the band where it is exact (``in_band``).
+"""
+
+import jax.numpy as jnp
+
+# A float32 sum of squares at or above this is exact to float32 rounding:
+# the squares it could have lost (each below float32's smallest normal,
+# ~1.2e-38) add up to far less than it. A finite sum cannot have overflowed
+# (a sum of squares only grows), so the band has no upper end. As
+# TensorFlow's writer (``passes._SUMSQ_LOW``).
+SUMSQ_LOW = 1e-30
+
+
+def as_float(x):
+    """``x`` as float32, or float64 if it is float64."""
+    x = jnp.asarray(x)
+    return x if x.dtype in (jnp.float32, jnp.float64) else x.astype(jnp.float32)
+
+
+def quick(x):
+    """A window's step between writes: the sum of squares and max |x| of ``x``, read in one fused pass."""
+    x = as_float(x)
+    if x.size == 0:
+        zero = jnp.zeros((), x.dtype)
+        return zero, zero
+    return jnp.sum(x * x), jnp.max(jnp.abs(x))
+
+
+def in_band(sums, tops):
+    """Whether every sum of squares gives its norm exactly: finite, and not below ``SUMSQ_LOW`` unless all 0.
+
+    ``tops`` (max |x|) tells a sum that is 0 because every element is 0
+    (exact) from one whose squares all underflowed (a vanishing gradient,
+    which must not read as no gradient).
+    """
+    return jnp.all(jnp.isfinite(sums) & ((sums >= SUMSQ_LOW) | (tops == 0)))
+
+
+def norm(x, top=None):
+    """The L2 norm of ``x`` at any scale; ``top``: its max |x| if known (saves a pass)."""
+    x = as_float(x)
+    if x.size == 0:
+        return jnp.zeros((), x.dtype)
+    top = jnp.max(jnp.abs(x)) if top is None else top
+    usable = jnp.isfinite(top) & (top > 0)
+    scale = jnp.where(usable, top, 1.0)
+    scaled = x * (1.0 / scale)
+    # 0, Inf or NaN (any NaN element makes max |x| NaN) is the norm itself.
+    return jnp.where(usable, top * jnp.sqrt(jnp.sum(scaled * scaled)), top)
+
+
+def full(g, units):
+    """All of one gradient's reductions: ``(norm, max_abs, nonzero, nonfinite, dead [units])``.
+
+    ``units`` is its unit count (``layout``): the gradient is viewed as
+    ``[-1, units]``, unit j its column j. A unit is dead when its every
+    element is exactly 0 (NaN and Inf are not 0). max |g| is NaN when an
+    element is NaN (``jnp.max`` propagates it). The per-unit reductions
+    (max |g| and the nonzero count) read ``g`` once, and the whole-array
+    ones follow from them; the norm needs one more pass (``norm``).
+    """
+    g = as_float(g)
+    count = jnp.int32 if g.dtype == jnp.float32 else jnp.int64
+    if g.size == 0:
+        zero = jnp.zeros((), g.dtype)
+        return zero, zero, jnp.zeros((), count), jnp.zeros((), count), jnp.zeros((units,), bool)
+    per_unit = g.reshape(-1, units)
+    top_u = jnp.max(jnp.abs(per_unit), axis=0)
+    nonzero_u = jnp.sum(per_unit != 0, axis=0, dtype=count)
+    top = jnp.max(top_u)
+    nonfinite = jnp.sum(~jnp.isfinite(g), dtype=count)
+    return norm(g, top), top, jnp.sum(nonzero_u, dtype=count), nonfinite, nonzero_u == 0

@@ -1,0 +1,277 @@
+"""The host side of the JAX writer: what a ``monitor`` holds in its optax state -> the Gradients tab's events.
+
+``GradientWriter.write(opt_state, step)`` finds every ``MonitorState`` in the
+state it is given (anywhere in an ``optax.chain``, a wrapped optimizer, an
+``nnx.Optimizer``), and at a written step reads its held reductions from the
+device (one small transfer: a few numbers per parameter) and writes them
+through ``eventlog.EventLog``, with the statistics' definitions of
+``rowstats``. At other steps it reads nothing: the call is a modulo.
+
+What it writes is the stored format of every writer
+(``docs/stored_format.md``); rows are the monitor's ``layout``.
+"""
+
+import atexit
+import numbers
+import warnings
+import weakref
+
+import jax
+import numpy as np
+
+from tb_gradcheck import eventlog
+from tb_gradcheck import metadata
+from tb_gradcheck import rowstats
+from tb_gradcheck import running
+from tb_gradcheck import validate
+from tb_gradcheck.jax.transform import Held
+from tb_gradcheck.jax.transform import MonitorState
+
+UPDATE_COLUMNS = ("update_norm", "update_to_weight")
+
+
+class GradientWriter:
+    """Writes what ``tb_gradcheck.jax.monitor`` took inside the jitted step, for the Gradients tab.
+
+    Example (Flax NNX):
+
+        optimizer = nnx.Optimizer(model, tb_gradcheck.jax.monitor(optax.adamw(1e-3), every_n_steps=10), wrt=nnx.Param)
+        writer = tb_gradcheck.jax.GradientWriter("logs/run1")
+        for step, batch in enumerate(batches):
+            train_step(model, optimizer, batch)  # an nnx.jit function calling optimizer.update
+            writer.write(optimizer, step)
+        writer.close()
+
+    Args:
+      logdir: Directory of the run (TensorBoard shows one run per
+        directory). Exactly one of ``logdir`` and ``sink``.
+      sink: Instead, an object with ``add_event(event)`` and ``flush()``
+        (an ``EventFileWriter``, or ``clu``'s or ``tensorboardX``'s file
+        writer) to write through; ``close`` flushes it but leaves it open.
+    """
+
+    def __init__(self, logdir=None, *, sink=None):
+        if (logdir is None) == (sink is None):
+            raise ValueError(f"Expected exactly one of `logdir` and `sink`. Received: logdir={logdir!r}, sink={sink!r}")
+        if sink is not None and not (hasattr(sink, "add_event") and hasattr(sink, "flush")):
+            raise TypeError(f"Expected `sink` to have add_event(event) and flush(). Received: {type(sink).__name__}")
+        if logdir is not None:
+            logdir = validate.path(logdir, "logdir")
+        self._log = eventlog.EventLog(logdir, sink=sink)
+        self._contents = {}  # Layout -> the stats layout content
+        self._periods = {}  # tree structure -> the every_n_steps of the monitors in it
+        self._latest = {}  # tree structure -> (optax state, step): the newest seen, for partial windows at close
+        _open.add(self)
+
+    def write(self, opt_state, step):
+        """Writes the step's statistics if it is a written step (``step % every_n_steps == 0``); else does nothing.
+
+        Call it after every training step, with the state the step returned
+        and the step's index: the monitor's own count of updates, from 0
+        (``optax``'s counting, Flax's ``TrainState.step`` and
+        ``nnx.Optimizer.step`` before the update). At a written step it
+        waits for the step to finish and reads a few numbers per parameter.
+
+        Args:
+          opt_state: The optax state holding one or more monitors (a
+            ``MonitorState`` anywhere inside it), or an ``nnx.Optimizer``.
+          step: The step's index, a Python int: a device array would have
+            to be read, which waits for the step.
+
+        Raises:
+          TypeError: ``step`` is not an int.
+          ValueError: No monitor in ``opt_state``; a written step whose
+            monitor counted another step; a closed writer.
+        """
+        self._check_open()
+        step = _step(step)
+        tree = getattr(opt_state, "opt_state", opt_state)
+        # Between writes: the tree's structure (one C++ walk, no Python per
+        # node) says which monitors it holds; the state is kept for close().
+        structure = jax.tree_util.tree_structure(tree)
+        periods = self._periods.get(structure)
+        if periods is not None and all(step % n for n in periods):
+            self._latest[structure] = (tree, step)
+            return
+        states = find_states(tree)
+        self._periods[structure] = {state.layout.every_n_steps for state in states}
+        self._latest[structure] = (tree, step)
+        for state in states:
+            lay = state.layout
+            if step % lay.every_n_steps:
+                continue
+            count, held = fetch(state)
+            if int(held.step) != step or int(count) != step + 1:
+                raise ValueError(
+                    "Expected `step` to be the index of the update just made, counted from 0 as the monitor "
+                    f"counts its updates (it writes when that index is a multiple of every_n_steps; the last "
+                    f"update it made was number {int(count) - 1}). Received: step={step}"
+                )
+            self._write(lay, held, step)
+
+    def write_check(self, report, step):
+        """Records a gradient check report for the tab's ``check_error`` heatmap (``GradientWriter.write_check``'s format)."""
+        from tb_gradcheck import check_report
+
+        self._check_open()
+        if not isinstance(report, check_report.GradientCheckReport):
+            raise TypeError(
+                f"Expected `report` to be a GradientCheckReport (from a check_gradients). Received: {type(report).__name__}"
+            )
+        step = _step(step)
+        for granularity, rows in (("layer", report.layers), ("variable", report.variables)):
+            if rows:
+                content = metadata.check_layout(granularity, [r.name for r in rows])
+                self._log.tensor(content, eventlog.check_matrix(rows), step)
+
+    def flush(self):
+        self._log.flush()
+
+    def close(self):
+        """Writes each monitor's partial window (the steps since its last write), flushes, closes. Safe twice."""
+        if self._log.closed:
+            return
+        try:
+            for tree, step in list(self._latest.values()):
+                for state in find_states(tree):
+                    if step % state.layout.every_n_steps:
+                        self._write_partial(state.layout, state, step)
+        finally:
+            self._latest.clear()
+            self._log.close()
+            _open.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _check_open(self):
+        if self._log.closed:
+            raise ValueError("Cannot write: this GradientWriter is closed. Create a new one to keep writing.")
+
+    def _content(self, lay):
+        content = self._contents.get(lay)
+        if content is None:
+            layers, variables = lay.structure.blocks()
+            window = lay.every_n_steps
+            aggregates = metadata.SINGLE_STEP_AGGREGATES if window == 1 else metadata.AGGREGATES
+            content = metadata.stats_layout(
+                layers, variables, aggregates, window, UPDATE_COLUMNS if lay.updates else ()
+            )
+            self._contents[lay] = content
+        return content
+
+    def _write(self, lay, held, step):
+        s = lay.structure
+        n = len(s.variable_names)
+        reductions = rowstats.Reductions(
+            present=np.ones(n, bool),
+            norm=held.norm,
+            nonfinite=held.nonfinite,
+            max_abs=held.max_abs,
+            nonzero=held.nonzero,
+            dead=held.dead,
+        )
+        weights = held.weight if np.all(held.weight >= 0) else None
+        windowed = lay.every_n_steps > 1
+        layer, variable = rowstats.rows(reductions, s, weights, onset=windowed)
+        slabs = np.concatenate([layer, variable])[None]
+        if windowed:
+            window = running.to_numpy(held.window, np.asarray, _window_steps(held.window, step))
+            slabs = rowstats.window_slabs(window, step, _both(weights, s), last=slabs[0])
+        if lay.updates:
+            update = held.update if np.all(held.update >= 0) else None
+            slabs = rowstats.with_last_columns(slabs, rowstats.optimizer_rows(UPDATE_COLUMNS, s, update, weights))
+        self._stats(lay, slabs, step)
+
+    def _write_partial(self, lay, state, step):
+        """The window under way at close: its reduced columns, MISSING where the write step's full statistics would be."""
+        try:
+            window = fetch(state, held=False)
+        except RuntimeError as e:  # its buffers were donated to a later step and deleted
+            warnings.warn(
+                f"tb_gradcheck: the last window (to step {step}) could not be read, so is not written: {e}",
+                stacklevel=3,
+            )
+            return
+        if float(window.steps) == 0:
+            return
+        slabs = rowstats.window_slabs(running.to_numpy(window, np.asarray, _window_steps(window, step)), step, None)
+        if lay.updates:
+            slabs = rowstats.with_last_columns(slabs, np.full((slabs.shape[1], len(UPDATE_COLUMNS)), rowstats.MISSING))
+        self._stats(lay, slabs, step)
+
+    def _stats(self, lay, slabs, step):
+        n_layers = len(lay.structure.layer_names)
+        self._log.stats(self._content(lay), slabs[:, :n_layers], slabs[:, n_layers:], step)
+
+
+def find_states(opt_state):
+    """Every ``MonitorState`` in ``opt_state`` (an optax state, or an object with ``opt_state``), in tree order."""
+    tree = getattr(opt_state, "opt_state", opt_state)
+    nodes = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, MonitorState))
+    states = [x for x in nodes if isinstance(x, MonitorState)]
+    if not states:
+        raise ValueError(
+            "Expected an optax state with a tb_gradcheck.jax.monitor in its transformation "
+            "(optax.chain(tb_gradcheck.jax.monitor(), ...) or tb_gradcheck.jax.monitor(optimizer)). "
+            f"Received: {type(opt_state).__name__} without one"
+        )
+    return states
+
+
+def fetch(state, held=True):
+    """``(count, Held)``: a monitor's count and held reductions; or with ``held=False`` its window under way; as NumPy.
+
+    Reads the state's leaves whatever wraps them (``nnx.Optimizer`` keeps
+    each array in a Variable, which flattens to the array): the count, the
+    held step's leaves and the window's come first in its flattening.
+    """
+    windowed = state.layout.every_n_steps > 1
+    window = running.State(*[0] * len(running.State._fields)) if windowed else None
+    template = (0, Held(*[0] * (len(Held._fields) - 1), window=window), window)
+    treedef = jax.tree_util.tree_structure(template)
+    leaves = jax.tree_util.tree_leaves(state)[: treedef.num_leaves]
+    start, stop = (0, 1 + treedef.children()[1].num_leaves) if held else (treedef.num_leaves - len(window), None)
+    values = [np.asarray(x) for x in jax.device_get(leaves[start:stop])]
+    if held:
+        return values[0], jax.tree_util.tree_unflatten(treedef.children()[1], values[1:])
+    return running.State(*values)
+
+
+def _window_steps(window, step):
+    """The training steps a window's state covers: the ``steps`` consecutive ones ending at ``step``."""
+    count = int(round(float(window.steps)))
+    return range(step - count + 1, step + 1)
+
+
+def _both(per_variable, s):
+    """float64 ``[L + V]``: layer norms then the per-variable ones, or None."""
+    if per_variable is None:
+        return None
+    return np.concatenate([rowstats.combine_norms(per_variable, s), per_variable])
+
+
+def _step(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            "Expected `step` to be a Python int (a device array would have to be read, waiting for the step). "
+            f"Received: {type(value).__name__}"
+        )
+    return validate.non_negative_int(value, "step")
+
+
+# Writers still open at exit are closed, so their partial windows are written and their files flushed.
+_open = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open():
+    for writer in list(_open):
+        try:
+            writer.close()
+        except Exception as e:  # noqa: BLE001 - exit must go on for the other writers
+            warnings.warn(f"tb_gradcheck: closing a GradientWriter at exit failed: {e}", stacklevel=2)
