@@ -95,8 +95,12 @@ _FIRST_REQUEST = """() => {
 }"""
 
 
-def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS):
+def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, first_step=0):
     """``rows`` rows (blocks of 8) x ``steps`` steps in GradientWriter's stored layout, written by tf.summary.write.
+
+    ``first_step`` > 0 writes the steps that follow a run already written
+    (into a new event file of the same run, as a resumed writer does): the
+    run a training job grows while TensorBoard serves it.
 
     The rows go into layouts of ``layout_rows`` each, which the plugin merges
     by row name, as it merges two models written through one writer. One
@@ -129,7 +133,7 @@ def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS):
         layouts.append((metadata.tag_for(content), md_bytes(content), slice(start, start + len(part)), arr))
     writer = tf.summary.create_file_writer(str(logdir + "/transformer"), max_queue=1000)
     with writer.as_default():
-        for step in range(steps):
+        for step in range(first_step, first_step + steps):
             wave = scale * (1 + 0.5 * np.sin(step / 50 + np.arange(n) / 80))
             for tag, md, where, arr in layouts:
                 k = where.stop - where.start
@@ -137,7 +141,7 @@ def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS):
                     arr[0, :k, column(name)] = arr[0, k : 2 * k, column(name)] = share * wave[where]
                 arr[0, -1, :] = 0
                 arr[0, -1, 0] = step + 1
-                tf.summary.write(tag, arr, step=step, metadata=md if step == 0 else md_bytes(b""))
+                tf.summary.write(tag, arr, step=step, metadata=md if step == first_step else md_bytes(b""))
     writer.close()
 
 

@@ -172,14 +172,26 @@ export function render() {
     return list;
   }
 
-  // fresh: ask the server again (refresh, poll); else a list fetched while
-  // choosing the run to open on is used as it is.
-  async function loadFindings(run, fresh = false) {
+  // The panel of `run` at once (its list if known, else "loading"), before
+  // its findings are asked for.
+  function renderFindingsFor(run) {
     if (st.findings.run !== run) {
       st.findings = {run, list: st.findingsByRun.get(run) || null, error: null};
       st.activeKey = null;
     }
     renderFindingsPanel();
+  }
+
+  // What loadView calls once the heatmap answered: the findings of `run`,
+  // unless the selection moved to another run meanwhile.
+  const findingsAfter = (run, fresh = false) => () => {
+    if (st.sel && st.sel.run === run) loadFindings(run, fresh);
+  };
+
+  // fresh: ask the server again (refresh, poll); else a list fetched while
+  // choosing the run to open on is used as it is.
+  async function loadFindings(run, fresh = false) {
+    renderFindingsFor(run);
     if (st.findings.list && !fresh) {
       if (main.grid) highlightActive();
       return;
@@ -226,8 +238,9 @@ export function render() {
     if (change.run || change.granularity || change.metric) st.rows.zoom = null;
     save();
     syncControls();
-    loadView();
-    if (st.sel.run !== prevRun) loadFindings(st.sel.run);
+    const run = st.sel.run;
+    if (run !== prevRun) renderFindingsFor(run);
+    loadView(run !== prevRun ? findingsAfter(run) : null);
   }
 
   const segmentedValue = (e) => {
@@ -288,18 +301,20 @@ export function render() {
     ui.empty.hidden = true;
     ui.selectors.hidden = false;
     let prefer = null;
-    if (first && !st.runs.some((r) => r.run === saved.run)) {
+    if (first && st.runs.length > 1 && !st.runs.some((r) => r.run === saved.run)) {
       // Open on the run that needs attention: every run's findings first,
       // but for OPENING_WAIT_MS at most (a busy TensorBoard answers one
       // request at a time); then the most severe among those that answered.
+      // With one run there is nothing to choose: its heatmap comes first.
       const all = Promise.allSettled(st.runs.map((r) => fetchFindings(r.run)));
       await Promise.race([all, new Promise((resolve) => window.setTimeout(resolve, OPENING_WAIT_MS))]);
       prefer = runNeedingAttention(st.runs.map((r) => r.run), st.findingsByRun);
     }
     st.sel = reconcileSelection(st.runs, st.sel || saved, prefer);
     syncControls();
-    loadFindings(st.sel.run, !first);
-    await loadView();
+    const run = st.sel.run;
+    renderFindingsFor(run);
+    await loadView(findingsAfter(run, !first));
   }
 
   function showEmpty() {
@@ -321,11 +336,21 @@ export function render() {
     setReady(true);
   }
 
-  async function loadView() {
+  // The findings cost the server a pass over every column of the run
+  // (seconds at 2,000 rows), the heatmap one column: the heatmap is asked
+  // first, and `then` (the findings) as soon as its answer is in, so the
+  // server computes them while the tab draws, not while it bins the heatmap.
+  async function loadView(then = null) {
     const sel = st.sel;
-    if (!sel || !info()) return;
+    if (!sel || !info()) {
+      if (then) then();
+      return;
+    }
     hideTooltip(ui.tooltip);
-    if (!sel.metric) return fail(`Nothing in run ${sel.run} can be read; see the problems above.`);
+    if (!sel.metric) {
+      if (then) then();
+      return fail(`Nothing in run ${sel.run} can be read; see the problems above.`);
+    }
     setReady(false);
     const mode = compareMode();
     const o = st.compare.other;
@@ -340,6 +365,7 @@ export function render() {
     if (sel.metric === 'check_error') requests.push(api.get('checks', checksUrl(sel.run, sel.granularity)));
     const results = await Promise.allSettled(requests);
     const arrived = performance.now();
+    if (then) then();
     if (results.some((r) => r.status === 'fulfilled' && r.value.stale)) return;
     if (results[0].status === 'rejected') {
       return fail(`Could not load ${mode === 'ratio' ? `the ratio ${sel.run} \u00f7 ${o}` : 'the heatmap'}: ${results[0].reason.message}`);
@@ -431,8 +457,9 @@ export function render() {
     const selChanged = JSON.stringify(prev) !== JSON.stringify(st.sel);
     if (changed || listChanged || selChanged) syncControls();
     if (changed || selChanged) {
-      loadFindings(st.sel.run, true);
-      await loadView();
+      const run = st.sel.run;
+      renderFindingsFor(run);
+      await loadView(findingsAfter(run, true));
     }
   }
 

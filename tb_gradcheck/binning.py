@@ -31,20 +31,41 @@ def bin_steps(steps, values, missing, width, reduce="max"):
     # Bin edges by index, so every bin covers (almost) the same number of writes.
     starts = np.unique(np.linspace(0, n, width + 1).astype(np.int64)[:-1])
     ends = np.append(starts[1:], n) - 1
-    present = ~missing
-    finite = present & np.isfinite(values)
-    any_finite = np.logical_or.reduceat(finite, starts, axis=0)
+    finite = np.isfinite(values)
+    holes = missing.any()
+    if holes:
+        finite &= ~missing
+    if not holes and finite.all():
+        # Every cell present and finite (the common case): one pass, no
+        # temporaries the size of the matrix.
+        out = REDUCE_AT[reduce](values, starts, axis=0)
+        if reduce == "mean":
+            out = out / np.diff(np.append(starts, n))[:, None]
+        return steps[starts], steps[ends], out, np.zeros(out.shape, bool)
+    # A finite value never equals the fill, so a bin's result is the fill
+    # exactly when it holds no finite value: no second pass to find those.
     if reduce == "mean":
         total = np.add.reduceat(np.where(finite, values, 0.0), starts, axis=0)
         count = np.add.reduceat(finite.astype(np.int64), starts, axis=0)
         out = total / np.maximum(count, 1)
+        any_finite = count > 0
     elif reduce == "min":
         out = np.minimum.reduceat(np.where(finite, values, np.inf), starts, axis=0)
+        any_finite = out != np.inf
     else:
         out = np.maximum.reduceat(np.where(finite, values, -np.inf), starts, axis=0)
+        any_finite = out != -np.inf
     out = np.where(any_finite, out, np.nan)
-    for special in (-np.inf, np.inf, np.nan):  # later wins: NaN over +Inf over -Inf
-        hit = present & (np.isnan(values) if special != special else values == special)
-        out = np.where(np.logical_or.reduceat(hit, starts, axis=0), special, out)
-    out_missing = ~np.logical_or.reduceat(present, starts, axis=0)
+    special = ~finite
+    if holes:
+        special &= ~missing  # present and NaN or infinite: rare, and each wins its bin
+    if not special.any():
+        return steps[starts], steps[ends], out, ~any_finite
+    for value in (-np.inf, np.inf, np.nan):  # later wins: NaN over +Inf over -Inf
+        hit = special & (np.isnan(values) if value != value else values == value)
+        out = np.where(np.logical_or.reduceat(hit, starts, axis=0), value, out)
+    out_missing = np.logical_and.reduceat(missing, starts, axis=0)
     return steps[starts], steps[ends], out, out_missing
+
+
+REDUCE_AT = {"max": np.maximum.reduceat, "min": np.minimum.reduceat, "mean": np.add.reduceat}

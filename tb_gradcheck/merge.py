@@ -10,7 +10,8 @@ columns this version does not know, or without a column it knows, still
 merges (the unknown column is skipped, the absent one is missing).
 
 Nothing here reads files or imports TensorBoard: ``store.py`` hands over
-decoded tags as ``Part`` objects.
+decoded tags as ``Part`` objects, or one column of each as ``Block`` objects
+(what a heatmap needs, kept by the store as tags grow).
 """
 
 import dataclasses
@@ -116,40 +117,51 @@ def slab(parts, granularity, column, aggregate=None, row_names=None):
     """
     if row_names is None:
         row_names = rows([p.content for p in parts], granularity)
-    steps = union_steps([p.steps for p in parts])
+    return lay_out(lambda c: [block(p, granularity, c, aggregate) for p in parts], column, row_names)
+
+
+def lay_out(blocks_of, column, row_names):
+    """``slab`` from each layout's ``Block``: ``(steps [S], values [S, R], missing [S, R])``.
+
+    Args:
+      blocks_of: ``column -> [Block]``, one per layout, earliest-written
+        first; called once per stored column (twice for a ``DERIVED`` one).
+      column: A stored column name, or a ``DERIVED`` one.
+      row_names: The rows to lay out.
+    """
     if column in DERIVED:
         numerator, denominator = DERIVED[column]
-        _, nv, nm = slab(parts, granularity, numerator, aggregate, row_names)
-        _, dv, dm = slab(parts, granularity, denominator, aggregate, row_names)
+        steps, nv, nm = lay_out(blocks_of, numerator, row_names)
+        _, dv, dm = lay_out(blocks_of, denominator, row_names)
         # Undefined (missing, not Inf) where the weights are all zero, as for
         # a fresh bias; NaN stays NaN.
         defined = ~nm & ~dm & (dv > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
             values = np.where(defined, nv / dv, np.nan).astype(np.float32)
         return steps, values, ~defined
+    blocks = blocks_of(column)
+    steps = union_steps([b.steps for b in blocks])
     values = np.full((len(steps), len(row_names)), np.nan, np.float32)
     missing = np.ones(values.shape, bool)
     where = {name: j for j, name in enumerate(row_names)}
-    for part in parts:
-        block = _block(part, granularity, column, aggregate)
-        if block is None:
+    for b in blocks:
+        if b.data is None or not len(b.steps):
             continue
-        data, keep, names = block
-        r = [where[n] for n in names]
-        if len(r) < len(names):  # a row the caller did not ask for
+        r = [where[n] for n in b.names if n in where]
+        if len(r) < len(b.names):  # a row the caller did not ask for
             continue
-        at = np.searchsorted(steps, part.steps)
+        at = np.searchsorted(steps, b.steps)
         rs = np.asarray(r, np.int64)
         if isinstance(_as_slice(at), slice) and isinstance(_as_slice(rs), slice):
             # The common case (one layout, or layouts that follow each other
             # in steps with the same rows): views, no fancy-index copies.
             at, rs = _as_slice(at), _as_slice(rs)
-            np.copyto(values[at, rs], data, where=keep)
-            missing[at, rs] &= ~keep
+            np.copyto(values[at, rs], b.data, where=b.keep)
+            missing[at, rs] &= ~b.keep
         else:
             ix = np.ix_(at, rs)
-            values[ix] = np.where(keep, data, values[ix])
-            missing[ix] &= ~keep
+            values[ix] = np.where(b.keep, b.data, values[ix])
+            missing[ix] &= ~b.keep
     return steps, values, missing
 
 
@@ -178,25 +190,48 @@ def matrix(parts, kind, granularity, problems=()):
     return Matrix(row_names, columns, slabs, steps, values, missing, list(problems))
 
 
-def _block(part, granularity, column, aggregate):
-    """``(data [S, r], keep [S, r], row names)`` of one layout, or None when it cannot answer."""
+@dataclasses.dataclass
+class Block:
+    """One layout's cells of one column and aggregate, the unit ``lay_out`` merges.
+
+    Attributes:
+      steps: int64 ``[S]``, the layout's steps (also when it cannot answer:
+        its steps still belong to the merged step axis).
+      names: The layout's row names of the granularity.
+      data: float32 ``[S, r]``, or None when the layout lacks the column or
+        aggregate.
+      keep: bool ``[S, r]``: the cells that hold a value (the writer stores
+        -1 for "no value"; a check row with a NaN status was not checked).
+    """
+
+    steps: np.ndarray
+    names: list
+    data: object = None
+    keep: object = None
+
+
+def block(part, granularity, column, aggregate):
+    """The ``Block`` of one ``Part``: views into its values where it can answer."""
     content = part.content
-    if not len(part.steps) or column not in content["columns"]:
-        return None
     names, row_slice = metadata.rows_of(content, granularity)
+    if not len(part.steps) or column not in content["columns"]:
+        return Block(part.steps, names)
     c = content["columns"].index(column)
     if content["kind"] == metadata.KIND_CHECK:
-        block = part.values[:, row_slice]
+        cells = part.values[:, row_slice]
         # A check row with a NaN status was not checked at that step: every
         # column of it is missing. metadata.parse guarantees a status column.
         status = content["columns"].index("status")
-        return block[:, :, c], ~np.isnan(block[:, :, status]), names
+        return Block(part.steps, names, cells[:, :, c], ~np.isnan(cells[:, :, status]))
     a = slab_index(content, aggregate)
     if a is None:
-        return None
-    data = part.values[:, a, row_slice, c]
-    # The writer stores -1 for "no value" (a None gradient); NaN is data.
-    return data, ~(data < 0), names
+        return Block(part.steps, names)
+    return Block(part.steps, names, *stats_cells(part.values[:, a, row_slice, c]))
+
+
+def stats_cells(data):
+    """``(data, keep)`` of stored statistics: the writer stores -1 for "no value" (a None gradient); NaN is data."""
+    return data, ~(data < 0)
 
 
 def slab_index(content, aggregate):

@@ -147,24 +147,31 @@ def heatmap(st, ctx, experiment_id, run, metric, granularity="layer", aggregate=
     # One metric is a small share of its tags (which hold every column of both
     # granularities): kept apart, a refresh, zoom or new width on unchanged
     # data costs no read, even when the tags themselves do not fit the cache.
-    key = ("heatmap", experiment_id, run, index.version(), metric, granularity, aggregate)
+    # One entry per view, replaced when the run changes (the store then reads
+    # only the tags that changed, and decodes only their new points).
+    key = ("heatmap", experiment_id, run, metric, granularity, aggregate)
+    version = index.version()
     hit = st.cache.get(key)
-    if hit is not None:
-        return hit
-    parts, _ = st.parts(ctx, experiment_id, index, kind, granularity)
+    if hit is not None and hit[0] == version:
+        return hit[1]
     rows = index.rows(kind, granularity)
+
+    def blocks_of(column):
+        return st.blocks(ctx, experiment_id, index, kind, granularity, column, None if check else aggregate)
+
     if check:
-        steps, values, missing = merge.slab(parts, granularity, "relative_error", None, rows)
-        _, status, status_missing = merge.slab(parts, granularity, "status", None, rows)
+        steps, values, missing = merge.lay_out(blocks_of, "relative_error", rows)
+        _, status, status_missing = merge.lay_out(blocks_of, "status", rows)
         heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, status, status_missing)
     else:
-        steps, values, missing = merge.slab(parts, granularity, metric, aggregate, rows)
+        steps, values, missing = merge.lay_out(blocks_of, metric, rows)
         total = st.progress(ctx, experiment_id, index)[0]
         heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, total_steps=total)
     arrays = [a for a in (heat.steps, heat.values, heat.missing, heat.status, heat.status_missing) if a is not None]
     for a in arrays:
         a.setflags(write=False)  # shared by every request that hits the cache
-    return st.cache.put(key, heat, sum(a.nbytes for a in arrays) + 64 * len(rows), cost=index.read_bytes())
+    size = sum(a.nbytes for a in arrays) + 64 * len(rows)
+    return st.cache.put(key, (version, heat), size, cost=index.read_bytes())[1]
 
 
 def compare(st, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last"):
