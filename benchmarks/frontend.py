@@ -95,12 +95,16 @@ _FIRST_REQUEST = """() => {
 }"""
 
 
-def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, first_step=0):
+def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, first_step=0, chunk_steps=None):
     """``rows`` rows (blocks of 8) x ``steps`` steps in GradientWriter's stored layout, written by tf.summary.write.
 
     ``first_step`` > 0 writes the steps that follow a run already written
     (into a new event file of the same run, as a resumed writer does): the
     run a training job grows while TensorBoard serves it.
+
+    ``chunk_steps`` starts a new tag every that many steps (``<tag>/<k>``, the
+    same layout): not what GradientWriter writes, a layout measured by
+    ``benchmarks.backend`` to show what a poll would cost if it did.
 
     The rows go into layouts of ``layout_rows`` each, which the plugin merges
     by row name, as it merges two models written through one writer. One
@@ -141,7 +145,10 @@ def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, fir
                     arr[0, :k, column(name)] = arr[0, k : 2 * k, column(name)] = share * wave[where]
                 arr[0, -1, :] = 0
                 arr[0, -1, 0] = step + 1
-                tf.summary.write(tag, arr, step=step, metadata=md if step == first_step else md_bytes(b""))
+                name, opens = tag, step == first_step
+                if chunk_steps:
+                    name, opens = f"{tag}/{step // chunk_steps:05d}", opens or step % chunk_steps == 0
+                tf.summary.write(name, arr, step=step, metadata=md if opens else md_bytes(b""))
     writer.close()
 
 
