@@ -4,7 +4,7 @@ The store (``store.py``) keeps, per tag, its ``points.Summary`` and one
 cache entry per product: ``VALUES`` (every readable point, what the findings
 and the checks read) or a block (one column of one slab and granularity,
 ``[S, r]`` data and keep: what a heatmap reads, a small share of the tag).
-A product is a tuple of ``Stack`` objects; when the tag grows, the rows of
+A product is a tuple of ``growing.Stack`` objects; when the tag grows, the rows of
 its new points are cut (``rows``) and appended.
 """
 
@@ -60,39 +60,3 @@ def rows(content, product, arrays):
     c = content["columns"].index(column)
     data = np.stack([a[slab, row_slice, c] for a in arrays]) if arrays else np.zeros((0, len(names)), np.float32)
     return merge.stats_cells(data)
-
-
-class Stack:
-    """An array that grows at its end (axis 0) with room to spare, so that appending is amortised.
-
-    ``view()`` hands out a read-only view of the rows held then; rows are
-    only ever added after them, so a view never changes under its reader.
-    """
-
-    def __init__(self, rows):
-        self._held = (rows, len(rows))  # (buffer, rows used): replaced as one, never torn
-
-    def __len__(self):
-        return self._held[1]
-
-    @property
-    def nbytes(self):
-        return self._held[0].nbytes
-
-    def view(self):
-        buffer, n = self._held
-        rows = buffer[:n]
-        rows.flags.writeable = False
-        return rows
-
-    def extend(self, rows):
-        buffer, n = self._held
-        total = n + len(rows)
-        if total > len(buffer):
-            # A quarter to spare: a run that grows by a poll's worth of steps
-            # is copied once every few dozen polls, not at each.
-            grown = np.empty((total + total // 4,) + buffer.shape[1:], buffer.dtype)
-            grown[:n] = buffer[:n]
-            buffer = grown
-        buffer[n:total] = rows
-        self._held = (buffer, total)

@@ -15,9 +15,11 @@ decoded tags as ``Part`` objects, or one column of each as ``Block`` objects
 """
 
 import dataclasses
+import weakref
 
 import numpy as np
 
+from tb_gradcheck import growing
 from tb_gradcheck import metadata
 
 # Statistics computed on read from stored columns of the same aggregate:
@@ -117,29 +119,41 @@ def slab(parts, granularity, column, aggregate=None, row_names=None):
     """
     if row_names is None:
         row_names = rows([p.content for p in parts], granularity)
-    return lay_out(lambda c: [block(p, granularity, c, aggregate) for p in parts], column, row_names)
+    return derived(lambda c: lay_out([block(p, granularity, c, aggregate) for p in parts], row_names), column)
 
 
-def lay_out(blocks_of, column, row_names):
-    """``slab`` from each layout's ``Block``: ``(steps [S], values [S, R], missing [S, R])``.
+def derived(plain, column):
+    """One column, stored or ``DERIVED``: ``(steps [S], values [S, R], missing [S, R])``.
 
     Args:
-      blocks_of: ``column -> [Block]``, one per layout, earliest-written
-        first; called once per stored column (twice for a ``DERIVED`` one).
+      plain: ``stored column -> (steps, values, missing)``, the column laid
+        out (``lay_out``); called twice for a ``DERIVED`` column.
       column: A stored column name, or a ``DERIVED`` one.
-      row_names: The rows to lay out.
     """
-    if column in DERIVED:
-        numerator, denominator = DERIVED[column]
-        steps, nv, nm = lay_out(blocks_of, numerator, row_names)
-        _, dv, dm = lay_out(blocks_of, denominator, row_names)
-        # Undefined (missing, not Inf) where the weights are all zero, as for
-        # a fresh bias; NaN stays NaN.
-        defined = ~nm & ~dm & (dv > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            values = np.where(defined, nv / dv, np.nan).astype(np.float32)
-        return steps, values, ~defined
-    blocks = blocks_of(column)
+    if column not in DERIVED:
+        return plain(column)
+    numerator, denominator = DERIVED[column]
+    steps, nv, nm = plain(numerator)
+    _, dv, dm = plain(denominator)
+    # Undefined (missing, not Inf) where the weights are all zero, as for
+    # a fresh bias; NaN stays NaN.
+    defined = ~nm & ~dm & (dv > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = np.where(defined, nv / dv, np.nan).astype(np.float32)
+    return steps, values, ~defined
+
+
+def lay_out(blocks, row_names):
+    """Layouts' ``Block`` objects of one column on the union of their steps: ``(steps [S], values [S, R], missing [S, R])``.
+
+    Args:
+      blocks: One ``Block`` per layout, earliest-written first (later ones
+        win where two wrote the same row at the same step).
+      row_names: The rows to lay out.
+
+    Returns:
+      float32 values, NaN where missing.
+    """
     steps = union_steps([b.steps for b in blocks])
     values = np.full((len(steps), len(row_names)), np.nan, np.float32)
     missing = np.ones(values.shape, bool)
@@ -163,6 +177,76 @@ def lay_out(blocks_of, column, row_names):
             values[ix] = np.where(b.keep, b.data, values[ix])
             missing[ix] &= ~b.keep
     return steps, values, missing
+
+
+@dataclasses.dataclass
+class Laid:
+    """One column laid out (``lay_out``) and kept, so that a run that grows costs its new steps (``grow``).
+
+    Attributes:
+      rows: The row names laid out.
+      basis: Per layout, what its block was: ``(names, steps, source)``,
+        ``source`` a weak reference to the block's ``source`` (None for a
+        block without data). Weak: the arrays belong to the store, whose
+        cache may drop them; a heatmap must not keep them alive.
+      steps, values, missing: ``growing.Stack`` objects.
+    """
+
+    rows: list
+    basis: list
+    steps: growing.Stack
+    values: growing.Stack
+    missing: growing.Stack
+
+    @property
+    def nbytes(self):
+        return self.steps.nbytes + self.values.nbytes + self.missing.nbytes
+
+    def views(self):
+        """``(steps, values, missing)``, read-only views that later growth does not change."""
+        return self.steps.view(), self.values.view(), self.missing.view()
+
+
+def grow(previous, blocks, row_names):
+    """A ``Laid`` of ``blocks``: ``previous`` extended when only new steps came, else laid out anew.
+
+    Extending is exact when every layout's block holds what it held before
+    (the same ``source``, the same steps first) plus rows at steps after the
+    last one laid out, and the rows are the same: then the new cells are laid
+    out alone, by the same rules, and appended. Anything else (a rewound or
+    rewritten tag, a new layout, a step between the old ones, a block the
+    store dropped) lays out all. ``previous`` is extended in place: the
+    caller holds a lock for it.
+    """
+    basis = [(b.names, b.steps, None if b.data is None else weakref.ref(b.source)) for b in blocks]
+    if previous is not None and _only_new_steps(previous, blocks, row_names):
+        new = []
+        for b, (_, old, _) in zip(blocks, previous.basis):
+            n = len(old)
+            new.append(Block(b.steps[n:], b.names, *(None if a is None else a[n:] for a in (b.data, b.keep))))
+        steps, values, missing = lay_out(new, row_names)
+        previous.steps.extend(steps)
+        previous.values.extend(values)
+        previous.missing.extend(missing)
+        previous.basis = basis
+        return previous
+    steps, values, missing = lay_out(blocks, row_names)
+    return Laid(row_names, basis, growing.Stack(steps), growing.Stack(values), growing.Stack(missing))
+
+
+def _only_new_steps(previous, blocks, row_names):
+    if previous.rows != row_names or len(previous.basis) != len(blocks):
+        return False
+    steps = previous.steps.view()
+    last = steps[-1] if len(steps) else np.iinfo(np.int64).min
+    for b, (names, old, source) in zip(blocks, previous.basis):
+        if (b.data is None) != (source is None) or b.names != names or len(b.steps) < len(old):
+            return False
+        if source is not None and (b.source is None or source() is not b.source):
+            return False
+        if not np.array_equal(b.steps[: len(old)], old) or (len(b.steps) > len(old) and b.steps[len(old)] <= last):
+            return False
+    return True
 
 
 def _as_slice(index):
@@ -202,12 +286,15 @@ class Block:
         aggregate.
       keep: bool ``[S, r]``: the cells that hold a value (the writer stores
         -1 for "no value"; a check row with a NaN status was not checked).
+      source: For ``grow``, an object that stays the same while the arrays
+        only grow (what the store keeps them in), or None when unknown.
     """
 
     steps: np.ndarray
     names: list
     data: object = None
     keep: object = None
+    source: object = None
 
 
 def block(part, granularity, column, aggregate):

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from tb_gradcheck import cache
+from tb_gradcheck import growing
 from tb_gradcheck import kept
 from tb_gradcheck import merge
 from tb_gradcheck import metadata
@@ -119,7 +120,7 @@ class Store:
         self._provider = data_provider
         self._listing_ttl = listing_ttl
         self.cache = cache.Cache(cache_bytes)
-        self._locks = {}  # (experiment, run, tag) -> the lock its reads take
+        self._locks = {}  # key -> its lock (see lock)
         self._locks_lock = threading.Lock()
 
     def runs(self, ctx, experiment_id):
@@ -137,7 +138,7 @@ class Store:
         """``([merge.Part], [Problem])``: every layout of ``kind``/``granularity`` in a run, decoded."""
         parts, problems = [], []
         for s in index.layouts(kind, granularity):
-            summary, [(values,)] = self._tag(ctx, experiment_id, index.run, s, [kept.VALUES])
+            summary, [((values,), _)] = self._tag(ctx, experiment_id, index.run, s, [kept.VALUES])
             parts.append(merge.Part(s.content, summary.steps, values))
             problems += summary.problems
         return parts, problems
@@ -157,8 +158,8 @@ class Store:
                 summary, _ = self._tag(ctx, experiment_id, index.run, s)
                 out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0]))
                 continue
-            summary, [(data, keep)] = self._tag(ctx, experiment_id, index.run, s, [product])
-            out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0], data, keep))
+            summary, [((data, keep), source)] = self._tag(ctx, experiment_id, index.run, s, [product])
+            out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0], data, keep, source))
         return out
 
     def summary(self, ctx, experiment_id, run, series):
@@ -245,10 +246,14 @@ class Store:
         return hit
 
     def _tag(self, ctx, experiment_id, run, series, wanted=()):
-        """``(Summary, [views])`` of one tag at its listed version, and read-only views of each wanted product.
+        """``(Summary, [(views, source)])`` of one tag at its listed version and each wanted product.
+
+        ``views`` are read-only views of the product's arrays, as many rows as
+        the summary has steps; ``source`` is the object they are kept in,
+        which stays the same while the product only grows (``merge.grow``).
 
         A product is what is kept of a tag's values: ``kept.VALUES`` (every
-        readable point, ``[S, ...]``) or a block (``_block_product``: one
+        readable point, ``[S, ...]``) or a block (``kept.block_product``: one
         column's data and keep, ``[S, r]`` each). Each is a cache entry of its
         own, next to the tag's small ``Summary``. The provider is read at most
         once per call, and only when the listed version moved on or a wanted
@@ -257,12 +262,12 @@ class Store:
         """
         base = (experiment_id, run, series.tag)
         version = _version(series)
-        with self._lock(base):
+        with self.lock(("tag", *base)):
             state = self.cache.get(("summary", *base))
             if state is not None and state[0] == version:
                 held = [self._held(base, product, version) for product in wanted]
                 if all(h is not None for h in held):
-                    return state[1], [tuple(stack.view() for stack in h) for h in held]
+                    return state[1], [_views(h) for h in held]
             return self._refresh(ctx, experiment_id, run, series, state, wanted)
 
     def _refresh(self, ctx, experiment_id, run, series, state, wanted):
@@ -308,7 +313,7 @@ class Store:
                 if whole is None:
                     whole = points.decode(series, data, limit)[2]
                 rows = kept.rows(series.content, product, whole)
-                held = tuple(kept.Stack(np.ascontiguousarray(r)) for r in rows)
+                held = tuple(growing.Stack(np.ascontiguousarray(r)) for r in rows)
             if held is None:  # neither held nor wanted: not worth decoding the whole tag for
                 self.cache.pop((product, *base))
                 products.discard(product)
@@ -319,7 +324,7 @@ class Store:
             self.cache.put(
                 (product, *base), (version, held), nbytes, cost=nbytes if product == kept.VALUES else read_back
             )
-            views[product] = tuple(stack.view() for stack in held)
+            views[product] = _views(held)
         self.cache.put(
             ("summary", *base), (version, summary, frozenset(products)), summary.nbytes + 512, cost=read_back
         )
@@ -330,9 +335,15 @@ class Store:
         hit = self.cache.get((product, *base))
         return hit[1] if hit is not None and hit[0] == version else None
 
-    def _lock(self, base):
+    def lock(self, key):
+        """The lock of ``key``: work on a cache entry that one request at a time should do (a read, a merge)."""
         with self._locks_lock:
-            return self._locks.setdefault(base, threading.Lock())
+            return self._locks.setdefault(key, threading.Lock())
+
+
+def _views(held):
+    """``(views, source)`` of a product's stacks: read-only views, and what ``merge.grow`` knows them by."""
+    return tuple(stack.view() for stack in held), held[0]
 
 
 def _same_points(a, b):

@@ -2,7 +2,7 @@
 
 The data provider returns every point of a tag at each read; the store
 decodes only the points after its previous read (``points.decode``) and
-appends them to what it keeps (``kept.Stack``). These tests hold that
+appends them to what it keeps (``growing.Stack``). These tests hold that
 against starting over: first on the decoder alone, then through TensorBoard
 itself, on both data paths (the Python multiplexer and the Rust data
 server), with a run written by the real ``GradientWriter`` in stages while
@@ -19,7 +19,8 @@ from conftest import get_json
 from conftest import make_app
 from rawlogs import stats_content
 from rawlogs import stats_points
-from tb_gradcheck import kept
+from tb_gradcheck import growing
+from tb_gradcheck import merge
 from tb_gradcheck import metadata
 from tb_gradcheck import points
 from tb_gradcheck import store
@@ -111,7 +112,7 @@ def test_a_read_that_is_not_a_grown_copy_of_the_last_is_decoded_whole(change):
 
 
 def test_a_stack_grows_without_changing_a_view_handed_out():
-    stack = kept.Stack(np.arange(6, dtype=np.float32).reshape(3, 2))
+    stack = growing.Stack(np.arange(6, dtype=np.float32).reshape(3, 2))
     before = stack.view()
     for k in range(5):
         stack.extend(np.full((4, 2), k, np.float32))
@@ -210,16 +211,22 @@ def _reload(tb, data_path, client, run, last_step):
 
 @pytest.fixture
 def decodes(monkeypatch):
-    """Every decode the store makes: ``[(tag, fresh, number of points decoded)]``."""
+    """Every decode the store makes, ``[(tag, fresh, points decoded)]``, and every heatmap column laid out, ``[("laid", extended)]``."""
     seen = []
-    original = points.decode
+    decode, grow = points.decode, merge.grow
 
-    def recording(series, data, limit=None, previous=None):
-        out = original(series, data, limit, previous)
+    def decoding(series, data, limit=None, previous=None):
+        out = decode(series, data, limit, previous)
         seen.append((series.tag, out[1], len(out[2])))
         return out
 
-    monkeypatch.setattr(points, "decode", recording)
+    def growing_(previous, blocks, row_names):
+        out = grow(previous, blocks, row_names)
+        seen.append(("laid", out is previous))
+        return out
+
+    monkeypatch.setattr(points, "decode", decoding)
+    monkeypatch.setattr(merge, "grow", growing_)
     return seen
 
 
@@ -241,8 +248,11 @@ def test_a_run_that_grows_while_the_server_is_up_answers_as_a_fresh_server(tmp_p
     _reload(tb, data_path, client, "live", 44)
     _reload(tb, data_path, client, "windowed", 30)
     _answers(client, ["live", "windowed"])
-    assert [d for d in decodes if d[1] > 0], decodes
-    assert not [d for d in decodes if d[1] == 0 and d[2] > 0], decodes  # nothing decoded whole again
+    assert [d for d in decodes if d[0] != "laid" and d[1] > 0], decodes
+    assert not [d for d in decodes if d[0] != "laid" and d[1] == 0 and d[2] > 0], decodes  # nothing decoded whole again
+    # Every heatmap column was extended by the new steps, none laid out anew.
+    laid = [d[1] for d in decodes if d[0] == "laid"]
+    assert laid and all(laid), decodes
 
     # A malformed point under the stats tag, then more steps: still only new points.
     st, ctx, eid = store.local_store(logdir)
@@ -272,7 +282,7 @@ def test_a_run_that_grows_while_the_server_is_up_answers_as_a_fresh_server(tmp_p
     windowed.close()
     _reload(tb, data_path, client, "live", 49 if data_path == "rust" else 55)
     live = _answers(client, ["live", "windowed"])
-    assert [d for d in decodes if d[1] == 0 and d[2] > 0], decodes  # a rewound tag is decoded whole
+    assert [d for d in decodes if d[0] != "laid" and d[1] == 0 and d[2] > 0], decodes  # a rewound tag: decoded whole
 
     fresh_client, _ = make_app(logdir, data_path)
     deadline = time.time() + 60
