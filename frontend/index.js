@@ -8,18 +8,17 @@
 // no DOM; the DOM modules (controls, views, panel, heatmap, chart, theme)
 // import pure ones, never the reverse.
 
-import {Api, checksUrl, compareUrl, fetchJson, findingsUrl, heatmapUrl} from './api.js';
+import {Api, checksUrl, compareUrl, fetchJson, heatmapUrl} from './api.js';
 import {stepAxis} from './axes.js';
 import {LineChart} from './chart.js';
 import {alignRows, chooseAlignment} from './compare.js';
 import {buildLayout, setSegmented, showControls, wireRowbar} from './controls.js';
 import {makeMeasure} from './dom.js';
-import {evidenceItems, findingKey, KIND_LABELS, layerHeadline, runNeedingAttention, sortFindings} from './findings.js';
-import {stepRangeText} from './format.js';
+import {findingKey, runNeedingAttention} from './findings.js';
+import {makeFindingsLoader} from './findingsload.js';
 import {HeatmapCanvas} from './heatmap.js';
 import {makePainter} from './paint.js';
 import {showLossScaleTrack} from './trackview.js';
-import {renderFindings} from './panel.js';
 import {wirePointer} from './pointer.js';
 import {buildPlan, groupRows} from './rows.js';
 import {aggregatesOf, reconcileSelection, runsChanged} from './selection.js';
@@ -119,15 +118,16 @@ export function render() {
   // --- findings ---------------------------------------------------------------
 
   const activeFinding = () => (st.findings.list || []).find((f) => findingKey(f) === st.activeKey) || null;
-
-  function renderFindingsPanel() {
-    const f = st.findings;
-    renderFindings(ui.findings, {
-      run: f.run, findings: f.list, error: f.error, loading: f.list === null && !f.error, activeKey: st.activeKey,
-      keyOf: findingKey, headline: layerHeadline, evidence: evidenceItems, stepText: stepRangeText,
-      kindLabel: (k) => KIND_LABELS[k] || k.replace(/_/g, ' '), noun: st.sel ? st.sel.granularity : 'layer',
-    });
-  }
+  // Findings are asked for after the heatmap (see loadView), one request per run at a time.
+  const findingsView = makeFindingsLoader({
+    st, api, ui,
+    onShown: () => main.grid && highlightActive(),
+    onLoaded: () => {
+      if (!main.grid) return;
+      applyMarks();
+      highlightActive();
+    },
+  });
 
   function toggleFinding(key) {
     if (st.activeKey === key) return clearFinding();
@@ -140,7 +140,7 @@ export function render() {
       st.rows.zoom = null;
       replan();
     }
-    renderFindingsPanel();
+    findingsView.renderPanel();
     const change = {};
     if (f.metric && (info().metrics || []).includes(f.metric) && f.metric !== st.sel.metric) change.metric = f.metric;
     const metric = change.metric || st.sel.metric;
@@ -152,7 +152,7 @@ export function render() {
   function clearFinding() {
     if (!st.activeKey) return;
     st.activeKey = null;
-    renderFindingsPanel();
+    findingsView.renderPanel();
     highlightActive();
   }
 
@@ -163,53 +163,6 @@ export function render() {
   doc.addEventListener('keydown', (e) => {
     if (e.key === 'Escape') clearFinding();
   });
-
-  async function fetchFindings(run) {
-    const res = await api.get(`findings:${run}`, findingsUrl(run));
-    if (res.stale) return null;
-    const list = sortFindings((res.value && res.value.findings) || []);
-    st.findingsByRun.set(run, list);
-    return list;
-  }
-
-  // The panel of `run` at once (its list if known, else "loading"), before
-  // its findings are asked for.
-  function renderFindingsFor(run) {
-    if (st.findings.run !== run) {
-      st.findings = {run, list: st.findingsByRun.get(run) || null, error: null};
-      st.activeKey = null;
-    }
-    renderFindingsPanel();
-  }
-
-  // What loadView calls once the heatmap answered: the findings of `run`,
-  // unless the selection moved to another run meanwhile.
-  const findingsAfter = (run, fresh = false) => () => {
-    if (st.sel && st.sel.run === run) loadFindings(run, fresh);
-  };
-
-  // fresh: ask the server again (refresh, poll); else a list fetched while
-  // choosing the run to open on is used as it is.
-  async function loadFindings(run, fresh = false) {
-    renderFindingsFor(run);
-    if (st.findings.list && !fresh) {
-      if (main.grid) highlightActive();
-      return;
-    }
-    try {
-      const list = await fetchFindings(run);
-      if (list === null || st.findings.run !== run) return;
-      st.findings = {run, list, error: null};
-    } catch (err) {
-      if (st.findings.run !== run) return;
-      st.findings = {...st.findings, error: `Could not load findings: ${err.message}`};
-    }
-    renderFindingsPanel();
-    if (main.grid) {
-      applyMarks();
-      highlightActive();
-    }
-  }
 
   // --- controls ---------------------------------------------------------------
 
@@ -239,8 +192,8 @@ export function render() {
     save();
     syncControls();
     const run = st.sel.run;
-    if (run !== prevRun) renderFindingsFor(run);
-    loadView(run !== prevRun ? findingsAfter(run) : null);
+    if (run !== prevRun) findingsView.show(run);
+    loadView(run !== prevRun ? findingsView.after(run) : null);
   }
 
   const segmentedValue = (e) => {
@@ -306,15 +259,15 @@ export function render() {
       // but for OPENING_WAIT_MS at most (a busy TensorBoard answers one
       // request at a time); then the most severe among those that answered.
       // With one run there is nothing to choose: its heatmap comes first.
-      const all = Promise.allSettled(st.runs.map((r) => fetchFindings(r.run)));
+      const all = Promise.allSettled(st.runs.map((r) => findingsView.fetchFindings(r.run)));
       await Promise.race([all, new Promise((resolve) => window.setTimeout(resolve, OPENING_WAIT_MS))]);
       prefer = runNeedingAttention(st.runs.map((r) => r.run), st.findingsByRun);
     }
     st.sel = reconcileSelection(st.runs, st.sel || saved, prefer);
     syncControls();
     const run = st.sel.run;
-    renderFindingsFor(run);
-    await loadView(findingsAfter(run, !first));
+    findingsView.show(run);
+    await loadView(findingsView.after(run, !first));
   }
 
   function showEmpty() {
@@ -458,8 +411,8 @@ export function render() {
     if (changed || listChanged || selChanged) syncControls();
     if (changed || selChanged) {
       const run = st.sel.run;
-      renderFindingsFor(run);
-      await loadView(findingsAfter(run, true));
+      findingsView.show(run);
+      await loadView(findingsView.after(run, true));
     }
   }
 

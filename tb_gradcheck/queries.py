@@ -221,8 +221,14 @@ def findings(st, ctx, experiment_id, run, thresholds=None):
     hit = st.cache.get(key)
     if hit is not None:
         return hit
-    found = _find(st, ctx, experiment_id, index, run, thresholds)
-    return st.cache.put(key, found, 2048 * (1 + len(found)), cost=index.read_bytes())
+    # One computation per run at a time: requests that arrive meanwhile (a
+    # second tab, a poll) wait for it and take its answer if the run did not change.
+    with st.lock(("findings", experiment_id, run)):
+        hit = st.cache.get(key)
+        if hit is not None:
+            return hit
+        found = _find(st, ctx, experiment_id, index, run, thresholds)
+        return st.cache.put(key, found, 2048 * (1 + len(found)), cost=index.read_bytes())
 
 
 def _find(st, ctx, experiment_id, index, run, thresholds):
