@@ -15,8 +15,9 @@ class Stack:
     only ever added after them, so a view never changes under its reader.
     """
 
-    def __init__(self, rows):
-        self._held = (rows, len(rows))  # (buffer, rows used): replaced as one, never torn
+    def __init__(self, rows, used=None):
+        """``rows``: the buffer, of which the first ``used`` rows (default all) are held; the rest is room."""
+        self._held = (rows, len(rows) if used is None else used)  # (buffer, rows used): replaced as one, never torn
 
     def __len__(self):
         return self._held[1]

@@ -143,19 +143,22 @@ def derived(plain, column):
     return steps, values, ~defined
 
 
-def lay_out(blocks, row_names):
+def lay_out(blocks, row_names, spare=0):
     """Layouts' ``Block`` objects of one column on the union of their steps: ``(steps [S], values [S, R], missing [S, R])``.
 
     Args:
       blocks: One ``Block`` per layout, earliest-written first (later ones
         win where two wrote the same row at the same step).
       row_names: The rows to lay out.
+      spare: Int, rows to allocate after the ``S`` laid out (``grow``): the
+        arrays returned are then ``S + spare`` long, the rows after ``S``
+        unspecified.
 
     Returns:
       float32 values, NaN where missing.
     """
     steps = union_steps([b.steps for b in blocks])
-    values = np.full((len(steps), len(row_names)), np.nan, np.float32)
+    values = np.full((len(steps) + spare, len(row_names)), np.nan, np.float32)
     missing = np.ones(values.shape, bool)
     where = {name: j for j, name in enumerate(row_names)}
     for b in blocks:
@@ -176,6 +179,8 @@ def lay_out(blocks, row_names):
             ix = np.ix_(at, rs)
             values[ix] = np.where(b.keep, b.data, values[ix])
             missing[ix] &= ~b.keep
+    if spare:
+        steps = np.concatenate([steps, np.zeros(spare, np.int64)])
     return steps, values, missing
 
 
@@ -224,21 +229,27 @@ def grow(previous, blocks, row_names):
         for b, (_, old, _) in zip(blocks, previous.basis):
             n = len(old)
             new.append(Block(b.steps[n:], b.names, *(None if a is None else a[n:] for a in (b.data, b.keep))))
-        steps, values, missing = lay_out(new, row_names)
+        # A layout that came after the others (a new tag) is new steps whole.
+        steps, values, missing = lay_out(new + blocks[len(previous.basis) :], row_names)
         previous.steps.extend(steps)
         previous.values.extend(values)
         previous.missing.extend(missing)
         previous.basis = basis
         return previous
-    steps, values, missing = lay_out(blocks, row_names)
-    return Laid(row_names, basis, growing.Stack(steps), growing.Stack(values), growing.Stack(missing))
+    # Laid out again over a view laid out before: the run is live, and the
+    # arrays get room to grow into now rather than a copy at the next poll.
+    count = len(union_steps([b.steps for b in blocks]))
+    arrays = lay_out(blocks, row_names, 0 if previous is None else 1 + count // 4)
+    return Laid(row_names, basis, *(growing.Stack(a, count) for a in arrays))
 
 
 def _only_new_steps(previous, blocks, row_names):
-    if previous.rows != row_names or len(previous.basis) != len(blocks):
+    if previous.rows != row_names or len(blocks) < len(previous.basis):
         return False
     steps = previous.steps.view()
     last = steps[-1] if len(steps) else np.iinfo(np.int64).min
+    if any(len(b.steps) and b.steps[0] <= last for b in blocks[len(previous.basis) :]):
+        return False
     for b, (names, old, source) in zip(blocks, previous.basis):
         if (b.data is None) != (source is None) or b.names != names or len(b.steps) < len(old):
             return False

@@ -122,6 +122,49 @@ def test_a_stack_grows_without_changing_a_view_handed_out():
     assert stack.nbytes >= after.nbytes  # room to spare is counted
 
 
+class Source:
+    """What the store keeps a block in (merge.Block.source): known to merge.grow by identity only."""
+
+
+def _block(steps, names, seed, source):
+    rng = np.random.default_rng(seed)
+    data = rng.random((len(steps), len(names))).astype(np.float32)
+    data[rng.random(data.shape) < 0.2] = -1  # no gradient
+    data[rng.random(data.shape) < 0.05] = np.nan
+    return merge.Block(np.asarray(steps, np.int64), list(names), *merge.stats_cells(data), source)
+
+
+def _cut(b, n):
+    return merge.Block(b.steps[:n], b.names, b.data[:n], b.keep[:n], b.source)
+
+
+def test_a_laid_out_column_grows_into_what_laying_out_every_block_gives():
+    rows = ["a", "b", "c", "d"]
+    one, two = Source(), Source()
+    full = [_block(range(0, 60), ["a", "b"], 1, one), _block(range(0, 60, 2), ["c", "d"], 2, two)]
+    stages = [
+        ([_cut(full[0], 10), _cut(full[1], 5)], False),  # the first look
+        ([_cut(full[0], 25), _cut(full[1], 12)], True),  # both layouts grew
+        ([_cut(full[0], 25), _cut(full[1], 12)], True),  # nothing new
+        ([_cut(full[0], 40), _cut(full[1], 12)], True),  # one grew, the other lags behind
+        ([_cut(full[0], 40), _cut(full[1], 25)], False),  # the lagging one wrote steps already laid out
+        (
+            [_cut(full[0], 40), _cut(full[1], 25), _block(range(100, 110), ["a", "d"], 3, Source())],
+            True,
+        ),  # a new layout after them
+        ([_cut(full[0], 40), _block(range(0, 60, 2)[:26], ["c", "d"], 4, Source())], False),  # a layout rewritten
+    ]
+    laid = None
+    for blocks, extended in stages:
+        before = laid
+        laid = merge.grow(laid, blocks, rows)
+        assert (laid is before) == extended
+        want = merge.lay_out(blocks, rows)
+        for got, expected in zip(laid.views(), want):
+            assert got.tobytes() == expected.tobytes()
+            assert not got.flags.writeable
+
+
 # --- through TensorBoard, while the run grows ---------------------------------
 
 ROWS = ("net/a", "net/b", "net/c")
