@@ -137,8 +137,12 @@ class Store:
     def parts(self, ctx, experiment_id, index, kind, granularity):
         """``([merge.Part], [Problem])``: every layout of ``kind``/``granularity`` in a run, decoded."""
         parts, problems = [], []
+        # A run whose values would take most of the cache (2,000 rows x 10,000
+        # steps: 960 MB) is read for the caller and not kept: kept, its tags
+        # would only push out what the tab shows (its heatmap's blocks).
+        keep = index.read_bytes() <= self.cache.max_bytes // 2
         for s in index.layouts(kind, granularity):
-            summary, [((values,), _)] = self._tag(ctx, experiment_id, index.run, s, [kept.VALUES])
+            summary, [((values,), _)] = self._tag(ctx, experiment_id, index.run, s, [kept.VALUES], keep)
             parts.append(merge.Part(s.content, summary.steps, values))
             problems += summary.problems
         return parts, problems
@@ -245,7 +249,7 @@ class Store:
             self.cache.put(key, hit, 4 * len(content_bytes) + 256)
         return hit
 
-    def _tag(self, ctx, experiment_id, run, series, wanted=()):
+    def _tag(self, ctx, experiment_id, run, series, wanted=(), keep=True):
         """``(Summary, [(views, source)])`` of one tag at its listed version and each wanted product.
 
         ``views`` are read-only views of the product's arrays, as many rows as
@@ -258,7 +262,8 @@ class Store:
         own, next to the tag's small ``Summary``. The provider is read at most
         once per call, and only when the listed version moved on or a wanted
         product is not held; one request at a time reads a given tag, and the
-        others then find what it read.
+        others then find what it read. ``keep=False`` makes the wanted
+        products for this call only, without putting them in the cache.
         """
         base = (experiment_id, run, series.tag)
         version = _version(series)
@@ -268,9 +273,9 @@ class Store:
                 held = [self._held(base, product, version) for product in wanted]
                 if all(h is not None for h in held):
                     return state[1], [_views(h) for h in held]
-            return self._refresh(ctx, experiment_id, run, series, state, wanted)
+            return self._refresh(ctx, experiment_id, run, series, state, wanted, keep)
 
-    def _refresh(self, ctx, experiment_id, run, series, state, wanted):
+    def _refresh(self, ctx, experiment_id, run, series, state, wanted, keep=True):
         """Reads a tag and brings its summary and products up to date; see ``_tag``.
 
         The provider returns every point of the tag; when the tag grew since
@@ -318,13 +323,17 @@ class Store:
                 self.cache.pop((product, *base))
                 products.discard(product)
                 continue
+            views[product] = _views(held)
+            if not keep and product in wanted:
+                self.cache.pop((product, *base))
+                products.discard(product)
+                continue
             nbytes = sum(stack.nbytes for stack in held) + 256
             # A decoded tag's values cost what they take; a block, a share of
             # them, costs the whole tag to read back, so it outlives them.
             self.cache.put(
                 (product, *base), (version, held), nbytes, cost=nbytes if product == kept.VALUES else read_back
             )
-            views[product] = _views(held)
         self.cache.put(
             ("summary", *base), (version, summary, frozenset(products)), summary.nbytes + 512, cost=read_back
         )
