@@ -118,6 +118,11 @@ def _p(samples, q):
 
 
 def run(quick=False):
+    return run_layers(quick) + run_scale(quick)
+
+
+def run_layers(quick=False):
+    """200 layers x 10,000 steps through a real `tensorboard`, both data paths."""
     steps = 2_000 if quick else 10_000
     requests = 20 if quick else 100
     rows = []
@@ -170,8 +175,172 @@ def run(quick=False):
     return rows
 
 
+# --- a long run of 2,000 rows, opened and polled while it grows -------------------
+
+TARGET_FIRST_LOOK_S = 5.0  # issue 29: first heatmap of 2,000 x 10,000 within 5 s of TensorBoard loading
+TARGET_POLL_S = 0.5  # issue 29: a poll that finds 100 new steps
+POLL_STEPS = 100
+
+
+def _provider(logdir, label):
+    """TensorBoard's own data provider over ``logdir``, every point kept, loaded; ``(provider, stop)``."""
+    from tensorboard import context
+    from tensorboard.data import server_ingester
+    from tensorboard.util import grpc_util
+
+    from tb_gradcheck import metadata
+    from tb_gradcheck import store
+
+    if label == "python":
+        st, _, _ = store.local_store(logdir)
+        return st._provider, lambda: None
+    ingester = server_ingester.SubprocessServerDataIngester(
+        server_ingester.get_server_binary(),
+        str(logdir),
+        reload_interval=0,
+        channel_creds_type=grpc_util.ChannelCredsType.LOCAL,
+        samples_per_plugin={metadata.PLUGIN_NAME: 0},
+    )
+    ingester.start()
+    provider, seen, deadline = ingester.data_provider, None, time.time() + 600
+    while time.time() < deadline:  # the data server loads in the background
+        listing = provider.list_tensors(context.RequestContext(), experiment_id="", plugin_name=metadata.PLUGIN_NAME)
+        now = sorted((tag, ts.max_step) for tags in listing.values() for tag, ts in tags.items())
+        if now and now == seen:
+            break
+        seen = now
+        time.sleep(2)
+    # The data server runs with --die-after-stdin: closing its stdin stops it.
+    return provider, ingester._stdin_handle.close
+
+
+def _floor(provider, tags=None):
+    """Seconds the provider takes to hand over every point of every gradient tag (or of ``tags``): what any read pays."""
+    from tensorboard import context
+    from tensorboard.data import provider as tb_provider
+
+    from tb_gradcheck import metadata
+    from tb_gradcheck import points
+
+    ctx = context.RequestContext()
+    listing = provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
+    started = time.perf_counter()
+    for run, series in listing.items():
+        for tag, ts in series.items():
+            if tags is not None and tag not in tags:
+                continue
+            limit = points.read_limit(metadata.parse(ts.plugin_content))
+            flt = tb_provider.RunTagFilter(runs=[run], tags=[tag])
+            provider.read_tensors(
+                ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=flt, downsample=limit
+            )
+    return time.perf_counter() - started
+
+
+def _grow(logdir, first_step, chunk_steps):
+    """Writes ``POLL_STEPS`` more steps of the 2,000-row run, in a process of its own, as a training job would."""
+    code = (
+        "import sys; sys.path[:0] = sys.argv[1:3]; from benchmarks.frontend import write_transformer; "
+        f"write_transformer(sys.argv[3], {POLL_STEPS}, first_step={first_step}, chunk_steps={chunk_steps})"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run(
+        [sys.executable, "-c", code, root, os.path.join(root, "tests"), str(logdir)],
+        check=True,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+
+
+def _last_tags(provider):
+    """The tags holding the newest step of each layout (all of them, unless tags are split by steps)."""
+    from tensorboard import context
+
+    from tb_gradcheck import metadata
+
+    listing = provider.list_tensors(context.RequestContext(), experiment_id="", plugin_name=metadata.PLUGIN_NAME)
+    newest = max(ts.max_step for tags in listing.values() for ts in tags.values())
+    return {tag for tags in listing.values() for tag, ts in tags.items() if ts.max_step == newest}
+
+
+def _scale_rows(label, logdir, steps, chunk_steps, polls):
+    """First look and polls of the 2,000-row run on one data path: ``[row]``."""
+    from benchmarks.frontend import BIG_ROWS
+    from benchmarks.frontend import _serving
+
+    flags = ["--reload_interval", "1"] + (["--load_fast", "false"] if label == "python" else [])
+    proc, base = launch_tensorboard(logdir, flags)
+    run = f"{base}/data/plugin/gradients/"
+    heat = run + "heatmap?run=transformer&metric=grad_norm&granularity=layer&aggregate=last&width=1652&encoding=f32"
+    try:
+        _serving(base, "loading", "transformer", steps)  # loaded; nothing read for the default experiment yet
+        started = time.perf_counter()
+        _get(run + "runs")
+        _, body = _get(heat)
+        first = time.perf_counter() - started
+        assert json.loads(body)["num_steps"] == steps
+        found, times = [], []
+        for k in range(polls):
+            _grow(logdir, steps + POLL_STEPS * k, chunk_steps)
+            time.sleep(3)  # TensorBoard reloads every second
+            started = time.perf_counter()
+            _get(run + "runs")
+            _, body = _get(heat)
+            times.append(time.perf_counter() - started)
+            found.append(json.loads(body)["num_steps"] - steps - POLL_STEPS * k)
+        rss = _rss_kib(proc.pid) / 1024
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    provider, stop = _provider(logdir, label)
+    try:
+        floor = _floor(provider)
+        floor_poll = _floor(provider, _last_tags(provider))
+    finally:
+        stop()
+    layout = (
+        f"tags split every {chunk_steps:,} steps (not what GradientWriter writes)"
+        if chunk_steps
+        else "one tag per layout"
+    )
+    what = f"{BIG_ROWS:,} rows x {steps:,} steps, {layout}"
+    return [
+        row(
+            f"scale {label}: first look (runs + heatmap) after TensorBoard loaded, {what}, vs the provider handing over every point",
+            floor,
+            first,
+            "s",
+            limit=TARGET_FIRST_LOOK_S if not chunk_steps else None,
+        ),
+        row(
+            f"scale {label}: poll that finds {POLL_STEPS} new steps (runs + heatmap), median of {polls} "
+            f"(steps found: {found}), {what}, vs the provider handing over the changed tags",
+            floor_poll,
+            statistics.median(times),
+            "s",
+            limit=TARGET_POLL_S,
+        ),
+        row(f"scale {label}: TensorBoard resident memory after the polls, {what}", None, rss, "MiB"),
+    ]
+
+
+def run_scale(quick=False, chunked=True):
+    """The 2,000-row run (``benchmarks.frontend.write_transformer``): first look and polls, both data paths."""
+    from benchmarks.frontend import write_transformer
+
+    steps, polls = (1_000, 2) if quick else (10_000, 3)
+    rows = []
+    for chunk_steps in (None, 1_000) if chunked else (None,):
+        for label in ("rust", "python"):
+            with tempfile.TemporaryDirectory() as logdir:
+                write_transformer(logdir, steps, chunk_steps=chunk_steps)
+                rows += _scale_rows(label, logdir, steps, chunk_steps, polls)
+    return rows
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from benchmarks.__main__ import print_table
 
-    print_table(run(quick="--quick" in sys.argv))
+    quick = "--quick" in sys.argv
+    print_table(run_scale(quick) if "--scale" in sys.argv else run(quick))

@@ -8,18 +8,17 @@
 // no DOM; the DOM modules (controls, views, panel, heatmap, chart, theme)
 // import pure ones, never the reverse.
 
-import {alignUrl, Api, checksUrl, compareUrl, fetchJson, findingsUrl, heatmapUrl} from './api.js';
+import {alignUrl, Api, checksUrl, compareUrl, fetchJson, heatmapUrl} from './api.js';
 import {stepAxis} from './axes.js';
 import {LineChart} from './chart.js';
 import {alignmentOf, alignRows} from './compare.js';
 import {buildLayout, setSegmented, showControls, wireRowbar} from './controls.js';
 import {makeMeasure} from './dom.js';
-import {evidenceItems, findingKey, KIND_LABELS, layerHeadline, runNeedingAttention, sortFindings} from './findings.js';
-import {stepRangeText} from './format.js';
+import {findingKey, runNeedingAttention} from './findings.js';
+import {makeFindingsLoader} from './findingsload.js';
 import {HeatmapCanvas} from './heatmap.js';
 import {makePainter} from './paint.js';
 import {showLossScaleTrack} from './trackview.js';
-import {renderFindings} from './panel.js';
 import {wirePointer} from './pointer.js';
 import {buildPlan, groupRows} from './rows.js';
 import {aggregatesOf, reconcileSelection, runsChanged} from './selection.js';
@@ -114,15 +113,16 @@ export function render() {
   // --- findings ---------------------------------------------------------------
 
   const activeFinding = () => (st.findings.list || []).find((f) => findingKey(f) === st.activeKey) || null;
-
-  function renderFindingsPanel() {
-    const f = st.findings;
-    renderFindings(ui.findings, {
-      run: f.run, findings: f.list, error: f.error, loading: f.list === null && !f.error, activeKey: st.activeKey,
-      keyOf: findingKey, headline: layerHeadline, evidence: evidenceItems, stepText: stepRangeText,
-      kindLabel: (k) => KIND_LABELS[k] || k.replace(/_/g, ' '), noun: st.sel ? st.sel.granularity : 'layer',
-    });
-  }
+  // Findings are asked for after the heatmap (see loadView), one request per run at a time.
+  const findingsView = makeFindingsLoader({
+    st, api, ui,
+    onShown: () => main.grid && highlightActive(),
+    onLoaded: () => {
+      if (!main.grid) return;
+      applyMarks();
+      highlightActive();
+    },
+  });
 
   function toggleFinding(key) {
     if (st.activeKey === key) return clearFinding();
@@ -135,7 +135,7 @@ export function render() {
       st.rows.zoom = null;
       replan();
     }
-    renderFindingsPanel();
+    findingsView.renderPanel();
     const change = {};
     if (f.metric && (info().metrics || []).includes(f.metric) && f.metric !== st.sel.metric) change.metric = f.metric;
     const metric = change.metric || st.sel.metric;
@@ -147,7 +147,7 @@ export function render() {
   function clearFinding() {
     if (!st.activeKey) return;
     st.activeKey = null;
-    renderFindingsPanel();
+    findingsView.renderPanel();
     highlightActive();
   }
 
@@ -158,41 +158,6 @@ export function render() {
   doc.addEventListener('keydown', (e) => {
     if (e.key === 'Escape') clearFinding();
   });
-
-  async function fetchFindings(run) {
-    const res = await api.get(`findings:${run}`, findingsUrl(run));
-    if (res.stale) return null;
-    const list = sortFindings((res.value && res.value.findings) || []);
-    st.findingsByRun.set(run, list);
-    return list;
-  }
-
-  // fresh: ask the server again (refresh, poll); else a list fetched while
-  // choosing the run to open on is used as it is.
-  async function loadFindings(run, fresh = false) {
-    if (st.findings.run !== run) {
-      st.findings = {run, list: st.findingsByRun.get(run) || null, error: null};
-      st.activeKey = null;
-    }
-    renderFindingsPanel();
-    if (st.findings.list && !fresh) {
-      if (main.grid) highlightActive();
-      return;
-    }
-    try {
-      const list = await fetchFindings(run);
-      if (list === null || st.findings.run !== run) return;
-      st.findings = {run, list, error: null};
-    } catch (err) {
-      if (st.findings.run !== run) return;
-      st.findings = {...st.findings, error: `Could not load findings: ${err.message}`};
-    }
-    renderFindingsPanel();
-    if (main.grid) {
-      applyMarks();
-      highlightActive();
-    }
-  }
 
   // --- controls ---------------------------------------------------------------
 
@@ -220,8 +185,9 @@ export function render() {
     if (change.run || change.granularity || change.metric) st.rows.zoom = null;
     save();
     syncControls();
-    loadView();
-    if (st.sel.run !== prevRun) loadFindings(st.sel.run);
+    const run = st.sel.run;
+    if (run !== prevRun) findingsView.show(run);
+    loadView(run !== prevRun ? findingsView.after(run) : null);
   }
 
   const segmentedValue = (e) => {
@@ -282,18 +248,20 @@ export function render() {
     ui.empty.hidden = true;
     ui.selectors.hidden = false;
     let prefer = null;
-    if (first && !st.runs.some((r) => r.run === saved.run)) {
+    if (first && st.runs.length > 1 && !st.runs.some((r) => r.run === saved.run)) {
       // Open on the run that needs attention: every run's findings first,
       // but for OPENING_WAIT_MS at most (a busy TensorBoard answers one
       // request at a time); then the most severe among those that answered.
-      const all = Promise.allSettled(st.runs.map((r) => fetchFindings(r.run)));
+      // With one run there is nothing to choose: its heatmap comes first.
+      const all = Promise.allSettled(st.runs.map((r) => findingsView.fetchFindings(r.run)));
       await Promise.race([all, new Promise((resolve) => window.setTimeout(resolve, OPENING_WAIT_MS))]);
       prefer = runNeedingAttention(st.runs.map((r) => r.run), st.findingsByRun);
     }
     st.sel = reconcileSelection(st.runs, st.sel || saved, prefer);
     syncControls();
-    loadFindings(st.sel.run, !first);
-    await loadView();
+    const run = st.sel.run;
+    findingsView.show(run);
+    await loadView(findingsView.after(run, !first));
   }
 
   function showEmpty() {
@@ -315,11 +283,21 @@ export function render() {
     setReady(true);
   }
 
-  async function loadView() {
+  // The findings cost the server a pass over every column of the run
+  // (seconds at 2,000 rows), the heatmap one column: the heatmap is asked
+  // first, and `then` (the findings) as soon as its answer is in, so the
+  // server computes them while the tab draws, not while it bins the heatmap.
+  async function loadView(then = null) {
     const sel = st.sel;
-    if (!sel || !info()) return;
+    if (!sel || !info()) {
+      if (then) then();
+      return;
+    }
     hideTooltip(ui.tooltip);
-    if (!sel.metric) return fail(`Nothing in run ${sel.run} can be read; see the problems above.`);
+    if (!sel.metric) {
+      if (then) then();
+      return fail(`Nothing in run ${sel.run} can be read; see the problems above.`);
+    }
     setReady(false);
     const mode = compareMode();
     const o = st.compare.other;
@@ -337,6 +315,7 @@ export function render() {
     if (sel.metric === 'check_error') requests.push(api.get('checks', checksUrl(sel.run, sel.granularity)));
     const results = await Promise.allSettled(requests);
     const arrived = performance.now();
+    if (then) then();
     if (results.some((r) => r.status === 'fulfilled' && r.value.stale)) return;
     if (results[0].status === 'rejected') {
       return fail(`Could not load ${mode === 'ratio' ? `the ratio ${sel.run} \u00f7 ${o}` : 'the heatmap'}: ${results[0].reason.message}`);
@@ -431,8 +410,9 @@ export function render() {
     const selChanged = JSON.stringify(prev) !== JSON.stringify(st.sel);
     if (changed || listChanged || selChanged) syncControls();
     if (changed || selChanged) {
-      loadFindings(st.sel.run, true);
-      await loadView();
+      const run = st.sel.run;
+      findingsView.show(run);
+      await loadView(findingsView.after(run, true));
     }
   }
 

@@ -31,20 +31,58 @@ def bin_steps(steps, values, missing, width, reduce="max"):
     # Bin edges by index, so every bin covers (almost) the same number of writes.
     starts = np.unique(np.linspace(0, n, width + 1).astype(np.int64)[:-1])
     ends = np.append(starts[1:], n) - 1
-    present = ~missing
-    finite = present & np.isfinite(values)
-    any_finite = np.logical_or.reduceat(finite, starts, axis=0)
+    finite = np.isfinite(values)
+    holes = missing.any()
+    if holes:
+        finite &= ~missing
+    clean = not holes and finite.all()  # every cell present and finite: the common case
+    fill = {"max": -np.inf, "min": np.inf, "mean": 0.0}[reduce]
     if reduce == "mean":
-        total = np.add.reduceat(np.where(finite, values, 0.0), starts, axis=0)
-        count = np.add.reduceat(finite.astype(np.int64), starts, axis=0)
+        # A sum is not folded row by row: reduceat's order of additions is kept.
+        total = np.add.reduceat(values if clean else np.where(finite, values, fill), starts, axis=0)
+        count = (ends - starts + 1)[:, None] if clean else np.add.reduceat(finite.astype(np.int64), starts, axis=0)
         out = total / np.maximum(count, 1)
-    elif reduce == "min":
-        out = np.minimum.reduceat(np.where(finite, values, np.inf), starts, axis=0)
     else:
-        out = np.maximum.reduceat(np.where(finite, values, -np.inf), starts, axis=0)
+        out = None
+        for index in _offsets(starts, ends):
+            rows = values[index] if clean else np.where(finite[index], values[index], fill)
+            out = rows if out is None else FOLD[reduce](out, rows, out=out)
+    if clean:
+        return steps[starts], steps[ends], out, np.zeros(out.shape, bool)
+    # A finite value never equals the fill, so a bin's result is the fill
+    # exactly when it holds no finite value: no second pass to find those.
+    any_finite = count > 0 if reduce == "mean" else out != fill
     out = np.where(any_finite, out, np.nan)
-    for special in (-np.inf, np.inf, np.nan):  # later wins: NaN over +Inf over -Inf
-        hit = present & (np.isnan(values) if special != special else values == special)
-        out = np.where(np.logical_or.reduceat(hit, starts, axis=0), special, out)
-    out_missing = ~np.logical_or.reduceat(present, starts, axis=0)
-    return steps[starts], steps[ends], out, out_missing
+    special = ~finite
+    if holes:
+        special &= ~missing  # present and NaN or infinite: rare, and each wins its bin
+    if not special.any():
+        return steps[starts], steps[ends], out, ~any_finite
+    for value in (-np.inf, np.inf, np.nan):  # later wins: NaN over +Inf over -Inf
+        hit = special & (np.isnan(values) if value != value else values == value)
+        out = np.where(_fold(hit, starts, ends, np.logical_or), value, out)
+    return steps[starts], steps[ends], out, _fold(missing, starts, ends, np.logical_and)
+
+
+FOLD = {"max": np.maximum, "min": np.minimum}
+
+
+def _offsets(starts, ends):
+    """For each offset into the bins, the row at that offset of every bin at once (``[B]`` indices).
+
+    Folding all bins one offset at a time reads rows whole: ufunc.reduceat
+    along the steps, striding across rows, took 4x (float max) to 15x
+    (boolean or) longer at 10,000 steps x 2,000 rows. Bins differ in length
+    by at most one row; a shorter bin repeats its last row, which max, min,
+    or and and do not mind.
+    """
+    for offset in range(int((ends - starts).max()) + 1):
+        yield np.minimum(starts + offset, ends)
+
+
+def _fold(mask, starts, ends, ufunc):
+    """``ufunc`` (``logical_or`` or ``logical_and``) over the rows of every bin of a boolean ``[S, R]``."""
+    out = None
+    for index in _offsets(starts, ends):
+        out = mask[index] if out is None else ufunc(out, mask[index], out=out)
+    return out

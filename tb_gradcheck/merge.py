@@ -10,13 +10,16 @@ columns this version does not know, or without a column it knows, still
 merges (the unknown column is skipped, the absent one is missing).
 
 Nothing here reads files or imports TensorBoard: ``store.py`` hands over
-decoded tags as ``Part`` objects.
+decoded tags as ``Part`` objects, or one column of each as ``Block`` objects
+(what a heatmap needs, kept by the store as tags grow).
 """
 
 import dataclasses
+import weakref
 
 import numpy as np
 
+from tb_gradcheck import growing
 from tb_gradcheck import metadata
 
 # Statistics computed on read from stored columns of the same aggregate:
@@ -116,41 +119,145 @@ def slab(parts, granularity, column, aggregate=None, row_names=None):
     """
     if row_names is None:
         row_names = rows([p.content for p in parts], granularity)
-    steps = union_steps([p.steps for p in parts])
-    if column in DERIVED:
-        numerator, denominator = DERIVED[column]
-        _, nv, nm = slab(parts, granularity, numerator, aggregate, row_names)
-        _, dv, dm = slab(parts, granularity, denominator, aggregate, row_names)
-        # Undefined (missing, not Inf) where the weights are all zero, as for
-        # a fresh bias; NaN stays NaN.
-        defined = ~nm & ~dm & (dv > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            values = np.where(defined, nv / dv, np.nan).astype(np.float32)
-        return steps, values, ~defined
-    values = np.full((len(steps), len(row_names)), np.nan, np.float32)
+    return derived(lambda c: lay_out([block(p, granularity, c, aggregate) for p in parts], row_names), column)
+
+
+def derived(plain, column):
+    """One column, stored or ``DERIVED``: ``(steps [S], values [S, R], missing [S, R])``.
+
+    Args:
+      plain: ``stored column -> (steps, values, missing)``, the column laid
+        out (``lay_out``); called twice for a ``DERIVED`` column.
+      column: A stored column name, or a ``DERIVED`` one.
+    """
+    if column not in DERIVED:
+        return plain(column)
+    numerator, denominator = DERIVED[column]
+    steps, nv, nm = plain(numerator)
+    _, dv, dm = plain(denominator)
+    # Undefined (missing, not Inf) where the weights are all zero, as for
+    # a fresh bias; NaN stays NaN.
+    defined = ~nm & ~dm & (dv > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = np.where(defined, nv / dv, np.nan).astype(np.float32)
+    return steps, values, ~defined
+
+
+def lay_out(blocks, row_names, spare=0):
+    """Layouts' ``Block`` objects of one column on the union of their steps: ``(steps [S], values [S, R], missing [S, R])``.
+
+    Args:
+      blocks: One ``Block`` per layout, earliest-written first (later ones
+        win where two wrote the same row at the same step).
+      row_names: The rows to lay out.
+      spare: Int, rows to allocate after the ``S`` laid out (``grow``): the
+        arrays returned are then ``S + spare`` long, the rows after ``S``
+        unspecified.
+
+    Returns:
+      float32 values, NaN where missing.
+    """
+    steps = union_steps([b.steps for b in blocks])
+    values = np.full((len(steps) + spare, len(row_names)), np.nan, np.float32)
     missing = np.ones(values.shape, bool)
     where = {name: j for j, name in enumerate(row_names)}
-    for part in parts:
-        block = _block(part, granularity, column, aggregate)
-        if block is None:
+    for b in blocks:
+        if b.data is None or not len(b.steps):
             continue
-        data, keep, names = block
-        r = [where[n] for n in names]
-        if len(r) < len(names):  # a row the caller did not ask for
+        r = [where[n] for n in b.names if n in where]
+        if len(r) < len(b.names):  # a row the caller did not ask for
             continue
-        at = np.searchsorted(steps, part.steps)
+        at = np.searchsorted(steps, b.steps)
         rs = np.asarray(r, np.int64)
         if isinstance(_as_slice(at), slice) and isinstance(_as_slice(rs), slice):
             # The common case (one layout, or layouts that follow each other
             # in steps with the same rows): views, no fancy-index copies.
             at, rs = _as_slice(at), _as_slice(rs)
-            np.copyto(values[at, rs], data, where=keep)
-            missing[at, rs] &= ~keep
+            np.copyto(values[at, rs], b.data, where=b.keep)
+            missing[at, rs] &= ~b.keep
         else:
             ix = np.ix_(at, rs)
-            values[ix] = np.where(keep, data, values[ix])
-            missing[ix] &= ~keep
+            values[ix] = np.where(b.keep, b.data, values[ix])
+            missing[ix] &= ~b.keep
+    if spare:
+        steps = np.concatenate([steps, np.zeros(spare, np.int64)])
     return steps, values, missing
+
+
+@dataclasses.dataclass
+class Laid:
+    """One column laid out (``lay_out``) and kept, so that a run that grows costs its new steps (``grow``).
+
+    Attributes:
+      rows: The row names laid out.
+      basis: Per layout, what its block was: ``(names, steps, source)``,
+        ``source`` a weak reference to the block's ``source`` (None for a
+        block without data). Weak: the arrays belong to the store, whose
+        cache may drop them; a heatmap must not keep them alive.
+      steps, values, missing: ``growing.Stack`` objects.
+    """
+
+    rows: list
+    basis: list
+    steps: growing.Stack
+    values: growing.Stack
+    missing: growing.Stack
+
+    @property
+    def nbytes(self):
+        return self.steps.nbytes + self.values.nbytes + self.missing.nbytes
+
+    def views(self):
+        """``(steps, values, missing)``, read-only views that later growth does not change."""
+        return self.steps.view(), self.values.view(), self.missing.view()
+
+
+def grow(previous, blocks, row_names):
+    """A ``Laid`` of ``blocks``: ``previous`` extended when only new steps came, else laid out anew.
+
+    Extending is exact when every layout's block holds what it held before
+    (the same ``source``, the same steps first) plus rows at steps after the
+    last one laid out, and the rows are the same: then the new cells are laid
+    out alone, by the same rules, and appended. Anything else (a rewound or
+    rewritten tag, a new layout, a step between the old ones, a block the
+    store dropped) lays out all. ``previous`` is extended in place: the
+    caller holds a lock for it.
+    """
+    basis = [(b.names, b.steps, None if b.data is None else weakref.ref(b.source)) for b in blocks]
+    if previous is not None and _only_new_steps(previous, blocks, row_names):
+        new = []
+        for b, (_, old, _) in zip(blocks, previous.basis):
+            n = len(old)
+            new.append(Block(b.steps[n:], b.names, *(None if a is None else a[n:] for a in (b.data, b.keep))))
+        # A layout that came after the others (a new tag) is new steps whole.
+        steps, values, missing = lay_out(new + blocks[len(previous.basis) :], row_names)
+        previous.steps.extend(steps)
+        previous.values.extend(values)
+        previous.missing.extend(missing)
+        previous.basis = basis
+        return previous
+    # Laid out again over a view laid out before: the run is live, and the
+    # arrays get room to grow into now rather than a copy at the next poll.
+    count = len(union_steps([b.steps for b in blocks]))
+    arrays = lay_out(blocks, row_names, 0 if previous is None else 1 + count // 4)
+    return Laid(row_names, basis, *(growing.Stack(a, count) for a in arrays))
+
+
+def _only_new_steps(previous, blocks, row_names):
+    if previous.rows != row_names or len(blocks) < len(previous.basis):
+        return False
+    steps = previous.steps.view()
+    last = steps[-1] if len(steps) else np.iinfo(np.int64).min
+    if any(len(b.steps) and b.steps[0] <= last for b in blocks[len(previous.basis) :]):
+        return False
+    for b, (names, old, source) in zip(blocks, previous.basis):
+        if (b.data is None) != (source is None) or b.names != names or len(b.steps) < len(old):
+            return False
+        if source is not None and (b.source is None or source() is not b.source):
+            return False
+        if not np.array_equal(b.steps[: len(old)], old) or (len(b.steps) > len(old) and b.steps[len(old)] <= last):
+            return False
+    return True
 
 
 def _as_slice(index):
@@ -178,25 +285,51 @@ def matrix(parts, kind, granularity, problems=()):
     return Matrix(row_names, columns, slabs, steps, values, missing, list(problems))
 
 
-def _block(part, granularity, column, aggregate):
-    """``(data [S, r], keep [S, r], row names)`` of one layout, or None when it cannot answer."""
+@dataclasses.dataclass
+class Block:
+    """One layout's cells of one column and aggregate, the unit ``lay_out`` merges.
+
+    Attributes:
+      steps: int64 ``[S]``, the layout's steps (also when it cannot answer:
+        its steps still belong to the merged step axis).
+      names: The layout's row names of the granularity.
+      data: float32 ``[S, r]``, or None when the layout lacks the column or
+        aggregate.
+      keep: bool ``[S, r]``: the cells that hold a value (the writer stores
+        -1 for "no value"; a check row with a NaN status was not checked).
+      source: For ``grow``, an object that stays the same while the arrays
+        only grow (what the store keeps them in), or None when unknown.
+    """
+
+    steps: np.ndarray
+    names: list
+    data: object = None
+    keep: object = None
+    source: object = None
+
+
+def block(part, granularity, column, aggregate):
+    """The ``Block`` of one ``Part``: views into its values where it can answer."""
     content = part.content
-    if not len(part.steps) or column not in content["columns"]:
-        return None
     names, row_slice = metadata.rows_of(content, granularity)
+    if not len(part.steps) or column not in content["columns"]:
+        return Block(part.steps, names)
     c = content["columns"].index(column)
     if content["kind"] == metadata.KIND_CHECK:
-        block = part.values[:, row_slice]
+        cells = part.values[:, row_slice]
         # A check row with a NaN status was not checked at that step: every
         # column of it is missing. metadata.parse guarantees a status column.
         status = content["columns"].index("status")
-        return block[:, :, c], ~np.isnan(block[:, :, status]), names
+        return Block(part.steps, names, cells[:, :, c], ~np.isnan(cells[:, :, status]))
     a = slab_index(content, aggregate)
     if a is None:
-        return None
-    data = part.values[:, a, row_slice, c]
-    # The writer stores -1 for "no value" (a None gradient); NaN is data.
-    return data, ~(data < 0), names
+        return Block(part.steps, names)
+    return Block(part.steps, names, *stats_cells(part.values[:, a, row_slice, c]))
+
+
+def stats_cells(data):
+    """``(data, keep)`` of stored statistics: the writer stores -1 for "no value" (a None gradient); NaN is data."""
+    return data, ~(data < 0)
 
 
 def slab_index(content, aggregate):

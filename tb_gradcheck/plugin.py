@@ -33,6 +33,9 @@ _MAX_WIDTH = 100_000
 _MAX_INDEX = 2**62
 
 _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
+
+# JSON, under a media type TensorBoard does not gzip (see _respond_json).
+PACKED_TYPE = "application/vnd.tb-gradcheck+json"
 _STATIC_ROUTE = f"/data/plugin/{metadata.PLUGIN_NAME}/static/"
 
 
@@ -301,12 +304,27 @@ def _respond_json(request, body, headers=None):
     Matrices already hold those strings (``_json_matrix``), so a body with
     no float NaN/Inf left is encoded directly, to the same text; any other
     body takes Respond's own path.
+
+    A packed matrix (``encoding=f32``, ``wire.PACKED``) goes out as it is,
+    under ``PACKED_TYPE``: base64 of float32 gzips by a quarter only, and
+    TensorBoard's gzip of it (level 3, in Respond) took 0.4 s per 10 MB on a
+    2-core machine (2,000 rows x 1,000 steps), most of such a request and
+    more than the quarter saves on links faster than about 50 Mbit/s. Its
+    base64 text needs no escapes, so it is joined to the JSON text of the
+    rest instead of scanned by the encoder (80 ms per 10 MB).
     """
+    packed = {k: body[k] for k in wire.PACKED if isinstance(body.get(k), str)}
+    if packed:
+        body = {k: v for k, v in body.items() if k not in packed}
     try:
         text = json.dumps(body, allow_nan=False, ensure_ascii=False)
     except (ValueError, TypeError):
-        return http_util.Respond(request, body, "application/json", headers=headers)
-    return http_util.Respond(request, text, "application/json", headers=headers)
+        return http_util.Respond(request, dict(body, **packed), "application/json", headers=headers)
+    if not packed:
+        return http_util.Respond(request, text, "application/json", headers=headers)
+    fields = ", ".join(f'"{k}": "{v}"' for k, v in packed.items())
+    text = text[:-1] + (", " if body else "") + fields + "}"
+    return http_util.Respond(request, text, PACKED_TYPE, headers=headers)
 
 
 def _context(request):

@@ -2,7 +2,10 @@
 
 ``store.py`` reads; this decodes what it read. A point that does not match
 its tag's layout is skipped with the reason as a ``Problem``, never raised,
-so one bad point or tag does not hide the rest of a run.
+so one bad point or tag does not hide the rest of a run. The provider
+returns every point of a tag at each read; when a run grows, only the points
+after the previous read are decoded (``decode``), and ``kept.py`` appends them
+to what the store keeps.
 """
 
 import dataclasses
@@ -48,10 +51,15 @@ def read_limit(content):
 
 
 def write_count(series, values):
-    """The write counter in the header row of the last point (stats tags), or None."""
+    """The write counter in the header row of the last point (stats tags), or None.
+
+    Args:
+      series: The tag's ``store.Series``.
+      values: Its points, ``[S, ...]`` or a list of them, the last one latest.
+    """
     if series.content["kind"] != metadata.KIND_STATS:
         return None
-    return float(values[-1, 0, metadata.header_row(series.content), 0])
+    return float(values[-1][0, metadata.header_row(series.content), 0])
 
 
 class Capped(Problem):
@@ -69,13 +77,103 @@ def _capped(series, read, limit):
     )
 
 
-def decode(series, data, limit=None):
-    """Stacks a tag's datums into ``(steps [S], values [S, ...], problems)``, skipping bad ones.
+@dataclasses.dataclass
+class Summary:
+    """What one tag's points say without their values, and what the next read is checked against.
 
-    ``limit`` is the number of points the read asked for at most: a read that
-    returned that many may have been cut (``Capped``) when the tag's write
-    counter says more were written.
+    Attributes:
+      steps: int64 ``[S]``, the readable points' steps, ascending.
+      problems: ``Problem`` for every skipped point (and a ``Capped`` read).
+      count: Float, the write counter in the header row of the last readable
+        point (stats tags), or None.
+      seen_steps: int64 ``[N]``, the step of every point the read returned,
+        readable or not, in the provider's order.
+      seen_times: float64 ``[N]``, their wall times.
+      bad: ``{(what, expected): count}`` of the skipped points, in order of
+        first appearance.
     """
+
+    steps: np.ndarray
+    problems: list
+    count: object = None
+    seen_steps: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    seen_times: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float64))
+    bad: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def capped(self):
+        """Whether the read was cut to ``READ_BUDGET_BYTES`` and the tag holds more points than were read."""
+        return any(isinstance(p, Capped) for p in self.problems)
+
+    @property
+    def nbytes(self):
+        return self.steps.nbytes + self.seen_steps.nbytes + self.seen_times.nbytes
+
+
+def decode(series, data, limit=None, previous=None):
+    """Decodes a tag's datums: ``(Summary, fresh, arrays)``, skipping bad points.
+
+    A read returns every point of the tag, old and new. Given the ``Summary``
+    of an earlier read, only the points after it are decoded when the earlier
+    points came back unchanged (the same steps and wall times in the same
+    order) and the new readable ones all come later in steps: a growing run.
+    Anything else (a restart that rewound the tag, a sampled read, a step
+    written twice) is decoded whole, so both ways give the same result.
+
+    Args:
+      series: The tag's ``store.Series``.
+      data: The provider's ``TensorDatum`` list, in its order.
+      limit: The number of points the read asked for at most: a read that
+        returned that many may have been cut (``Capped``) when the tag's
+        write counter says more were written. Such a read is a sample, and
+        always decoded whole.
+      previous: The ``Summary`` of an earlier read of the same tag, or None.
+
+    Returns:
+      ``(summary, fresh, arrays)``: ``arrays`` are the points of
+      ``summary.steps[fresh:]`` (float32, each of the layout's shape; not
+      stacked: what is kept of them is cut out first, ``stack``); ``fresh``
+      is 0 for a whole decode, ``len(previous.steps)`` when only new points
+      were.
+    """
+    seen_steps = np.fromiter((d.step for d in data), np.int64, len(data))
+    seen_times = np.fromiter((d.wall_time for d in data), np.float64, len(data))
+    sampled = limit is not None and len(data) >= limit
+    if previous is not None and not sampled:
+        old = len(previous.seen_steps)
+        if (
+            old <= len(data)
+            and np.array_equal(seen_steps[:old], previous.seen_steps)
+            and np.array_equal(seen_times[:old], previous.seen_times)
+        ):
+            good, bad = _check(series, data[old:], dict(previous.bad))
+            new_steps = np.fromiter((d.step for d in good), np.int64, len(good))
+            after = previous.steps[-1] if len(previous.steps) else np.iinfo(np.int64).min
+            if not len(new_steps) or (new_steps[0] > after and np.all(np.diff(new_steps) > 0)):
+                arrays = [d.numpy for d in good]
+                count = write_count(series, arrays) if arrays else previous.count
+                steps = np.concatenate([previous.steps, new_steps]) if len(new_steps) else previous.steps
+                summary = Summary(steps, _problems(series, bad, len(data)), count, seen_steps, seen_times, bad)
+                return summary, len(previous.steps), arrays
+    good, bad = _check(series, data, {})
+    # The provider returns points in step order; keep the last point of a
+    # step that appears twice (a rewritten step after a restart).
+    by_step = {}
+    for d in good:
+        by_step[d.step] = d
+    steps = np.array(sorted(by_step), dtype=np.int64)
+    arrays = [by_step[s].numpy for s in steps]
+    problems = _problems(series, bad, len(data))
+    count = write_count(series, arrays) if arrays else None
+    if len(steps) and sampled:
+        # Cut, unless the writer's counter says this is all it wrote.
+        if count is None or not np.isfinite(count) or count > len(steps):
+            problems.append(_capped(series, len(steps), limit))
+    return Summary(steps, problems, count, seen_steps, seen_times, bad), 0, arrays
+
+
+def _check(series, data, bad):
+    """``(good datums, bad)``: ``bad`` counts the skipped ones by ``(what, expected)``, added to the one given."""
     shape = metadata.shape_of(series.content)
     expected_dtype = np.float32
     expected = f"shape {shape} {np.dtype(expected_dtype)}"
@@ -83,7 +181,7 @@ def decode(series, data, limit=None):
     if kind == metadata.KIND_CHECK:
         status = series.content["columns"].index("status")
         codes = np.arange(len(metadata.CHECK_STATUSES))
-    good, bad = [], {}  # bad: (what, expected) -> count
+    good = []
     for d in data:
         arr = d.numpy
         if arr.shape != shape or arr.dtype != expected_dtype:
@@ -97,25 +195,20 @@ def decode(series, data, limit=None):
             good.append(d)
             continue
         bad[key] = bad.get(key, 0) + 1
-    problems = [
-        Problem(series.tag, f"{n} of {len(data)} points have {what}; expected {want}")
-        for (what, want), n in bad.items()
+    return good, bad
+
+
+def _problems(series, bad, read):
+    return [
+        Problem(series.tag, f"{n} of {read} points have {what}; expected {want}") for (what, want), n in bad.items()
     ]
-    # The provider returns points in step order; keep the last point of a
-    # step that appears twice (a rewritten step after a restart).
-    by_step = {}
-    for d in good:
-        by_step[d.step] = d
-    steps = np.array(sorted(by_step), dtype=np.int64)
-    if not len(steps):
-        return steps, np.zeros((0,) + shape, expected_dtype), problems
-    values = np.stack([by_step[s].numpy for s in steps])
-    if limit is not None and len(data) >= limit:
-        # Cut, unless the writer's counter says this is all it wrote.
-        count = write_count(series, values)
-        if count is None or not np.isfinite(count) or count > len(steps):
-            problems.append(_capped(series, len(steps), limit))
-    return steps, values, problems
+
+
+def stack(arrays, shape):
+    """Decoded points as one float32 array ``[k, *shape]``."""
+    if not arrays:
+        return np.zeros((0,) + tuple(shape), np.float32)
+    return np.stack(arrays)
 
 
 def _dtype_name(arr):

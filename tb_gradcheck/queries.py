@@ -148,24 +148,48 @@ def heatmap(st, ctx, experiment_id, run, metric, granularity="layer", aggregate=
     # One metric is a small share of its tags (which hold every column of both
     # granularities): kept apart, a refresh, zoom or new width on unchanged
     # data costs no read, even when the tags themselves do not fit the cache.
-    key = ("heatmap", experiment_id, run, index.version(), metric, granularity, aggregate)
+    # One entry per view; when the run grows, the store reads only the tags
+    # that changed and decodes their new points, and each laid-out column is
+    # extended by the new steps (merge.grow).
+    key = ("heatmap", experiment_id, run, metric, granularity, aggregate)
+    version = index.version()
     hit = st.cache.get(key)
-    if hit is not None:
-        return hit
-    parts, _ = st.parts(ctx, experiment_id, index, kind, granularity)
+    if hit is not None and hit[0] == version:
+        return hit[1]
+    with st.lock(key):  # one request at a time extends what the entry holds
+        hit = st.cache.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        heat, laid = _heatmap(st, ctx, experiment_id, index, metric, granularity, aggregate, hit and hit[2])
+        arrays = [a for a in (heat.steps, heat.values, heat.missing, heat.status, heat.status_missing) if a is not None]
+        for a in arrays:
+            a.setflags(write=False)  # shared by every request that hits the cache
+        # The laid-out columns' arrays, and any derived from them (a ratio).
+        size = sum(a.nbytes for a in laid.values()) + 64 * len(heat.rows)
+        size += sum(a.nbytes for a in (heat.values, heat.missing) if a.base is None)
+        return st.cache.put(key, (version, heat, laid), size, cost=index.read_bytes())[1]
+
+
+def _heatmap(st, ctx, experiment_id, index, metric, granularity, aggregate, previous):
+    """``(Heatmap, {column: merge.Laid})``, growing each column ``previous`` laid out."""
+    run = index.run
+    check = metric == metadata.CHECK_METRIC
+    kind = metadata.KIND_CHECK if check else metadata.KIND_STATS
     rows = index.rows(kind, granularity)
+    laid = {}
+
+    def plain(column):
+        blocks = st.blocks(ctx, experiment_id, index, kind, granularity, column, None if check else aggregate)
+        laid[column] = merge.grow((previous or {}).get(column), blocks, rows)
+        return laid[column].views()
+
     if check:
-        steps, values, missing = merge.slab(parts, granularity, "relative_error", None, rows)
-        _, status, status_missing = merge.slab(parts, granularity, "status", None, rows)
-        heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, status, status_missing)
-    else:
-        steps, values, missing = merge.slab(parts, granularity, metric, aggregate, rows)
-        total = st.progress(ctx, experiment_id, index)[0]
-        heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, total_steps=total)
-    arrays = [a for a in (heat.steps, heat.values, heat.missing, heat.status, heat.status_missing) if a is not None]
-    for a in arrays:
-        a.setflags(write=False)  # shared by every request that hits the cache
-    return st.cache.put(key, heat, sum(a.nbytes for a in arrays) + 64 * len(rows), cost=index.read_bytes())
+        steps, values, missing = plain("relative_error")
+        _, status, status_missing = plain("status")
+        return Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, status, status_missing), laid
+    steps, values, missing = merge.derived(plain, metric)
+    total = st.progress(ctx, experiment_id, index)[0]
+    return Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, total_steps=total), laid
 
 
 def compare(st, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last", request=align.NAME):
@@ -241,8 +265,14 @@ def findings(st, ctx, experiment_id, run, thresholds=None):
     hit = st.cache.get(key)
     if hit is not None:
         return hit
-    found = _find(st, ctx, experiment_id, index, run, thresholds)
-    return st.cache.put(key, found, 2048 * (1 + len(found)), cost=index.read_bytes())
+    # One computation per run at a time: requests that arrive meanwhile (a
+    # second tab, a poll) wait for it and take its answer if the run did not change.
+    with st.lock(("findings", experiment_id, run)):
+        hit = st.cache.get(key)
+        if hit is not None:
+            return hit
+        found = _find(st, ctx, experiment_id, index, run, thresholds)
+        return st.cache.put(key, found, 2048 * (1 + len(found)), cost=index.read_bytes())
 
 
 def _find(st, ctx, experiment_id, index, run, thresholds):

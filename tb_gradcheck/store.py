@@ -9,11 +9,14 @@ tab is looking at, not the size of the logdir. Merging layouts is
 """
 
 import dataclasses
+import threading
 import time
 
 import numpy as np
 
 from tb_gradcheck import cache
+from tb_gradcheck import growing
+from tb_gradcheck import kept
 from tb_gradcheck import merge
 from tb_gradcheck import metadata
 from tb_gradcheck import points
@@ -43,25 +46,7 @@ class Series:
     max_wall_time: float
 
 
-@dataclasses.dataclass
-class Summary:
-    """What a listing needs of one tag, without its values.
-
-    Attributes:
-      steps: int64 ``[S]``, the readable points' steps.
-      problems: ``Problem`` for every skipped point.
-      count: Float, the write counter in the header row of the last point
-        (stats tags), or None.
-    """
-
-    steps: np.ndarray
-    problems: list
-    count: object = None
-
-    @property
-    def capped(self):
-        """Whether the read was cut to ``points.READ_BUDGET_BYTES`` and the tag holds more points than were read."""
-        return any(isinstance(p, points.Capped) for p in self.problems)
+Summary = points.Summary
 
 
 @dataclasses.dataclass
@@ -135,6 +120,8 @@ class Store:
         self._provider = data_provider
         self._listing_ttl = listing_ttl
         self.cache = cache.Cache(cache_bytes)
+        self._locks = {}  # key -> its lock (see lock)
+        self._locks_lock = threading.Lock()
 
     def runs(self, ctx, experiment_id):
         """Returns ``{run: RunIndex}`` for every run with gradient data."""
@@ -150,19 +137,38 @@ class Store:
     def parts(self, ctx, experiment_id, index, kind, granularity):
         """``([merge.Part], [Problem])``: every layout of ``kind``/``granularity`` in a run, decoded."""
         parts, problems = [], []
+        # A run whose values would take most of the cache (2,000 rows x 10,000
+        # steps: 960 MB) is read for the caller and not kept: kept, its tags
+        # would only push out what the tab shows (its heatmap's blocks).
+        keep = index.read_bytes() <= self.cache.max_bytes // 2
         for s in index.layouts(kind, granularity):
-            steps, values, probs = self._read(ctx, experiment_id, index.run, s)
-            parts.append(merge.Part(s.content, steps, values))
-            problems += probs
+            summary, [((values,), _)] = self._tag(ctx, experiment_id, index.run, s, [kept.VALUES], keep)
+            parts.append(merge.Part(s.content, summary.steps, values))
+            problems += summary.problems
         return parts, problems
 
+    def blocks(self, ctx, experiment_id, index, kind, granularity, column, aggregate):
+        """``[merge.Block]``: one stored column of one aggregate in every layout of ``kind``/``granularity``.
+
+        What a heatmap reads. Each layout's block is kept apart from its
+        tag's values: it is a share of them (one column of one granularity,
+        a twelfth of a tag written every step), so it stays cached where the
+        tag would not, and a read of a grown tag appends its new points.
+        """
+        out = []
+        for s in index.layouts(kind, granularity):
+            product = kept.block_product(s.content, granularity, column, aggregate)
+            if product is None:  # this layout does not store that column or aggregate
+                summary, _ = self._tag(ctx, experiment_id, index.run, s)
+                out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0]))
+                continue
+            summary, [((data, keep), source)] = self._tag(ctx, experiment_id, index.run, s, [product])
+            out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0], data, keep, source))
+        return out
+
     def summary(self, ctx, experiment_id, run, series):
-        """The ``Summary`` of one tag: decoded once per version, then kept even when its values are dropped."""
-        key = ("summary", experiment_id, run, series.tag)
-        hit = self.cache.get(key)
-        if hit is not None and hit[0] == _version(series):
-            return hit[1]
-        return _summarize(series, self._read(ctx, experiment_id, run, series))
+        """The ``Summary`` of one tag: read once per version, then kept even when its values are dropped."""
+        return self._tag(ctx, experiment_id, run, series)[0]
 
     def progress(self, ctx, experiment_id, index):
         """``(total, problems)``: the write counter at the last write (or None), and why it is unknown.
@@ -243,13 +249,42 @@ class Store:
             self.cache.put(key, hit, 4 * len(content_bytes) + 256)
         return hit
 
-    def _read(self, ctx, experiment_id, run, series):
-        """Decoded ``(steps, values, problems)`` of one tag, from the cache when unchanged."""
-        key = ("tag", experiment_id, run, series.tag)
+    def _tag(self, ctx, experiment_id, run, series, wanted=(), keep=True):
+        """``(Summary, [(views, source)])`` of one tag at its listed version and each wanted product.
+
+        ``views`` are read-only views of the product's arrays, as many rows as
+        the summary has steps; ``source`` is the object they are kept in,
+        which stays the same while the product only grows (``merge.grow``).
+
+        A product is what is kept of a tag's values: ``kept.VALUES`` (every
+        readable point, ``[S, ...]``) or a block (``kept.block_product``: one
+        column's data and keep, ``[S, r]`` each). Each is a cache entry of its
+        own, next to the tag's small ``Summary``. The provider is read at most
+        once per call, and only when the listed version moved on or a wanted
+        product is not held; one request at a time reads a given tag, and the
+        others then find what it read. ``keep=False`` makes the wanted
+        products for this call only, without putting them in the cache.
+        """
+        base = (experiment_id, run, series.tag)
         version = _version(series)
-        hit = self.cache.get(key)
-        if hit is not None and hit[0] == version:
-            return hit[1]
+        with self.lock(("tag", *base)):
+            state = self.cache.get(("summary", *base))
+            if state is not None and state[0] == version:
+                held = [self._held(base, product, version) for product in wanted]
+                if all(h is not None for h in held):
+                    return state[1], [_views(h) for h in held]
+            return self._refresh(ctx, experiment_id, run, series, state, wanted, keep)
+
+    def _refresh(self, ctx, experiment_id, run, series, state, wanted, keep=True):
+        """Reads a tag and brings its summary and products up to date; see ``_tag``.
+
+        The provider returns every point of the tag; when the tag grew since
+        the last read, only the new points are decoded and appended to each
+        product still held (``points.decode``). A product that cannot be
+        brought forward is made again from this read if wanted, else dropped.
+        """
+        base = (experiment_id, run, series.tag)
+        version = _version(series)
         limit = points.read_limit(series.content)
         result = self._provider.read_tensors(
             ctx,
@@ -258,26 +293,71 @@ class Store:
             run_tag_filter=_filter(run, series.tag),
             downsample=limit,
         )
-        decoded = points.decode(series, result.get(run, {}).get(series.tag, []), limit)
-        steps, values, _ = decoded
-        # The summary is put apart from the values: a listing of many runs
-        # needs only summaries, which stay cached when the values are dropped
-        # (a miss costs the whole tag, so the cache keeps them far longer).
-        size = steps.nbytes + values.nbytes + 512
-        self.cache.put(key, (version, decoded), size)
+        data = result.get(run, {}).get(series.tag, [])
+        # Same version, a product missing: the decode starts over, for that product.
+        previous = state if state is not None and state[0] != version else None
+        summary, fresh, arrays = points.decode(series, data, limit, previous and previous[1])
+        whole = arrays if fresh == 0 else None
+        read_back = points.point_bytes(series.content) * max(1, len(summary.steps))
+        made = set(wanted) | kept.opening_products(series.content)
+        products = made | set(state[2] if state is not None else ())
+        # Read again at the same version because a product was missing: the
+        # products still held stand, if the points are the ones they were made of.
+        same = previous is None and state is not None and _same_points(state[1], summary)
+        views = {}
+        for product in sorted(products, key=repr):
+            held = self._held(base, product, version) if same else None
+            if held is None and previous is not None and fresh:
+                held = self._held(base, product, previous[0])
+                if held is not None and len(held[0]) == fresh:
+                    for stack, rows in zip(held, kept.rows(series.content, product, arrays)):
+                        stack.extend(rows)
+                else:
+                    held = None
+            if held is None and (product in made or whole is not None):
+                if whole is None:
+                    whole = points.decode(series, data, limit)[2]
+                rows = kept.rows(series.content, product, whole)
+                held = tuple(growing.Stack(np.ascontiguousarray(r)) for r in rows)
+            if held is None:  # neither held nor wanted: not worth decoding the whole tag for
+                self.cache.pop((product, *base))
+                products.discard(product)
+                continue
+            views[product] = _views(held)
+            if not keep and product in wanted:
+                self.cache.pop((product, *base))
+                products.discard(product)
+                continue
+            nbytes = sum(stack.nbytes for stack in held) + 256
+            # A decoded tag's values cost what they take; a block, a share of
+            # them, costs the whole tag to read back, so it outlives them.
+            self.cache.put(
+                (product, *base), (version, held), nbytes, cost=nbytes if product == kept.VALUES else read_back
+            )
         self.cache.put(
-            ("summary", experiment_id, run, series.tag),
-            (version, _summarize(series, decoded)),
-            steps.nbytes + 512,
-            cost=size,
+            ("summary", *base), (version, summary, frozenset(products)), summary.nbytes + 512, cost=read_back
         )
-        return decoded
+        return summary, [views[product] for product in wanted]
+
+    def _held(self, base, product, version):
+        """The product's stacks if the cache holds them at ``version``, else None."""
+        hit = self.cache.get((product, *base))
+        return hit[1] if hit is not None and hit[0] == version else None
+
+    def lock(self, key):
+        """The lock of ``key``: work on a cache entry that one request at a time should do (a read, a merge)."""
+        with self._locks_lock:
+            return self._locks.setdefault(key, threading.Lock())
 
 
-def _summarize(series, decoded):
-    steps, values, problems = decoded
-    count = points.write_count(series, values) if len(steps) else None
-    return Summary(steps, problems, count)
+def _views(held):
+    """``(views, source)`` of a product's stacks: read-only views, and what ``merge.grow`` knows them by."""
+    return tuple(stack.view() for stack in held), held[0]
+
+
+def _same_points(a, b):
+    """Whether two summaries were decoded from the same points."""
+    return np.array_equal(a.seen_steps, b.seen_steps) and np.array_equal(a.seen_times, b.seen_times)
 
 
 def _version(series):

@@ -17,6 +17,9 @@ from tb_gradcheck import binning
 from tb_gradcheck import metadata
 
 ENCODINGS = ("json", "f32")
+# The keys of an f32 body that hold base64 text (encode_matrix, heatmap_body).
+PACKED = ("values_f32", "missing_bits", "status_f32")
+ALIGNMENTS = ("name", "structure")
 
 
 @dataclasses.dataclass

@@ -253,3 +253,21 @@ def test_the_python_data_path_reads_within_the_same_budget(tmp_path, monkeypatch
     assert points.read_limit(content) == 12
     client, _ = make_app(tmp_path, "python")
     _check_capped(client, 12, steps)
+
+
+def test_findings_of_a_run_larger_than_half_the_cache_leave_the_heatmap_kept(logdir):
+    """Values that cannot all stay would only push out the heatmap's blocks: they are read, not kept."""
+    logdir, sizes, scale = logdir
+    probe, ctx, eid = store.local_store(logdir)
+    index = probe.run(ctx, eid, "r0")
+    budget = index.read_bytes() + index.read_bytes() // 2  # the values fit once, not twice
+    st, ctx, eid = store.local_store(logdir, cache_bytes=budget)
+    heat = queries.heatmap(st, ctx, eid, "r0", "grad_norm")
+    held = [k for k in st.cache.keys() if k[0] != "listing"]
+    assert queries.findings(st, ctx, eid, "r0") == queries.findings(probe, ctx, eid, "r0")
+    assert not [k for k in st.cache.keys() if k[0] == "tag"]
+    assert set(held) <= set(st.cache.keys())  # the blocks and the heatmap are still there
+    assert queries.heatmap(st, ctx, eid, "r0", "grad_norm") is heat
+    small = store.local_store(logdir)[0]  # the default budget keeps a small run's values
+    queries.findings(small, ctx, eid, "r0")
+    assert [k for k in small.cache.keys() if k[0] == "tag"]
