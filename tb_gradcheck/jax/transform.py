@@ -18,7 +18,7 @@ kept in its state, so it survives a checkpoint) is a multiple of
   per-unit pass and a scaled norm pass per gradient, the weights' norms,
   and the updates' norms when it wraps an optimizer);
 - a window's other steps: one pass per gradient for its sum of squares and
-  max |g| (``reduce.quick``) and one ``lax.cond`` whose taken branch is empty, unless the step is
+  sum of |g| (``reduce.quick``) and one ``lax.cond`` whose taken branch is empty, unless the step is
   written or a sum fell outside float32's exact band (a NaN, an Inf, a
   vanishing gradient): then the branch takes every reduction, so the
   window's norms are exact at any scale and its NaN counts exact.
@@ -156,9 +156,9 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None):
             held = take()._replace(step=count)
             return updates, MonitorState(lay, count + 1, held, None, inner)
         due = count % lay.every_n_steps == 0
-        sums, tops = (jnp.stack(v) for v in zip(*[reduce.quick(g) for g in grads]))
+        sums, magnitudes = (jnp.stack(v) for v in zip(*[reduce.quick(g) for g in grads]))
         skipped = jax.eval_shape(take)
-        taken = jax.lax.cond(due | ~reduce.in_band(sums, tops), take, lambda: _quick(skipped, sums))
+        taken = jax.lax.cond(due | ~reduce.in_band(sums, magnitudes), take, lambda: _quick(skipped, sums))
         s = lay.structure
         columns = running.step_columns(
             jnp,
