@@ -6,6 +6,12 @@ malformed ones, with the reason as a ``Problem``) and keeps what it decoded in o
 bounded by bytes (``cache.Cache``), so the plugin's memory follows what the
 tab is looking at, not the size of the logdir. Merging layouts is
 ``merge.py``'s job, answering requests ``queries.py``'s.
+
+The provider has no read of "the steps after s": each read of a tag returns
+all of its points. What the store controls is the rest: a tag is read once
+per change (one request at a time), only its new points are decoded, and
+they are appended to what is kept of it (``kept.py``); docs/benchmarks.md
+measures both parts.
 """
 
 import dataclasses
@@ -102,10 +108,11 @@ class RunIndex:
 class Store:
     """Reads gradient data from a TensorBoard data provider through one bounded cache.
 
-    Everything kept between requests lives in ``self.cache``: decoded tags
-    (re-read only when the provider reports a new ``max_step`` or
-    ``max_wall_time`` for the tag), each tag's small ``Summary``, parsed
-    layouts, and run listings. A listing is reused for ``listing_ttl``
+    Everything kept between requests lives in ``self.cache``: each tag's
+    small ``Summary`` and its products (``kept.py``: its values, or one
+    column's block), read again only when the provider reports a new
+    ``max_step`` or ``max_wall_time`` for the tag, parsed layouts, and run
+    listings. A listing is reused for ``listing_ttl``
     seconds: the Rust data server answers ``list_tensors`` for a large run
     in tens of milliseconds, which would otherwise be most of every heatmap
     request, and TensorBoard reloads the logdir only every few seconds anyway.
