@@ -136,11 +136,22 @@ def venv(tmp_path_factory):
     path = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     site = next((path / "lib").glob("python*/site-packages"))
-    for name in _distributions("torch", "tensorboard", "numpy") + ["wheel"]:  # wheel: to build ours
+    for name in _distributions("torch", "tensorboard", "numpy"):
         _link_distribution(name, site)
+    # Our wheel is built by this environment's pip and setuptools: the fresh
+    # venv's bundled setuptools may be older than a wheel package would need.
+    # Installing a built wheel needs no build tools at all.
+    wheels = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps"]
+        + ["--no-build-isolation", "-w", str(wheels), str(ROOT)],
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
     pip = subprocess.run(
         [str(path / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", "--no-deps"]
-        + ["--no-build-isolation", str(ROOT)],
+        + [str(w) for w in wheels.glob("tb_gradcheck-*.whl")],
         capture_output=True,
         text=True,
     )
