@@ -5,6 +5,8 @@ imports TensorFlow lazily: ``import tb_gradcheck`` is cheap until a writer or
 check is used.
 """
 
+from tb_gradcheck import lazy
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -21,14 +23,4 @@ _SUBMODULES = ("keras", "torch")
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name):
-    import importlib
-
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f"tb_gradcheck.{name}")
-    raise AttributeError(f"module 'tb_gradcheck' has no attribute {name!r}")
+__getattr__ = lazy.getattr_for(__name__, _LAZY, _SUBMODULES)

@@ -39,6 +39,9 @@ def main(argv=None):
     demo.add_argument("--host", default="localhost", help="TensorBoard host (default localhost)")
     demo.add_argument("--no-serve", action="store_true", help="write the runs and exit without starting TensorBoard")
     demo.add_argument(
+        "--no-browser", action="store_true", help="print the tab's URL without opening it in the desktop's browser"
+    )
+    demo.add_argument(
         "--framework",
         choices=("auto", "tensorflow", "torch"),
         default="auto",
@@ -272,11 +275,31 @@ def _demo(args):
     print(f"Gradients tab: {url}#gradients")
     print("Press Ctrl-C to stop.")
     sys.stdout.flush()
+    if not args.no_browser:
+        _open_in_browser(f"{url}#gradients")
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         return 0
+
+
+def _open_in_browser(url):
+    """Opens ``url`` in the desktop's browser, where there is a desktop; never in a console browser.
+
+    On a Linux machine without a display, Python's ``webbrowser`` would pick
+    a text browser (``www-browser``, ``lynx``) that takes over the terminal
+    TensorBoard is printing to, so there the URL printed above is all.
+    """
+    import webbrowser
+
+    desktop = sys.platform in ("darwin", "win32") or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    if not desktop:
+        return
+    try:
+        webbrowser.open(url)
+    except webbrowser.Error:
+        pass  # the URL is printed
 
 
 def _check_port(host, port):

@@ -73,6 +73,7 @@ def test_demo_starts_tensorboard_and_prints_the_tab_url(tmp_path):
             "127.0.0.1",
             "--port",
             str(port),
+            "--no-browser",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -23,6 +23,8 @@ Imported lazily, like the package itself: ``import tb_gradcheck.torch`` does
 not import torch until one of these is used.
 """
 
+from tb_gradcheck import lazy
+
 _LAZY = {
     "GradientWriter": ("tb_gradcheck.torch.writer", "GradientWriter"),
     "check_gradients": ("tb_gradcheck.torch.check", "check_gradients"),
@@ -33,12 +35,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name):
-    import importlib
-
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tb_gradcheck.torch' has no attribute {name!r}")
+__getattr__ = lazy.getattr_for(__name__, _LAZY)
