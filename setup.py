@@ -41,7 +41,8 @@ setuptools.setup(
         # The JAX writer needs jax and optax; flax for its tests, examples and benchmarks (Linen and NNX models).
         "jax": ["jax>=0.10", "optax>=0.2.8", "flax>=0.12"],
         # ruff pinned: `ruff format --check` in .ci/run must not change its mind with a new release.
-        "test": ["pytest", "pytest-xdist", "hypothesis", "playwright", "ruff==0.17.6"],
+        # transformers: the PyTorch writer is tested on library models (GPT-2's Conv1D, tied heads).
+        "test": ["pytest", "pytest-xdist", "hypothesis", "playwright", "ruff==0.17.6", "transformers"],
     },
     entry_points={
         "tensorboard_plugins": ["gradients = tb_gradcheck.plugin:GradientsLoader"],

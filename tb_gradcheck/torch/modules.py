@@ -35,7 +35,12 @@ parameters that only it uses. PyTorch stores outputs first, so:
   ``MultiheadAttention``'s ``bias_k`` and ``bias_v`` ``[1, 1, embed]``: the
   last axis too;
 - a ``ConvTransposeNd`` weight ``[in, out / groups, ...]``: its output
-  channels, axis 1 within each group.
+  channels, axis 1 within each group;
+- Hugging Face ``transformers``' ``Conv1D`` (GPT-2's attention and MLP
+  projections), a transposed ``Linear`` whose weight is ``[in, out]`` and
+  which says so with its ``nf`` (number of outputs): the last axis. Counted
+  on the first axis, a dead output would be missed and the dead units of
+  the layer before (zero inputs) would be blamed on this one.
 
 A layer's units are those of its last parameter (``structure.Structure``):
 a ``Linear``'s bias, or its weight without one.
@@ -96,8 +101,10 @@ def unit_spec(module, short_name, shape):
     numel = 1
     for d in shape:
         numel *= d
-    trailing = (isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and short_name == "weight") or (
-        isinstance(module, torch.nn.MultiheadAttention) and short_name in ("bias_k", "bias_v")
+    trailing = (
+        (isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and short_name == "weight")
+        or (isinstance(module, torch.nn.MultiheadAttention) and short_name in ("bias_k", "bias_v"))
+        or (short_name == "weight" and len(shape) == 2 and _outputs_last(module, shape))
     )
     if trailing:
         units = shape[-1]
@@ -109,6 +116,14 @@ def unit_spec(module, short_name, shape):
         return UnitSpec((groups, per_group, shape[1], rest), (1, 3), groups * shape[1])
     units = shape[0]
     return UnitSpec((units, numel // max(units, 1)), (1,), units)
+
+
+def _outputs_last(module, shape):
+    """Whether a 2-D weight is ``[in, out]``: a module that names its outputs ``nf`` (``transformers``' ``Conv1D``)."""
+    outputs = getattr(module, "nf", None)
+    if isinstance(outputs, bool) or not isinstance(outputs, int) or isinstance(module, torch.nn.Linear):
+        return False
+    return shape[-1] == outputs
 
 
 class Order:
