@@ -22,6 +22,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # A float32 sum of squares at or above this is exact to float32 rounding:
 # the squares it could have lost (each below float32's smallest normal,
@@ -118,3 +119,59 @@ def full(g, units):
     top = jnp.max(top_u)
     nonfinite = jnp.sum(~jnp.isfinite(g), dtype=count)
     return norm(g, top), top, jnp.sum(nonzero_u, dtype=count), nonfinite, nonzero_u == 0
+
+
+# Per slice: a parameter stacked for ``lax.scan`` (``stacks``) is ``axes``
+# leading axes of layers; each function reduces every axis but those, in
+# one pass over the whole array (no loop over the slices), and gives one
+# value per slice, in the flat order of the stacked axes.
+
+
+def _sliced(x, axes):
+    """``x`` as ``[slices, elements of a slice]``."""
+    return x.reshape(int(np.prod(x.shape[:axes])), -1)
+
+
+def quick_slices(x, axes):
+    """``quick`` per slice: ``(sums of squares [S], sums of |x| [S])``."""
+    x = _sliced(as_float(x), axes)
+    if x.size == 0:
+        zero = jnp.zeros(x.shape[0], x.dtype)
+        return zero, zero
+    if on_cpu() and x.shape[1] > 1:
+        # As ``total``: a matrix-vector product over each slice's elements is Eigen's vectorised GEMV on the CPU.
+        ones = jnp.ones(x.shape[1], x.dtype)
+        return (x * x) @ ones, jnp.abs(x) @ ones
+    return jnp.sum(x * x, axis=1), jnp.sum(jnp.abs(x), axis=1)
+
+
+def norm_slices(x, axes, top=None):
+    """``norm`` per slice ``[S]``, at any scale; ``top``: the slices' max |x| if known."""
+    x = _sliced(as_float(x), axes)
+    if x.size == 0:
+        return jnp.zeros(x.shape[0], x.dtype)
+    top = jnp.max(jnp.abs(x), axis=1, initial=0.0) if top is None else top
+    usable = jnp.isfinite(top) & (top > 0)
+    scale = jnp.where(usable, top, 1.0)
+    scaled = x * (1.0 / scale)[:, None]
+    return jnp.where(usable, top * jnp.sqrt(jnp.sum(scaled * scaled, axis=1)), top)
+
+
+def full_slices(g, units, axes):
+    """``full`` per slice: ``(norm [S], max_abs [S], nonzero [S], nonfinite [S], dead [S * units])``.
+
+    A slice's units are its own (a slice ``[in, out]`` of a Dense kernel
+    ``[L, in, out]`` has ``out``); ``dead`` lists slice 0's units, then slice 1's...
+    """
+    g = as_float(g)
+    count = jnp.int32 if g.dtype == jnp.float32 else jnp.int64
+    n = int(np.prod(g.shape[:axes]))
+    if g.size == 0:  # slices without elements
+        zero = jnp.zeros(n, g.dtype)
+        return zero, zero, jnp.zeros(n, count), jnp.zeros(n, count), jnp.zeros(n * units, bool)
+    per_unit = g.reshape(n, -1, units)
+    top_u = jnp.max(jnp.abs(per_unit), axis=1, initial=0.0)
+    nonzero_u = jnp.sum(per_unit != 0, axis=1, dtype=count)
+    top = jnp.max(top_u, axis=1, initial=0.0)
+    nonfinite = jnp.sum(~jnp.isfinite(_sliced(g, axes)), axis=1, dtype=count)
+    return norm_slices(g, axes, top), top, jnp.sum(nonzero_u, axis=1, dtype=count), nonfinite, (nonzero_u == 0).reshape(-1)
