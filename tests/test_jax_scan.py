@@ -5,8 +5,6 @@ with TensorBoard's own loader, findings through ``tb-gradcheck report``.
 """
 
 import json
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -19,6 +17,7 @@ from flax import nnx
 import tb_gradcheck.jax as tj
 from conftest import read_events
 from conftest import stats_content
+from tb_gradcheck import cli
 from tb_gradcheck import metadata
 from test_jax_writer import by_name
 from test_jax_writer import reference
@@ -128,6 +127,52 @@ def test_depth_order_finds_the_scanned_stacks_and_their_direction():
     # Unrolled, nothing is scanned.
     params = unrolled_params(scanned_params())
     assert tj.depth_order(Unrolled().apply, params, data()[0]).stacked == {}
+
+
+class Inner(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        return nn.tanh(nn.Dense(4)(x)), None
+
+
+class Middle(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        return nn.scan(Inner, variable_axes={"params": 0}, split_rngs={"params": True}, length=2)()(x, None)[0], None
+
+
+class Outer(nn.Module):
+    """A Linen scan over a block that scans: Dense kernels ``[3, 2, 4, 4]``."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.scan(Middle, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)()(x, None)[0]
+
+
+def test_rows_of_a_scan_in_a_scan_and_of_a_stack_beside_a_parameter_that_is_not():
+    x = jnp.ones((2, 4))
+    params = Outer().init(jax.random.PRNGKey(0), x)
+    order = tj.depth_order(Outer().apply, params, x)
+    assert order.stacked == {"ScanMiddle_0": (False,), "ScanMiddle_0/ScanInner_0": (False,)}
+    names = tj.layout.make(params, 1, order=order, stacked=order.stacked).names
+    assert names[:3] == (
+        "ScanMiddle_0/0/ScanInner_0/0/Dense_0/kernel",
+        "ScanMiddle_0/0/ScanInner_0/0/Dense_0/bias",
+        "ScanMiddle_0/0/ScanInner_0/1/Dense_0/kernel",
+    )
+    assert names[-1] == "ScanMiddle_0/2/ScanInner_0/1/Dense_0/bias" and len(names) == 12
+
+    # ``blk/a`` is scanned over, ``blk/b`` is the scan's const: ``blk`` would take b in, so a is its own prefix.
+    def fn(p, h):
+        b = p["blk"]["b"]
+        return jax.lax.scan(lambda h, a: (jnp.tanh(h @ a @ b), None), h, p["blk"]["a"])[0]
+
+    params = {"blk": {"a": jnp.ones((3, 4, 4)), "b": jnp.ones((4, 4))}}
+    order = tj.depth_order(fn, params, x)
+    assert order.stacked == {"blk/a": (False,)}
+    lay = tj.layout.make(params, 1, order=order, stacked=order.stacked)
+    assert lay.names == ("blk/a/0", "blk/a/1", "blk/a/2", "blk/b")
+    assert lay.owners == ("blk/a/0", "blk/a/1", "blk/a/2", "blk")
 
 
 def test_a_scanned_stack_gives_the_rows_of_its_unrolled_twin(tmp_path):
@@ -322,24 +367,22 @@ class Deep(nn.Module):
         return nn.Dense(1)(x)
 
 
-def report(logdir):
-    out = subprocess.run(
-        [sys.executable, "-m", "tb_gradcheck.cli", "report", str(logdir), "--format", "json", "--fail-on", "never"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    (run,) = json.loads(out.stdout)["runs"].values()
+def report(logdir, capsys):
+    """``{finding kind: layers}`` of ``tb-gradcheck report`` on the run (in this process: no second start-up)."""
+    capsys.readouterr()
+    assert cli.main(["report", str(logdir), "--format", "json", "--fail-on", "never"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"].values()
     return {f["kind"]: f["layers"] for f in run["findings"]}
 
 
 @pytest.mark.parametrize("stacked", [None, {}])
-def test_a_stack_that_vanishes_toward_the_input_is_found_on_its_first_slices_only_with_a_row_each(tmp_path, stacked):
+def test_a_stack_that_vanishes_toward_the_input_is_found_on_its_first_slices_only_with_a_row_each(
+    tmp_path, capsys, stacked
+):
     x = data()[0]
     params = Deep().init(jax.random.PRNGKey(0), x)
     train(Deep(), params, tmp_path, steps=5, stacked=stacked)
-    vanishing = report(tmp_path).get("vanishing", [])
+    vanishing = report(tmp_path, capsys).get("vanishing", [])
     if stacked is None:  # depth_order's stacks: a row per slice
         assert "ScanSigmoid_0/0/Dense_0" in vanishing and "ScanSigmoid_0/1/Dense_0" in vanishing
         assert "ScanSigmoid_0/9/Dense_0" not in vanishing and "ScanSigmoid_0/8/Dense_0" not in vanishing
@@ -357,3 +400,57 @@ def test_stacked_is_checked_where_it_is_given():
         tj.monitor(stacked={"nope": 1}).init(params)
     with pytest.raises(ValueError, match="stacked leading axes"):
         tj.monitor(stacked={"head": 2}).init(params)
+
+
+def nested(p, x):
+    """Plain JAX: a scan over ``blocks`` whose body scans ``inner`` in reverse; a scan const; a cast stack; a leaf read whole too."""
+
+    def outer(h, block):
+        def inner(h, w):
+            return jnp.tanh(h @ w), None
+
+        h, _ = jax.lax.scan(inner, h, block["inner"]["w"], reverse=True)
+        return jnp.tanh(h @ block["mix"]["w"]), None
+
+    h, _ = jax.lax.scan(outer, x @ p["inp"], p["blocks"])
+    shared = p["shared"]
+    h, _ = jax.lax.scan(lambda h, _: (jnp.tanh(h @ shared), None), h, None, length=2)
+    h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), h, p["cast"].astype(jnp.bfloat16).astype(jnp.float32))
+    total = jax.lax.scan(lambda c, w: (c, jnp.sum(w * w)), 0.0, p["both"])[1]
+    return jnp.sum(h @ p["both"][0]) + jnp.sum(total)
+
+
+def test_nested_scans_stack_two_axes_and_only_scanned_over_operands_are_stacked(tmp_path):
+    rng = np.random.default_rng(3)
+
+    def normal(*shape):
+        return jnp.asarray(rng.normal(size=shape) / 2, jnp.float32)
+
+    params = {
+        "inp": normal(3, 4),
+        "blocks": {"inner": {"w": normal(3, 2, 4, 4)}, "mix": {"w": normal(3, 4, 4)}},
+        "shared": normal(4, 4),  # a scan's const: the same weights at every iteration
+        "cast": normal(2, 4, 4),  # scanned over in bfloat16
+        "both": normal(2, 4, 4),  # scanned over, and its slice 0 read outside the scan
+    }
+    x = normal(2, 3)
+    order = tj.depth_order(nested, params, x)
+    assert order.stacked == {"blocks": (False,), "blocks/inner": (True,), "cast": (False,)}
+    tx = tj.monitor(order=order)
+    state = tx.init(params)
+    grads = jax.grad(nested)(params, x)
+    _, state = jax.jit(tx.update)(grads, state, params)
+    with tj.GradientWriter(tmp_path) as writer:
+        writer.write(state, 0)
+    names = stats_content(tmp_path)["variable"]["rows"]
+    per_block = [[f"blocks/{i}/inner/1/w", f"blocks/{i}/inner/0/w", f"blocks/{i}/mix/w"] for i in range(3)]
+    assert names == ["inp", *sum(per_block, []), "shared", "cast/0", "cast/1", "both"]
+    g = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), grads)
+    expected = [np.linalg.norm(g["inp"])]
+    for i in range(3):
+        expected += [np.linalg.norm(g["blocks"]["inner"]["w"][i, j]) for j in (1, 0)]
+        expected.append(np.linalg.norm(g["blocks"]["mix"]["w"][i]))
+    expected += [np.linalg.norm(g["shared"]), *[np.linalg.norm(g["cast"][i]) for i in range(2)]]
+    expected.append(np.linalg.norm(g["both"]))
+    ((_, variable, _),) = read_events(tmp_path, granularity="variable")
+    np.testing.assert_allclose(variable[0, :, COL["grad_norm"]], expected, rtol=RTOL)

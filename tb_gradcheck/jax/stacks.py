@@ -136,8 +136,8 @@ def infer(parts, paths):
     A group is the leaves one scan stacks; its prefix is their owners'
     common path, or, when they share one owner, that owner's parent (a
     scanned Linen block of one Dense is ``ScanBlock_0/Dense_0``: the index
-    goes after ``ScanBlock_0``). A scan inside a scanned block gets its own,
-    longer prefix. Where a prefix would take in a leaf outside its group, or
+    goes after ``ScanBlock_0``), its grandparent for a scan in a scan... A
+    scan inside a scanned block gets its own, longer prefix. Where a prefix would take in a leaf outside its group, or
     nesting gives no longer prefix, each leaf of that outer group becomes
     its own prefix with all its axes (``ScanBlock_0/Dense_0/kernel/3``).
     """
@@ -163,7 +163,8 @@ def _nested(parts, paths, leaves):
             if len(paths[leaf]) > level:
                 groups.setdefault(tuple(c for c, _ in paths[leaf][: level + 1]), []).append(leaf)
         for key, members in groups.items():
-            prefix = _common(parts, members)
+            floor = max(len(previous[leaf]) for leaf in members)
+            prefix = _common(parts, members, floor, max(len(paths[leaf]) for leaf in members) - level)
             if any(len(prefix) <= len(previous[leaf]) for leaf in members):
                 return None
             joined = "/".join(prefix)
@@ -175,7 +176,12 @@ def _nested(parts, paths, leaves):
     return out
 
 
-def _common(parts, leaves):
+def _common(parts, leaves, floor, levels):
+    """The owners' common path; for one owner, its ancestor ``levels`` up (one per scan level left), longer than ``floor``.
+
+    Linen names a scanned block ``ScanBlock_0`` and its Dense ``ScanBlock_0/Dense_0``:
+    the index goes after ``ScanBlock_0``; a scan in a scan, after each ``Scan...`` of the two.
+    """
     owners = [tuple(parts[leaf][:-1]) or tuple(parts[leaf]) for leaf in leaves]
     common = owners[0]
     for owner in owners[1:]:
@@ -183,8 +189,8 @@ def _common(parts, leaves):
         while n < min(len(common), len(owner)) and common[n] == owner[n]:
             n += 1
         common = common[:n]
-    if len(set(owners)) == 1 and len(common) > 1:
-        common = common[:-1]
+    if len(set(owners)) == 1:
+        common = common[: max(len(common) - levels, floor + 1)]
     return common
 
 
