@@ -5,6 +5,10 @@ with TensorBoard's own loader, findings through ``tb-gradcheck report``.
 """
 
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -13,14 +17,14 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from test_jax_writer import by_name
+from test_jax_writer import reference
 
 import tb_gradcheck.jax as tj
 from conftest import read_events
 from conftest import stats_content
 from tb_gradcheck import cli
 from tb_gradcheck import metadata
-from test_jax_writer import by_name
-from test_jax_writer import reference
 
 # float32 reductions over a few hundred elements agree with float64 numpy to
 # about 1e-6 relative; 1e-5 leaves room for summation order, nothing more.
@@ -454,3 +458,28 @@ def test_nested_scans_stack_two_axes_and_only_scanned_over_operands_are_stacked(
     expected.append(np.linalg.norm(g["both"]))
     ((_, variable, _),) = read_events(tmp_path, granularity="variable")
     np.testing.assert_allclose(variable[0, :, COL["grad_norm"]], expected, rtol=RTOL)
+
+
+def test_a_stack_sharded_over_four_devices_on_its_layer_axis_or_its_units_writes_the_rows_of_one_device(tmp_path):
+    job = pathlib.Path(__file__).resolve().parent / "jax_sharded_job.py"
+    env = dict(os.environ, PYTHONPATH=str(job.parent.parent))
+    out = subprocess.run(
+        [sys.executable, str(job), str(tmp_path), "2", "stacked"], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    sharded, stack, single = (json.loads(line) for line in out.stdout.strip().splitlines()[-3:])
+    assert sharded["kernel_devices"] == stack["kernel_devices"] == [4] * 4 and single["kernel_devices"] == [1] * 4
+    # Split along its units (every layer on every device), or along its layers (two layers a device).
+    assert sharded["stack_specs"] == ["P(None, None, 'model')"]
+    assert stack["stack_specs"] == ["P('model', None, None)"]
+    rows = stats_content(tmp_path / "single")["layer"]["rows"]
+    assert rows == ["Dense_0", "blocks/0", "blocks/1", "blocks/2", "blocks/3", "Dense_1"]
+    for run in ("sharded", "sharded_stack"):
+        assert stats_content(tmp_path / run) == stats_content(tmp_path / "single")
+        for granularity in ("layer", "variable"):
+            a = read_events(tmp_path / run, granularity=granularity)
+            b = read_events(tmp_path / "single", granularity=granularity)
+            assert [s for s, _, _ in a] == [s for s, _, _ in b] == [0, 2, 4]
+            for (_, x, _), (_, y, _) in zip(a, b):
+                # The same global arrays reduced in another order: float32 rounding only.
+                np.testing.assert_allclose(x, y, rtol=RTOL, atol=1e-7, err_msg=run)

@@ -239,8 +239,11 @@ def nnx_rebuild(obj):
 
 
 # Primitives whose output is their operand in another dtype or placement: a
-# parameter cast (bfloat16 compute) or constrained before a scan is still stacked.
-_SAME_VALUE = frozenset({"convert_element_type", "copy", "copy_p", "sharding_constraint", "reduce_precision"})
+# parameter cast (bfloat16 compute), constrained or gathered along its layer
+# axis (which ``scan`` needs unsplit) before a scan is still stacked.
+_SAME_VALUE = frozenset(
+    {"convert_element_type", "copy", "copy_p", "sharding_constraint", "reshard", "mesh_cast", "reduce_precision"}
+)
 
 
 def _walk(jaxpr, leaf_of, first, views, clock):
@@ -253,7 +256,9 @@ def _walk(jaxpr, leaf_of, first, views, clock):
     into a sub-jaxpr, the path it was read through (``views``).
     """
     for eqn in jaxpr.eqns:
-        operands = [(k, leaf_of[v]) for k, v in enumerate(eqn.invars) if not isinstance(v, core.Literal) and v in leaf_of]
+        operands = [
+            (k, leaf_of[v]) for k, v in enumerate(eqn.invars) if not isinstance(v, core.Literal) and v in leaf_of
+        ]
         here = clock[0]
         passed = set()
         if operands and eqn.primitive.name in _SAME_VALUE and len(eqn.outvars) == 1:

@@ -162,7 +162,7 @@ def _nested(parts, paths, leaves):
         for leaf in leaves:
             if len(paths[leaf]) > level:
                 groups.setdefault(tuple(c for c, _ in paths[leaf][: level + 1]), []).append(leaf)
-        for key, members in groups.items():
+        for members in groups.values():
             floor = max(len(previous[leaf]) for leaf in members)
             prefix = _common(parts, members, floor, max(len(paths[leaf]) for leaf in members) - level)
             if any(len(prefix) <= len(previous[leaf]) for leaf in members):

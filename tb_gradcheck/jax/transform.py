@@ -231,7 +231,7 @@ def _in_rows(lay, values, dtype=None):
     rows, _ = _gathers(lay)
     if rows is None:
         return jnp.stack([cast(v) for v in values])
-    return jnp.concatenate([jnp.reshape(cast(v), (-1,)) for v in values])[rows]
+    return jnp.concatenate([reduce.flat(cast(v)) for v in values])[rows]
 
 
 def _quick_part(g, axes):
@@ -259,9 +259,10 @@ def _taker(lay, grads, weights, applied, template):
         parts = [_full_part(g, u, axes) for (g, axes), u in zip(grads, units)]
         norm, top, nonzero, nonfinite, dead = zip(*parts)
         _, dead_rows = _gathers(lay)
-        dead = jnp.concatenate(dead)
-        if dead_rows is not None:
-            dead = dead[dead_rows]
+        if dead_rows is None:
+            dead = jnp.concatenate(dead)
+        else:  # one sharding for all (a Dense's units may be split over devices, a slice's flags are not)
+            dead = jnp.concatenate([reduce.flat(d) for d in dead])[dead_rows]
         weight = (
             _missing(len(lay.names), floats)
             if weights is None
