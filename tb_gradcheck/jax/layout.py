@@ -20,6 +20,10 @@ module's ``decoder`` before its ``encoder``. Two orders do better:
   pass or the loss) first reads each parameter, from its jaxpr; pass it to
   ``monitor(order=...)`` for named modules.
 
+Stacked layers (``stacks``): a leaf that holds a scanned block's layers
+along its leading axes is a row per slice, with ``monitor(stacked=...)``
+or what ``depth_order`` found.
+
 Units (``dead_unit_fraction``), as for Keras: a leaf of rank 2 or more has
 one unit per index of its last axis (Dense kernel ``[in, out]``, Conv kernel
 ``[..., in, out]``, Embed ``[num, features]``), a vector one per element
