@@ -23,6 +23,7 @@ depth order; slice by slice in scan order (a reverse scan's last slice
 first), and within a slice the leaves in their depth order.
 """
 
+import functools
 import itertools
 import numbers
 
@@ -205,36 +206,32 @@ def _exact(candidate, parts, paths, group):
     return True
 
 
+@functools.lru_cache(maxsize=64)
 def gathers(lay):
     """``(rows, dead)`` int arrays that put per-leaf reductions in row order, or ``(None, None)`` when none is stacked.
 
     Per-leaf reductions come concatenated in the order leaves first appear
     among the rows, each stacked leaf's slices in flat order (``parts``);
     ``rows`` picks each row's value from that vector, ``dead`` each unit's
-    flag from the concatenated per-unit flags.
+    flag from the concatenated per-unit flags. Made once per layout.
     """
     if not any(lay.stacks):
         return None, None
-    leaves = parts(lay)
-    start = {}
-    unit_start = {}
+    start, unit_start = {}, {}
     at = unit_at = 0
-    units = {}
-    for r, leaf in enumerate(lay.order):
-        units.setdefault(leaf, lay.units[r])
-    for leaf, dims in leaves:
+    for leaf, row in parts(lay):
         start[leaf], unit_start[leaf] = at, unit_at
-        count = int(np.prod(dims)) if dims else 1
+        count = int(np.prod(lay.stacks[row]))  # 1 for an unstacked leaf
         at += count
-        unit_at += count * units[leaf]
+        unit_at += count * lay.units[row]
     rows = np.array([start[leaf] + s for leaf, s in zip(lay.order, lay.slices)], np.int32)
     dead = [np.arange(u) + unit_start[leaf] + s * u for leaf, s, u in zip(lay.order, lay.slices, lay.units)]
     return rows, np.concatenate(dead).astype(np.int32) if dead else np.zeros(0, np.int32)
 
 
 def parts(lay):
-    """``[(leaf, stack dims)]``: each leaf once, in the order it first appears among the rows."""
+    """``[(leaf, its first row)]``: each leaf once, in the order it first appears among the rows of a ``Layout``."""
     seen = {}
-    for leaf, dims in zip(lay.order, lay.stacks):
-        seen.setdefault(leaf, dims)
+    for row, leaf in enumerate(lay.order):
+        seen.setdefault(leaf, row)
     return list(seen.items())

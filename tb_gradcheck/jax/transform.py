@@ -212,23 +212,17 @@ def _rows(tree, lay, what):
 @functools.lru_cache(maxsize=64)
 def _parts(lay):
     """``[(leaf, shape, row name, stacked axes, units)]`` in the order of the leaves' first rows."""
-    out = {}
-    stacked = lay.stacks or [()] * len(lay.order)
-    for leaf, dims, shape, name, units in zip(lay.order, stacked, lay.shapes, lay.names, lay.units):
-        if leaf not in out:
-            out[leaf] = (leaf, tuple(dims) + tuple(shape), name, len(dims), units)
-    return list(out.values())
-
-
-@functools.lru_cache(maxsize=64)
-def _gathers(lay):
-    return stacks.gathers(lay)
+    out = []
+    for leaf, row in stacks.parts(lay):
+        dims = lay.stacks[row] if lay.stacks else ()
+        out.append((leaf, tuple(dims) + tuple(lay.shapes[row]), lay.names[row], len(dims), lay.units[row]))
+    return out
 
 
 def _in_rows(lay, values, dtype=None):
     """``[R]``: per-leaf reductions (``_rows`` order; a scalar, or one value per slice of a stacked leaf) in row order."""
     cast = (lambda v: v) if dtype is None else (lambda v: jnp.asarray(v).astype(dtype))
-    rows, _ = _gathers(lay)
+    rows, _ = stacks.gathers(lay)
     if rows is None:
         return jnp.stack([cast(v) for v in values])
     return jnp.concatenate([reduce.flat(cast(v)) for v in values])[rows]
@@ -258,7 +252,7 @@ def _taker(lay, grads, weights, applied, template):
     def take():
         parts = [_full_part(g, u, axes) for (g, axes), u in zip(grads, units)]
         norm, top, nonzero, nonfinite, dead = zip(*parts)
-        _, dead_rows = _gathers(lay)
+        _, dead_rows = stacks.gathers(lay)
         if dead_rows is None:
             dead = jnp.concatenate(dead)
         else:  # one sharding for all (a Dense's units may be split over devices, a slice's flags are not)
