@@ -20,6 +20,10 @@ module's ``decoder`` before its ``encoder``. Two orders do better:
   pass or the loss) first reads each parameter, from its jaxpr; pass it to
   ``monitor(order=...)`` for named modules.
 
+Stacked layers (``stacks``): a leaf that holds a scanned block's layers
+along its leading axes is a row per slice, with ``monitor(stacked=...)``
+or what ``depth_order`` found.
+
 Units (``dead_unit_fraction``), as for Keras: a leaf of rank 2 or more has
 one unit per index of its last axis (Dense kernel ``[in, out]``, Conv kernel
 ``[..., in, out]``, Embed ``[num, features]``), a vector one per element
@@ -36,6 +40,7 @@ import jax
 from jax.extend import core
 
 from tb_gradcheck import structure
+from tb_gradcheck.jax import stacks
 
 # Path components that name no module: the Linen collection that holds the
 # parameters (first), and a Variable's value attribute (last).
@@ -55,6 +60,9 @@ class Layout:
       order: Per row, the leaf's index in the pytree's flattening.
       every_n_steps: Steps per write.
       updates: Whether the monitor measures the updates of an optimizer it wraps.
+      stacks: Per row, its leaf's stacked leading dimensions (``stacks``),
+        ``()`` for a leaf that is one row; ``shapes`` are the rows' own.
+      slices: Per row, its slice's flat index in those dimensions (0 if none).
     """
 
     names: tuple
@@ -64,6 +72,8 @@ class Layout:
     order: tuple
     every_n_steps: int
     updates: bool
+    stacks: tuple = ()
+    slices: tuple = ()
 
     @property
     def structure(self):
@@ -109,7 +119,7 @@ def natural_key(parts):
     return tuple(tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", p) if t) for p in parts)
 
 
-def make(params, every_n_steps, updates=False, order=None, unit_axes=None):
+def make(params, every_n_steps, updates=False, order=None, unit_axes=None, stacked=None):
     """The ``Layout`` of a parameter pytree.
 
     Args:
@@ -120,9 +130,11 @@ def make(params, every_n_steps, updates=False, order=None, unit_axes=None):
         depth order (``depth_order``); names it does not list follow in
         natural order.
       unit_axes: ``{name: axes}`` overrides of the unit axes, or None.
+      stacked: ``{name prefix: axes}`` of the leaves stacked for ``lax.scan``
+        (``stacks``): a row per slice. None: every leaf is one row.
 
     Raises:
-      ValueError: An empty pytree, or ``order``/``unit_axes`` naming no parameter.
+      ValueError: An empty pytree, or ``order``/``unit_axes``/``stacked`` naming no parameter.
     """
     leaves = jax.tree_util.tree_leaves(params)
     if not leaves:
@@ -146,16 +158,30 @@ def make(params, every_n_steps, updates=False, order=None, unit_axes=None):
         raise ValueError(
             f"Expected `unit_axes` to name parameters of the pytree. Received: unknown names {unknown[:5]}"
         )
-    shapes = [tuple(int(d) for d in leaves[i].shape) for i in index]
+    shapes = [tuple(int(d) for d in x.shape) for x in leaves]
+    rows = stacks.expand(parts, shapes, index, stacks.normalise(stacked))
     return Layout(
-        names=tuple(names[i] for i in index),
-        owners=tuple("/".join(parts[i][:-1]) or parts[i][0] for i in index),
-        shapes=tuple(shapes),
-        units=tuple(structure.trailing_units(s, unit_axes.get(names[i], 1)) for s, i in zip(shapes, index)),
-        order=tuple(index),
+        names=tuple("/".join(name) for _, _, name, _, _ in rows),
+        owners=tuple("/".join(owner) for _, _, _, owner, _ in rows),
+        shapes=tuple(shapes[leaf][len(dims) :] for leaf, _, _, _, dims in rows),
+        units=tuple(
+            structure.trailing_units(shapes[leaf][len(dims) :], unit_axes.get(names[leaf], 1))
+            for leaf, _, _, _, dims in rows
+        ),
+        order=tuple(leaf for leaf, _, _, _, _ in rows),
         every_n_steps=int(every_n_steps),
         updates=bool(updates),
+        stacks=tuple(dims for _, _, _, _, dims in rows),
+        slices=tuple(flat for _, flat, _, _, _ in rows),
     )
+
+
+class DepthOrder(list):
+    """Parameter names in depth order (a list), with ``stacked``: the ``{prefix: reverse flags}`` of the leaves scanned over."""
+
+    def __init__(self, names, stacked):
+        super().__init__(names)
+        self.stacked = stacked
 
 
 def depth_order(fn, params, *args, **kwargs):
@@ -168,6 +194,14 @@ def depth_order(fn, params, *args, **kwargs):
     where module names sort otherwise. Parameters ``fn`` never reads come
     last, in natural order.
 
+    The same walk finds the parameters that stack layers for ``lax.scan``:
+    a leaf that enters a ``scan`` as a scanned-over operand (an ``xs``,
+    sliced along its leading axis at each iteration), and is read nowhere
+    else, holds the scan's ``length`` layers along that axis (two axes
+    for a scan inside a scanned block). The list's ``stacked`` attribute
+    says which (``{name prefix: reverse flags}``, ``stacks``); ``monitor``
+    then gives each slice a row of its own.
+
     ``params`` may be an NNX module: then ``fn`` takes the module, and
     the names are those of its ``nnx.Param`` state.
 
@@ -176,6 +210,9 @@ def depth_order(fn, params, *args, **kwargs):
         order = tb_gradcheck.jax.depth_order(model.apply, params, x)  # Linen
         order = tb_gradcheck.jax.depth_order(lambda m: m(x), model)  # NNX
         tx = tb_gradcheck.jax.monitor(optax.adam(1e-3), order=order)
+
+    Returns:
+      A ``DepthOrder``: a list of names with a ``stacked`` dict.
     """
     rebuild = nnx_rebuild(params)
     if rebuild is not None:  # an NNX module: trace over its parameters' State, as nnx.grad differentiates it
@@ -183,10 +220,17 @@ def depth_order(fn, params, *args, **kwargs):
         closed = jax.make_jaxpr(lambda p: fn(merge(p), *args, **kwargs))(params)
     else:
         closed = jax.make_jaxpr(lambda p: fn(p, *args, **kwargs))(params)
-    names = ["/".join(p) for p in path_names(params)]
-    first = {}
-    _walk(closed.jaxpr, dict(zip(closed.jaxpr.invars, range(len(names)))), first, [0])
-    return [names[i] for i in sorted(first, key=first.get)]
+    parts = path_names(params)
+    names = ["/".join(p) for p in parts]
+    first, views = {}, {}
+    _walk(closed.jaxpr, {v: (i, ()) for i, v in enumerate(closed.jaxpr.invars)}, first, views, [0])
+    # Stacked: every read is of a slice, through scans over the same number of axes in the same directions.
+    paths = {}
+    for leaf, seen in views.items():
+        flags = {tuple(r for _, r in path) for path in seen}
+        if len(flags) == 1 and () not in flags:
+            paths[leaf] = seen[0]
+    return DepthOrder([names[i] for i in sorted(first, key=first.get)], stacks.infer(parts, paths))
 
 
 def nnx_rebuild(obj):
@@ -198,24 +242,54 @@ def nnx_rebuild(obj):
     return state, lambda p: nnx.merge(graphdef, p, rest)
 
 
-def _walk(jaxpr, leaf_of, first, clock):
-    """Records, per leaf index, the clock of the first equation that reads it (recursing into sub-jaxprs)."""
+# Primitives whose output is their operand in another dtype or placement: a
+# parameter cast (bfloat16 compute), constrained or gathered along its layer
+# axis (which ``scan`` needs unsplit) before a scan is still stacked.
+_SAME_VALUE = frozenset(
+    {"convert_element_type", "copy", "copy_p", "sharding_constraint", "reshard", "mesh_cast", "reduce_precision"}
+)
+
+
+def _walk(jaxpr, leaf_of, first, views, clock):
+    """Walks equations in program order, recursing into sub-jaxprs.
+
+    ``leaf_of`` maps a variable to ``(leaf index, path)``, ``path`` the
+    scans it was sliced by, ``(scan's clock, reverse)`` outermost first.
+    Records per leaf the clock of the first equation that reads it
+    (``first``) and, per equation that reads it other than by passing it
+    into a sub-jaxpr, the path it was read through (``views``).
+    """
     for eqn in jaxpr.eqns:
-        reads = [leaf_of[v] for v in eqn.invars if not isinstance(v, core.Literal) and v in leaf_of]
+        operands = [
+            (k, leaf_of[v]) for k, v in enumerate(eqn.invars) if not isinstance(v, core.Literal) and v in leaf_of
+        ]
+        here = clock[0]
+        passed = set()
+        if operands and eqn.primitive.name in _SAME_VALUE and len(eqn.outvars) == 1:
+            if tuple(eqn.outvars[0].aval.shape) == tuple(eqn.invars[0].aval.shape):
+                leaf_of[eqn.outvars[0]] = operands[0][1]
+                passed.add(operands[0][0])
         inner = _sub_jaxprs(eqn)
-        if inner and reads:
+        if inner and operands:
+            # A scan's operands are its consts, its carry, then its xs: an xs is sliced along axis 0.
+            scanned = eqn.params["num_consts"] + eqn.params["num_carry"] if eqn.primitive.name == "scan" else None
             for sub in inner:
                 # A call's body takes the call's operands as its invars
                 # (trailing ones, where a loop adds its own carry first).
                 offset = len(sub.invars) - len(eqn.invars)
                 mapping = {}
-                for k, v in enumerate(eqn.invars):
-                    if not isinstance(v, core.Literal) and v in leaf_of and 0 <= k + offset < len(sub.invars):
-                        mapping[sub.invars[k + offset]] = leaf_of[v]
-                _walk(sub, mapping, first, clock)
-        for leaf in reads:
+                for k, (leaf, path) in operands:
+                    if 0 <= k + offset < len(sub.invars):
+                        if scanned is not None and k >= scanned:
+                            path = path + ((here, bool(eqn.params["reverse"])),)
+                        mapping[sub.invars[k + offset]] = (leaf, path)
+                        passed.add(k)
+                _walk(sub, mapping, first, views, clock)
+        for k, (leaf, path) in operands:
             if leaf not in first:
                 first[leaf] = clock[0]
+            if k not in passed:
+                views.setdefault(leaf, []).append(path)
         clock[0] += 1
 
 

@@ -19,6 +19,7 @@ falls outside the band where it is exact (``in_band``).
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -118,3 +119,70 @@ def full(g, units):
     top = jnp.max(top_u)
     nonfinite = jnp.sum(~jnp.isfinite(g), dtype=count)
     return norm(g, top), top, jnp.sum(nonzero_u, dtype=count), nonfinite, nonzero_u == 0
+
+
+# Per slice: a parameter stacked for ``lax.scan`` (``stacks``) is ``axes``
+# leading axes of layers; each function reduces every axis but those, in
+# one pass over the whole array (no loop over the slices), and gives one
+# value per slice, flat in the order of the stacked axes. They reduce over
+# axes rather than reshape the array: under explicit sharding (sharding in
+# types) a reshape that merges a sharded axis is refused, and a stack may
+# be split along any axis. Their small results are replicated (``flat``).
+
+
+def flat(x):
+    """``x`` (a few values per slice) as one vector; replicated first where its type says it is sharded."""
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", ())
+    if any(axis is not None for axis in spec):
+        x = jax.sharding.reshard(x, jax.typeof(x).sharding.update(spec=jax.sharding.PartitionSpec()))
+    return x.reshape(-1)
+
+
+def _rest(x, axes, keep=0):
+    """The axes of ``x`` after the first ``axes`` (and before the last ``keep``)."""
+    return tuple(range(axes, x.ndim - keep))
+
+
+def quick_slices(x, axes):
+    """``quick`` per slice: ``(sums of squares [S], sums of |x| [S])``."""
+    x = as_float(x)
+    rest = _rest(x, axes)
+    return flat(jnp.sum(x * x, axis=rest)), flat(jnp.sum(jnp.abs(x), axis=rest))
+
+
+def norm_slices(x, axes, top=None):
+    """``norm`` per slice ``[S]``, at any scale; ``top``: the slices' max |x| (stacked shape) if known."""
+    x = as_float(x)
+    rest = _rest(x, axes)
+    top = jnp.max(jnp.abs(x), axis=rest, initial=0.0) if top is None else top
+    usable = jnp.isfinite(top) & (top > 0)
+    scale = jnp.where(usable, top, 1.0)
+    scaled = x * (1.0 / scale).reshape(scale.shape + (1,) * len(rest))
+    return flat(jnp.where(usable, top * jnp.sqrt(jnp.sum(scaled * scaled, axis=rest)), top))
+
+
+def full_slices(g, units, axes):
+    """``full`` per slice: ``(norm [S], max_abs [S], nonzero [S], nonfinite [S], dead [S * units])``.
+
+    A slice's units are its own (a slice ``[in, out]`` of a Dense kernel
+    ``[L, in, out]`` has ``out``: its last axes whose sizes multiply to
+    ``units``); ``dead`` lists slice 0's units, then slice 1's...
+    """
+    g = as_float(g)
+    count = jnp.int32 if g.dtype == jnp.float32 else jnp.int64
+    if g.size == 0:  # slices without elements
+        n = math.prod(g.shape[:axes])
+        zero = jnp.zeros(n, g.dtype)
+        return zero, zero, jnp.zeros(n, count), jnp.zeros(n, count), jnp.zeros(n * units, bool)
+    keep, size = 0, 1
+    while size < units and keep < g.ndim - axes:  # the unit axes: the last ones, ``units`` elements
+        keep += 1
+        size *= g.shape[-keep]
+    middle = _rest(g, axes, keep)
+    top_u = jnp.max(jnp.abs(g), axis=middle, initial=0.0)
+    nonzero_u = jnp.sum(g != 0, axis=middle, dtype=count)
+    units_axes = _rest(top_u, axes)
+    top = jnp.max(top_u, axis=units_axes, initial=0.0)
+    nonfinite = jnp.sum(~jnp.isfinite(g), axis=_rest(g, axes), dtype=count)
+    nonzero = jnp.sum(nonzero_u, axis=units_axes, dtype=count)
+    return norm_slices(g, axes, top), flat(top), flat(nonzero), flat(nonfinite), flat(nonzero_u == 0)

@@ -24,6 +24,7 @@ kept in its state, so it survives a checkpoint) is a multiple of
   window's norms are exact at any scale and its NaN counts exact.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -34,6 +35,7 @@ import optax
 from tb_gradcheck import running
 from tb_gradcheck.jax import layout as layouts
 from tb_gradcheck.jax import reduce
+from tb_gradcheck.jax import stacks
 
 
 class Held(NamedTuple):
@@ -91,7 +93,7 @@ class MonitorState:
         return f"MonitorState(rows={len(self.layout.names)}, every_n_steps={self.layout.every_n_steps})"
 
 
-def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None):
+def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stacked=None):
     """Per-layer gradient statistics for the Gradients tab, as an optax transformation.
 
     Chained in front of an optimizer it records the gradients it is given
@@ -115,13 +117,19 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None):
         the natural order of their paths (``layout``).
       unit_axes: ``{parameter name: 2}`` for parameters whose units are
         their last two axes (depthwise kernels), or None.
+      stacked: ``{name prefix: axes}``: the parameters under each prefix
+        stack ``axes`` leading axes of layers (a block run by
+        ``lax.scan``), and each slice gets a row of its own
+        (``{"ScanBlock_0": 1}``: ``ScanBlock_0/3/Dense_0/kernel`` is layer
+        3's kernel; ``stacks``). None: what ``order`` found, when it is a
+        ``depth_order``; else none ({} turns that off).
 
     Returns:
       An ``optax.GradientTransformation`` whose state is a ``MonitorState``
       (with the wrapped optimizer's state inside it).
 
     Raises:
-      TypeError: ``optimizer`` is not a GradientTransformation.
+      TypeError: ``optimizer`` is not a GradientTransformation; ``stacked`` is not a dict of prefixes.
       ValueError: ``every_n_steps`` is not a positive integer.
     """
     from tb_gradcheck import validate
@@ -132,11 +140,12 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None):
             "Expected `optimizer` to be an optax.GradientTransformation (with init and update) or None. "
             f"Received: {type(optimizer).__name__}"
         )
+    stacked = stacks.normalise(getattr(order, "stacked", None) if stacked is None else stacked)
     order = None if order is None else tuple(order)
     unit_axes = dict(unit_axes or {})
 
     def init(params):
-        lay = layouts.make(params, every_n_steps, optimizer is not None, order, unit_axes)
+        lay = layouts.make(params, every_n_steps, optimizer is not None, order, unit_axes, stacked)
         inner = optimizer.init(params) if optimizer is not None else optax.EmptyState()
         dtype = _float_dtype(jax.tree_util.tree_leaves(params))
         window = _empty_window(lay, dtype) if every_n_steps > 1 else None
@@ -156,7 +165,7 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None):
             held = take()._replace(step=count)
             return updates, MonitorState(lay, count + 1, held, None, inner)
         due = count % lay.every_n_steps == 0
-        sums, magnitudes = (jnp.stack(v) for v in zip(*[reduce.quick(g) for g in grads]))
+        sums, magnitudes = (_in_rows(lay, v) for v in zip(*[_quick_part(g, axes) for g, axes in grads]))
         skipped = jax.eval_shape(take)
         taken = jax.lax.cond(due | ~reduce.in_band(sums, magnitudes), take, lambda: _quick(skipped, sums))
         s = lay.structure
@@ -178,18 +187,57 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None):
 
 
 def _rows(tree, lay, what):
-    """The leaves of ``tree`` in row order, checked against the layout's shapes (at trace time)."""
+    """``[(leaf, stacked axes)]``: each leaf of ``tree`` once, in the order of its first row, checked (at trace time).
+
+    Without stacked parameters, one leaf per row in row order; a stacked
+    leaf's reductions give one value per slice, which ``_in_rows`` puts in
+    row order.
+    """
     leaves = jax.tree_util.tree_leaves(tree)
-    if len(leaves) != len(lay.order):
+    parts = _parts(lay)
+    if len(leaves) != len(parts):
         raise ValueError(
-            f"Expected {what} with one array per parameter ({len(lay.order)}), as the pytree the monitor was "
+            f"Expected {what} with one array per parameter ({len(parts)}), as the pytree the monitor was "
             f"initialised with. Received: {len(leaves)} arrays"
         )
-    out = [leaves[i] for i in lay.order]
-    for x, shape, name in zip(out, lay.shapes, lay.names):
+    out = []
+    for leaf, shape, name, axes, _ in parts:
+        x = leaves[leaf]
         if tuple(x.shape) != shape:
             raise ValueError(f"Expected {what} of {name!r} to have shape {shape}. Received: shape {tuple(x.shape)}")
+        out.append((x, axes))
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _parts(lay):
+    """``[(leaf, shape, row name, stacked axes, units)]`` in the order of the leaves' first rows."""
+    out = []
+    for leaf, row in stacks.parts(lay):
+        dims = lay.stacks[row] if lay.stacks else ()
+        out.append((leaf, tuple(dims) + tuple(lay.shapes[row]), lay.names[row], len(dims), lay.units[row]))
+    return out
+
+
+def _in_rows(lay, values, dtype=None):
+    """``[R]``: per-leaf reductions (``_rows`` order; a scalar, or one value per slice of a stacked leaf) in row order."""
+    cast = (lambda v: v) if dtype is None else (lambda v: jnp.asarray(v).astype(dtype))
+    rows, _ = stacks.gathers(lay)
+    if rows is None:
+        return jnp.stack([cast(v) for v in values])
+    return jnp.concatenate([reduce.flat(cast(v)) for v in values])[rows]
+
+
+def _quick_part(g, axes):
+    return reduce.quick(g) if axes == 0 else reduce.quick_slices(g, axes)
+
+
+def _full_part(g, units, axes):
+    return reduce.full(g, units) if axes == 0 else reduce.full_slices(g, units, axes)
+
+
+def _norm_part(x, axes):
+    return reduce.norm(x) if axes == 0 else reduce.norm_slices(x, axes)
 
 
 def _taker(lay, grads, weights, applied, template):
@@ -199,22 +247,33 @@ def _taker(lay, grads, weights, applied, template):
     its dtypes from step to step whatever the gradients' dtypes.
     """
     floats, counts = template.norm.dtype, template.nonzero.dtype
-
-    def stack(values, dtype):
-        return jnp.stack([jnp.asarray(v).astype(dtype) for v in values])
+    units = [u for _, _, _, _, u in _parts(lay)]
 
     def take():
-        parts = [reduce.full(g, u) for g, u in zip(grads, lay.units)]
+        parts = [_full_part(g, u, axes) for (g, axes), u in zip(grads, units)]
         norm, top, nonzero, nonfinite, dead = zip(*parts)
-        weight = _missing(len(grads), floats) if weights is None else stack([reduce.norm(w) for w in weights], floats)
-        update = _missing(len(grads), floats) if applied is None else stack([reduce.norm(u) for u in applied], floats)
+        _, dead_rows = stacks.gathers(lay)
+        if dead_rows is None:
+            dead = jnp.concatenate(dead)
+        else:  # one sharding for all (a Dense's units may be split over devices, a slice's flags are not)
+            dead = jnp.concatenate([reduce.flat(d) for d in dead])[dead_rows]
+        weight = (
+            _missing(len(lay.names), floats)
+            if weights is None
+            else _in_rows(lay, [_norm_part(w, axes) for w, axes in weights], floats)
+        )
+        update = (
+            _missing(len(lay.names), floats)
+            if applied is None
+            else _in_rows(lay, [_norm_part(u, axes) for u, axes in applied], floats)
+        )
         return Held(
             step=jnp.zeros((), jnp.int32),
-            norm=stack(norm, floats),
-            max_abs=stack(top, floats),
-            nonzero=stack(nonzero, counts),
-            nonfinite=stack(nonfinite, counts),
-            dead=jnp.concatenate(dead),
+            norm=_in_rows(lay, norm, floats),
+            max_abs=_in_rows(lay, top, floats),
+            nonzero=_in_rows(lay, nonzero, counts),
+            nonfinite=_in_rows(lay, nonfinite, counts),
+            dead=dead,
             weight=weight,
             update=update,
             window=None,
