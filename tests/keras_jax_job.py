@@ -49,7 +49,12 @@ def build(start, widths):
 def fit(start, config, log_dir=None):
     model = build(start, config["widths"])
     optimizer = getattr(keras.optimizers, config["optimizer"])(**config["optimizer_args"])
-    model.compile(optimizer, "mse", steps_per_execution=config.get("steps_per_execution", 1))
+    model.compile(
+        optimizer,
+        "mse",
+        steps_per_execution=config.get("steps_per_execution", 1),
+        run_eagerly=config.get("run_eagerly", False),
+    )
     callbacks = [] if log_dir is None else [tb_gradcheck.keras.GradientCallback(log_dir, **config["callback"])]
     model.fit(
         start["x"], start["y"], batch_size=config["batch_size"], epochs=config["epochs"], shuffle=False, verbose=0,

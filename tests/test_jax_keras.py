@@ -49,6 +49,13 @@ FITS = {
         "optimizer_args": {"learning_rate": 0.05, "momentum": 0.9, "gradient_accumulation_steps": 2},
         "callback": {},
     },
+    # A static loss scale, recorded unscaled; the JAX side's step not jitted.
+    "scaled": {
+        "optimizer": "SGD",
+        "optimizer_args": {"learning_rate": 0.05, "loss_scale_factor": 128.0},
+        "callback": {"every_n_steps": 2},
+        "run_eagerly": True,
+    },
 }
 for _config in FITS.values():
     _config.update(widths=list(WIDTHS), batch_size=8, epochs=_config.get("epochs", 1))
