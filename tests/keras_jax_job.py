@@ -12,6 +12,7 @@ callback's path on JAX must not need it.
 import json
 import os
 import sys
+import warnings
 
 os.environ["KERAS_BACKEND"] = "jax"
 
@@ -76,6 +77,20 @@ def main(root):
             len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b)) for a, b in zip(with_cb, without)
         )
         result[name] = {"bit_identical": bool(same), "callback": f"{callback.__module__}.{callback.__name__}"}
+    try:
+        tb_gradcheck.keras.GradientCallback(root, check_every_n_steps=1, check_data=(start["x"], start["y"]))
+        result["check_arguments_refused"] = False
+    except ValueError:
+        result["check_arguments_refused"] = True
+    # A LossScaleOptimizer: a warning, a fit like any other, and no run written.
+    model = build(start, fits["every"]["widths"])
+    model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05)), "mse")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        callback = tb_gradcheck.keras.GradientCallback(os.path.join(root, "loss_scale"))
+        model.fit(start["x"], start["y"], batch_size=8, verbose=0, callbacks=[callback])
+    result["loss_scale_warning"] = [str(w.message) for w in caught if "GradientCallback" in str(w.message)]
+    result["loss_scale_wrote"] = os.path.exists(os.path.join(root, "loss_scale"))
     result["tensorflow_imported"] = "tensorflow" in sys.modules
     with open(os.path.join(root, "result.json"), "w") as f:
         json.dump(result, f)

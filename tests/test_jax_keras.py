@@ -114,6 +114,9 @@ def test_jax_fit_takes_the_jax_callback_leaves_training_bit_identical_and_import
         # Weights and every optimizer variable (Adam's moments, the
         # accumulators) after the fit with the callback, against without.
         assert result[name]["bit_identical"], name
+    assert result["check_arguments_refused"]  # the fit's gradient check runs on TensorFlow
+    assert len(result["loss_scale_warning"]) == 1 and "LossScaleOptimizer" in result["loss_scale_warning"][0]
+    assert not result["loss_scale_wrote"]
 
 
 @pytest.mark.parametrize("name", sorted(FITS))

@@ -190,8 +190,6 @@ class GradientCallback(keras.callbacks.Callback):
 
 def _why_not(model):
     """Why the callback cannot record this fit, or None."""
-    from keras.src.distribution import distribution_lib
-
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return "the model has no optimizer (compile it with one)."
@@ -202,7 +200,7 @@ def _why_not(model):
         )
     if not callable(getattr(optimizer, HOOK, None)) or not callable(getattr(optimizer, "stateless_apply", None)):
         return f"a {type(optimizer).__name__} has no `{HOOK}` (Keras {keras.__version__} moved it?)."
-    if distribution_lib.distribution() is not None:
+    if keras.distribution.distribution() is not None:
         return "a keras.distribution is set (its sharded train step is not wrapped yet)."
     if keras.config.is_nnx_enabled():
         return "Keras runs with Flax NNX enabled (its nnx.jit train step is not wrapped yet)."
@@ -309,6 +307,8 @@ class _Session:
 
     def weights(self):
         """The model's weights for the partial window's ``weight_norm``; None while the fit holds them (a step raised)."""
+        # ``_value``: Keras' JAX loop sets it to None while the fit holds the
+        # state (``_purge_model_variables``); ``.value`` would then fail.
         values = [v._value for v in self.model.trainable_variables]
         return None if any(v is None for v in values) else values
 
