@@ -271,8 +271,10 @@ def _groups(side_):
     layers = set(side_.layers or ())
     groups = []
     for k, name in enumerate(side_.names):
-        parent = name.rsplit("/", 1)[0]
-        owner = name if name in layers else parent if parent in layers else name
+        # A variable's layer is its parent path: ``/`` in Keras' and JAX's
+        # names, ``.`` in PyTorch's (``dense_0.weight`` is in ``dense_0``).
+        parents = [name.rsplit(sep, 1)[0] for sep in ("/", ".") if sep in name]
+        owner = name if name in layers else next((p for p in parents if p in layers), name)
         if groups and groups[-1][0] == owner:
             groups[-1][1].append(k)
         else:

@@ -43,13 +43,7 @@ class Rows(structure.Structure):
         self.unit_axes = [units.trailing_axes(s, n, unit_axes) for s, n in zip(shapes, names)]
         super().__init__(
             unique_names,
-            [_owner(v, name) for v, name in zip(variables, unique_names)],
+            [structure.keras_owner(v, name) for v, name in zip(variables, unique_names)],
             shapes,
             [structure.trailing_units(s, k) for s, k in zip(shapes, self.unit_axes)],
         )
-
-
-def _owner(v, name):
-    if isinstance(getattr(v, "path", None), str) and "/" in name:
-        return name.rsplit("/", 1)[0]
-    return name

@@ -22,6 +22,11 @@ That point is ``_all_reduce_sum_gradients`` of Keras' TensorFlow optimizer
 receives. It is a private method, so the callback checks that it exists and
 warns (and records nothing) when a Keras version has moved it.
 
+On Keras' JAX backend (``KERAS_BACKEND=jax``), ``GradientCallback(...)``
+makes a ``tb_gradcheck.jax.keras.GradientCallback`` instead: the same rows
+and steps, taken inside the JAX trainer's jitted step, and TensorFlow is
+never imported (this module imports it only on the TensorFlow backend).
+
 Steps. A record's step is ``optimizer.iterations`` after that step's update,
 so step 1 is the first update: the step ``keras.callbacks.TensorBoard``
 gives batch 1 with ``update_freq="batch"``, and the step its
@@ -42,9 +47,7 @@ import weakref
 # import (the only kind Python 3 has) still finds the top-level Keras 3
 # package, unless the tb_gradcheck/ folder itself is put on sys.path.
 import keras
-import tensorflow as tf
 
-from tb_gradcheck import hooks
 from tb_gradcheck import validate
 from tb_gradcheck.twin import float64_twin  # noqa: F401  (public here: tb_gradcheck.keras.float64_twin)
 from tb_gradcheck.twin import sync_twin  # noqa: F401
@@ -130,6 +133,14 @@ class GradientCallback(keras.callbacks.Callback):
         ``check_every_n_steps`` without ``check_data``.
     """
 
+    def __new__(cls, *args, **kwargs):
+        if cls is GradientCallback and keras.backend.backend() == "jax":
+            # Keras on JAX: the sibling that reads the JAX trainer's step.
+            from tb_gradcheck.jax.keras import GradientCallback as OnJax
+
+            return OnJax(*args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self,
         log_dir,
@@ -169,6 +180,8 @@ class GradientCallback(keras.callbacks.Callback):
     # -- Keras hooks ---------------------------------------------------------
 
     def on_train_begin(self, logs=None):
+        from tb_gradcheck import hooks  # TensorFlow: imported on this backend only
+
         self._finish()  # an earlier fit of this callback that raised outside the step
         if self.check_data is not None and self.check_every_n_steps is None:
             warnings.warn(
@@ -273,6 +286,8 @@ class GradientCallback(keras.callbacks.Callback):
         ``between_writes``: the train function for the steps the session
         knows are not written (``stash.Schedule.between_writes_next``), or None.
         """
+        import tensorflow as tf
+
         callback, model = self, self.model
 
         def train_function(iterator):

@@ -3,10 +3,13 @@
 A framework adapter names each parameter, its owner (the layer, or module,
 it belongs to), its shape and its unit count; ``Structure`` makes the rows
 every writer stores and every reader shows: TensorFlow's ``grouping.Rows``
-builds on it, and so do the PyTorch and JAX writers. No framework imports.
+builds on it, and so do the PyTorch and JAX writers. No framework imports
+(``keras_unit_axes`` imports Keras when called, on any backend).
 """
 
 import numpy as np
+
+from tb_gradcheck import validate
 
 
 class Structure:
@@ -120,4 +123,44 @@ def unique(names):
             candidate = f"{n}#{counts[n]}"
         taken.add(candidate)
         out.append(candidate)
+    return out
+
+
+def keras_owner(variable, name):
+    """The layer row of a Keras variable: the parent of its ``path`` (``seq/dense/kernel`` -> ``seq/dense``).
+
+    A variable without a Keras ``path`` (a plain ``tf.Variable``), or one
+    whose name has no parent, is a layer of its own.
+    """
+    if isinstance(getattr(variable, "path", None), str) and "/" in name:
+        return name.rsplit("/", 1)[0]
+    return name
+
+
+def keras_unit_axes(model):
+    """``{variable path: 2}`` for the depthwise kernels of a Keras model (``tb_gradcheck.units`` says why).
+
+    Every other variable's units follow from its shape. Walks nested models
+    and layers through their ``layers`` attribute. Imports Keras, not its
+    backend: the same on TensorFlow and JAX.
+    """
+    import keras
+
+    depthwise = tuple(
+        getattr(keras.layers, name)
+        for name in ("DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D")
+        if hasattr(keras.layers, name)
+    )
+    out = {}
+    stack, seen = [model], set()
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if isinstance(layer, depthwise):
+            kernel = getattr(layer, "depthwise_kernel", None) or getattr(layer, "kernel", None)
+            if kernel is not None:
+                out[validate.variable_name(kernel)] = 2
+        stack.extend(getattr(layer, "layers", None) or [])
     return out

@@ -39,35 +39,7 @@ minus the bottom min.
 import numpy as np
 import tensorflow as tf
 
-from tb_gradcheck import validate
-
-
-def unit_axes(model):
-    """``{variable path: 2}`` for the depthwise kernels of a Keras model (see the module docstring).
-
-    Every other variable's units follow from its shape. Walks nested models
-    and layers through their ``layers`` attribute.
-    """
-    import keras
-
-    depthwise = tuple(
-        getattr(keras.layers, name)
-        for name in ("DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D")
-        if hasattr(keras.layers, name)
-    )
-    out = {}
-    stack, seen = [model], set()
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        if isinstance(layer, depthwise):
-            kernel = getattr(layer, "depthwise_kernel", None) or getattr(layer, "kernel", None)
-            if kernel is not None:
-                out[validate.variable_name(kernel)] = 2
-        stack.extend(getattr(layer, "layers", None) or [])
-    return out
+from tb_gradcheck.structure import keras_unit_axes as unit_axes  # noqa: F401  (units.unit_axes, as before)
 
 
 def trailing_axes(shape, name, overrides):

@@ -147,9 +147,7 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
     def init(params):
         lay = layouts.make(params, every_n_steps, optimizer is not None, order, unit_axes, stacked)
         inner = optimizer.init(params) if optimizer is not None else optax.EmptyState()
-        dtype = _float_dtype(jax.tree_util.tree_leaves(params))
-        window = _empty_window(lay, dtype) if every_n_steps > 1 else None
-        return MonitorState(lay, jnp.zeros((), jnp.int32), _empty_held(lay, dtype, window), window, inner)
+        return initial_state(lay, _float_dtype(jax.tree_util.tree_leaves(params)), inner=inner)
 
     def update(updates, state, params=None, **extra_args):
         lay = state.layout
@@ -159,31 +157,69 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
         if optimizer is not None:
             updates, inner = optimizer.update(updates, inner, params, **extra_args)
         applied = _rows(updates, lay, "updates") if optimizer is not None else None
-        count = state.count
-        take = _taker(lay, grads, weights, applied, state.held)
-        if lay.every_n_steps == 1:
-            held = take()._replace(step=count)
-            return updates, MonitorState(lay, count + 1, held, None, inner)
-        due = count % lay.every_n_steps == 0
-        sums, magnitudes = (_in_rows(lay, v) for v in zip(*[_quick_part(g, axes) for g, axes in grads]))
-        skipped = jax.eval_shape(take)
-        taken = jax.lax.cond(due | ~reduce.in_band(sums, magnitudes), take, lambda: _quick(skipped, sums))
-        s = lay.structure
-        columns = running.step_columns(
-            jnp,
-            taken.norm,
-            taken.nonfinite.astype(taken.norm.dtype),
-            jnp.ones(len(lay.names), bool),
-            jnp.asarray(s.layer_matrix()),
-            jnp.ones(len(s.layer_names), bool),
-        )
-        window = running.add(jnp, state.window, columns.astype(state.window.sum.dtype))
-        fresh = _empty_window(lay, state.window.sum.dtype)
-        held = _select(due, taken._replace(step=count, window=window), state.held)
-        window = _select(due, fresh, window)
-        return updates, MonitorState(lay, count + 1, held, window, inner)
+        return updates, advance(state, grads, weights, applied, inner)
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+def initial_state(lay, dtype, count=0, inner=None):
+    """A ``MonitorState`` before its first step: nothing held, an empty window.
+
+    The monitor's ``init``, and the entry for a trainer that is not optax's
+    (``tb_gradcheck.jax.keras``), which makes its ``layout.Layout`` itself.
+
+    Args:
+      lay: The ``layout.Layout`` of the rows.
+      dtype: The reductions' float dtype (float32, or float64 under x64).
+      count: Int, default 0: the index the first step gets (the written
+        steps are those whose index is a multiple of ``every_n_steps``).
+      inner: The wrapped optimizer's state, or None for ``optax.EmptyState()``.
+    """
+    window = _empty_window(lay, dtype) if lay.every_n_steps > 1 else None
+    inner = optax.EmptyState() if inner is None else inner
+    return MonitorState(lay, jnp.asarray(count, jnp.int32), _empty_held(lay, dtype, window), window, inner)
+
+
+def advance(state, grads, weights=None, applied=None, inner=None):
+    """The ``MonitorState`` after one step: its reductions taken, held if the step is written, added to the window.
+
+    Traced inside the step (``jit``); nothing is read to the host.
+
+    Args:
+      state: The ``MonitorState`` before the step.
+      grads: The step's gradients as ``_rows`` gives them: ``[(array,
+        stacked axes)]``, each leaf once in the order of its first row
+        (``[(g, 0) for g in grads]`` in row order without stacks).
+      weights: The weights the gradients were taken at, in the same form,
+        or None (``weight_norm`` MISSING).
+      applied: The updates the optimizer made, in the same form, or None.
+      inner: The wrapped optimizer's new state, or None to keep the state's.
+    """
+    lay = state.layout
+    inner = state.inner if inner is None else inner
+    count = state.count
+    take = _taker(lay, grads, weights, applied, state.held)
+    if lay.every_n_steps == 1:
+        held = take()._replace(step=count)
+        return MonitorState(lay, count + 1, held, None, inner)
+    due = count % lay.every_n_steps == 0
+    sums, magnitudes = (_in_rows(lay, v) for v in zip(*[_quick_part(g, axes) for g, axes in grads]))
+    skipped = jax.eval_shape(take)
+    taken = jax.lax.cond(due | ~reduce.in_band(sums, magnitudes), take, lambda: _quick(skipped, sums))
+    s = lay.structure
+    columns = running.step_columns(
+        jnp,
+        taken.norm,
+        taken.nonfinite.astype(taken.norm.dtype),
+        jnp.ones(len(lay.names), bool),
+        jnp.asarray(s.layer_matrix()),
+        jnp.ones(len(s.layer_names), bool),
+    )
+    window = running.add(jnp, state.window, columns.astype(state.window.sum.dtype))
+    fresh = _empty_window(lay, state.window.sum.dtype)
+    held = _select(due, taken._replace(step=count, window=window), state.held)
+    window = _select(due, fresh, window)
+    return MonitorState(lay, count + 1, held, window, inner)
 
 
 def _rows(tree, lay, what):

@@ -127,15 +127,26 @@ class GradientWriter:
     def flush(self):
         self._log.flush()
 
-    def close(self):
-        """Writes each monitor's partial window (the steps since its last write), flushes, closes. Safe twice."""
+    def close(self, params=None):
+        """Writes each monitor's partial window (the steps since its last write), flushes, closes. Safe twice.
+
+        Args:
+          params: The parameters after the last step (the pytree the
+            monitor was initialised with), or None. Given, the partial
+            window's ``weight_norm`` is theirs, as the TensorFlow and PyTorch
+            writers store it; else MISSING.
+        """
         if self._log.closed:
             return
+        leaves = None if params is None else jax.tree_util.tree_leaves(params)
         try:
             for tree, step in list(self._latest.values()):
                 for state in find_states(tree):
                     if step % state.layout.every_n_steps:
-                        self._write_partial(state.layout, state, step)
+                        weights = None
+                        if leaves is not None and len(leaves) == len(state.layout.order):
+                            weights = np.array([_norm64(leaves[i]) for i in state.layout.order])
+                        self._write_partial(state.layout, state, step, weights)
         finally:
             self._latest.clear()
             self._log.close()
@@ -187,7 +198,7 @@ class GradientWriter:
             slabs = rowstats.with_last_columns(slabs, rowstats.optimizer_rows(UPDATE_COLUMNS, s, update, weights))
         self._stats(lay, slabs, step)
 
-    def _write_partial(self, lay, state, step):
+    def _write_partial(self, lay, state, step, weights=None):
         """The window under way at close: its reduced columns, MISSING where the write step's full statistics would be."""
         try:
             window = fetch(state, held=False)
@@ -199,7 +210,8 @@ class GradientWriter:
             return
         if float(window.steps) == 0:
             return
-        slabs = rowstats.window_slabs(running.to_numpy(window, np.asarray, _window_steps(window, step)), step, None)
+        window = running.to_numpy(window, np.asarray, _window_steps(window, step))
+        slabs = rowstats.window_slabs(window, step, _both(weights, lay.structure))
         if lay.updates:
             slabs = rowstats.with_last_columns(slabs, np.full((slabs.shape[1], len(UPDATE_COLUMNS)), rowstats.MISSING))
         self._stats(lay, slabs, step)
@@ -253,6 +265,11 @@ def _both(per_variable, s):
     if per_variable is None:
         return None
     return np.concatenate([rowstats.combine_norms(per_variable, s), per_variable])
+
+
+def _norm64(x):
+    """The L2 norm of an array, on the host in float64 (no under- or overflow of float32 squares)."""
+    return float(np.linalg.norm(np.asarray(jax.device_get(x), np.float64).ravel()))
 
 
 def _step(value):

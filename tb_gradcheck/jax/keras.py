@@ -1,0 +1,322 @@
+"""``GradientCallback`` for Keras 3 on the JAX backend: ``model.fit``'s applied gradients, taken inside its jitted step.
+
+``tb_gradcheck.keras.GradientCallback`` is this class when Keras runs on JAX
+(``KERAS_BACKEND=jax``); it imports JAX, optax and Keras, never TensorFlow.
+
+Where the gradients are. Keras' JAX trainer
+(``keras/src/backend/jax/trainer.py``) computes them inside its jitted
+``train_step(state, data)`` and hands them to ``optimizer.stateless_apply``,
+which runs ``apply`` under a ``StatelessScope``; the JAX optimizer's
+``_backend_apply_gradients`` unscales (``loss_scale_factor``) and clips,
+then calls ``_backend_update_step(grads, variables, learning_rate)``: the
+gradients the update applies, the same point the TensorFlow callback reads
+(its ``_all_reduce_sum_gradients`` is called from there). The callback hooks
+that method on the optimizer instance for the fit; the hook reads the
+gradients, the weights before the update and after it (``.value`` inside the
+scope), and calls the original.
+
+Where the statistics live. Keras' loop passes a fixed state, four lists of
+variables, from call to call, and donates it; an extra variable would have to
+join the optimizer's (and so its checkpoints, which a ``ModelCheckpoint``
+mid-fit would save). Instead the callback puts its own train function in
+``model.train_function``: the same ``train_step`` (the model's class's,
+overrides included), jitted as Keras jits it, with the monitor's state
+(``transform.MonitorState``: what the optax ``monitor`` keeps) as a second
+argument and output. The hook hands the step's arrays to ``transform.advance``
+within the same trace, so the statistics are taken in the step, nothing
+leaves the device between writes, and the host reads the state at written
+steps only (``writer.GradientWriter``, the optax writer's host side).
+
+Steps: a record's step is ``optimizer.iterations`` after the update (the
+first update is step 1), as the TensorFlow callback's; with
+``gradient_accumulation_steps=k``, one record per update (the mean of the k
+gradients, what the update applies); with ``steps_per_execution > 1`` every
+step is still recorded (the loop over the steps of one call is the callback's).
+"""
+
+import os
+import warnings
+import weakref
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+from tb_gradcheck import structure
+from tb_gradcheck import validate
+from tb_gradcheck.jax import layout as layouts
+from tb_gradcheck.jax import transform
+from tb_gradcheck.jax.writer import GradientWriter
+
+# Called by the JAX optimizer's ``_backend_apply_gradients`` with the
+# gradients after unscaling and clipping (keras/src/backend/jax/optimizer.py).
+HOOK = "_backend_update_step"
+_ABSENT = object()
+# The optimizer a callback is attached to, and which: a fit that raised never
+# reaches on_train_end, and the next attach detaches that one first.
+_ATTACHED = weakref.WeakKeyDictionary()
+
+
+class GradientCallback(keras.callbacks.Callback):
+    """Writes per-layer statistics of the gradients ``model.fit`` applies on the JAX backend, for the Gradients tab.
+
+    Reached as ``tb_gradcheck.keras.GradientCallback`` when Keras' backend is
+    JAX. Writes into ``log_dir/train`` with the TensorFlow callback's rows
+    (layers by Keras path, in the order of ``model.trainable_variables``),
+    statistics, windows and steps, and the optimizer columns
+    ``update_norm`` and ``update_to_weight``. Training is not changed: the
+    weights and optimizer state after a fit with it are those without it,
+    bit for bit (tested).
+
+    Args:
+      log_dir: Directory given to ``keras.callbacks.TensorBoard``; the
+        statistics go to ``log_dir/train``.
+      every_n_steps: Int, default 1. Write every step, or every N steps with
+        the last, mean, max, min and sum over the N steps.
+      check_every_n_steps, check_data, check_dtype, check_training: The
+        TensorFlow callback's gradient check; not on the JAX backend (use
+        ``tb_gradcheck.jax.check_gradients``). Must be left unset.
+
+    Raises:
+      TypeError: ``log_dir`` is not a path.
+      ValueError: ``every_n_steps`` is not a positive integer, or a check argument is set.
+    """
+
+    def __init__(
+        self,
+        log_dir,
+        *,
+        every_n_steps=1,
+        check_every_n_steps=None,
+        check_data=None,
+        check_dtype=None,
+        check_training=False,
+    ):
+        super().__init__()
+        self.log_dir = validate.path(log_dir, "log_dir")
+        self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        given = {
+            k: v
+            for k, v in (
+                ("check_every_n_steps", check_every_n_steps),
+                ("check_data", check_data),
+                ("check_dtype", check_dtype),
+                ("check_training", check_training or None),
+            )
+            if v is not None
+        }
+        if given:
+            raise ValueError(
+                "Expected no gradient-check arguments on Keras' JAX backend: the fit's check runs on TensorFlow. "
+                "Check a JAX loss with tb_gradcheck.jax.check_gradients and GradientWriter.write_check. "
+                f"Received: {sorted(given)}"
+            )
+        self._session = None
+        self._in_batch = False
+
+    def on_train_begin(self, logs=None):
+        self._finish()
+        reason = _why_not(self.model)
+        if reason is not None:
+            warnings.warn(f"GradientCallback records nothing in this fit: {reason}", stacklevel=2)
+            return
+        optimizer = self.model.optimizer
+        previous = _ATTACHED.get(optimizer)
+        if previous is not None and previous is not self:
+            warnings.warn(
+                "Another GradientCallback was still attached to this optimizer (an earlier fit that raised, "
+                "or two GradientCallbacks in one fit); it is detached and only this one records.",
+                stacklevel=2,
+            )
+            previous._finish()
+        self._session = _Session(self.model, os.path.join(self.log_dir, "train"), self.every_n_steps)
+        _ATTACHED[optimizer] = self
+        self.model.train_function = self._train_function()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._in_batch = True
+
+    def on_train_end(self, logs=None):
+        self._finish()
+
+    def _train_function(self):
+        """Keras' ``train_function(state, iterator)``, stepping the monitor beside the training state.
+
+        Called outside a batch of this callback's fit (one that raised left
+        it in ``model.train_function``), it detaches and runs a clean one.
+        """
+        callback, model = self, self.model
+
+        def train_function(state, iterator):
+            session = callback._session
+            if not callback._in_batch or session is None:
+                callback._finish()
+                model.make_train_function(force=True)
+                return model.train_function(state, iterator)
+            callback._in_batch = False
+            try:
+                # As Keras' own loop (JAXTrainer._make_function): the first
+                # batch's StopIteration ends the epoch, a later one the call.
+                logs, state = session.step(state, next(iterator))
+                for _ in range(model.steps_per_execution - 1):
+                    try:
+                        data = next(iterator)
+                    except StopIteration:
+                        break
+                    logs, state = session.step(state, data)
+            except StopIteration:
+                raise
+            except BaseException:
+                callback._finish()
+                raise
+            return logs, state
+
+        return train_function
+
+    def _finish(self):
+        """Detaches from the optimizer, drops the train function and writes the partial window."""
+        session, self._session = self._session, None
+        if session is None:
+            return
+        try:
+            session.detach()
+        finally:
+            if _ATTACHED.get(session.optimizer) is self:
+                del _ATTACHED[session.optimizer]
+            self.model.train_function = None  # the next fit builds Keras' own
+            session.writer.close(session.weights())
+
+
+def _why_not(model):
+    """Why the callback cannot record this fit, or None."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return "the model has no optimizer (compile it with one)."
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return (
+            "a LossScaleOptimizer applies its inner optimizer inside a lax.cond on JAX, out of the callback's "
+            "reach; set a static `loss_scale_factor` on the optimizer instead, which is recorded unscaled."
+        )
+    if not callable(getattr(optimizer, HOOK, None)) or not callable(getattr(optimizer, "stateless_apply", None)):
+        return f"a {type(optimizer).__name__} has no `{HOOK}` (Keras {keras.__version__} moved it?)."
+    if keras.distribution.distribution() is not None:
+        return "a keras.distribution is set (its sharded train step is not wrapped yet)."
+    if keras.config.is_nnx_enabled():
+        return "Keras runs with Flax NNX enabled (its nnx.jit train step is not wrapped yet)."
+    return None
+
+
+class _Session:
+    """One fit's hook, jitted step, monitor state and writer."""
+
+    def __init__(self, model, run_dir, every_n_steps):
+        self.model = model
+        self.optimizer = optimizer = model.optimizer
+        variables = list(model.trainable_variables)
+        names = structure.unique([validate.variable_name(v) for v in variables])
+        axes = structure.keras_unit_axes(model)
+        shapes = [tuple(int(d) for d in v.shape) for v in variables]
+        lay = layouts.Layout(
+            names=tuple(names),
+            owners=tuple(structure.keras_owner(v, n) for v, n in zip(variables, names)),
+            shapes=tuple(shapes),
+            units=tuple(structure.trailing_units(s, axes.get(n, 1)) for s, n in zip(shapes, names)),
+            order=tuple(range(len(variables))),
+            every_n_steps=every_n_steps,
+            updates=True,
+        )
+        self.index = {id(v): i for i, v in enumerate(variables)}
+        self.accumulate = int(optimizer.gradient_accumulation_steps or 1)
+        # The host counts the optimizer's micro-steps (its ``_iterations``),
+        # read once here: the step of each record is known without a read.
+        self.micro = int(np.asarray(optimizer._iterations.value))
+        self.iterations_at = next(i for i, v in enumerate(optimizer.variables) if v is optimizer._iterations)
+        self.recorded = None
+        self.state = transform.initial_state(lay, jnp.float32, count=self.micro // self.accumulate + 1)
+        self.writer = GradientWriter(run_dir)
+        self.capture = None  # set while the step is traced: what the hook hands over
+        self.warned = set()
+        original = getattr(optimizer, HOOK)
+        self.saved = optimizer.__dict__.get(HOOK, _ABSENT)
+        # object.__setattr__: Keras' tracking never sees it, nothing joins the optimizer's state.
+        object.__setattr__(optimizer, HOOK, self._hook(original))
+        step = self._step
+        self.jitted = step if (model.run_eagerly or not model.jit_compile) else jax.jit(step, donate_argnums=0)
+
+    def _hook(self, original):
+        session = self
+
+        def update_step(grads, trainable_variables, learning_rate):
+            capture = session.capture
+            if capture is None:  # a trace that is not this fit's step
+                return original(grads, trainable_variables, learning_rate)
+            before = [v.value for v in trainable_variables]
+            out = original(grads, trainable_variables, learning_rate)
+            after = [v.value for v in trainable_variables]
+            capture.append((list(grads), list(trainable_variables), before, after))
+            return out
+
+        return update_step
+
+    def _step(self, state, monitor, data):
+        """Keras' train step and the monitor's, in one trace."""
+        self.capture = capture = []
+        try:
+            logs, state = type(self.model).train_step(self.model, state, data)
+        finally:
+            self.capture = None
+        if len(capture) != 1 or len(capture[0][0]) != len(self.index):
+            # A train_step of the user's that applies no (or a partial) update
+            # through the optimizer: nothing to record, the monitor unchanged.
+            self.recorded = False
+            return logs, state, monitor
+        grads, variables, before, after = capture[0]
+        rows = [self.index[id(v)] for v in variables]
+        order = np.argsort(rows)
+        grads, before, after = ([xs[i] for i in order] for xs in (grads, before, after))
+        applied = [a - b for a, b in zip(after, before)]
+        # One array per row (a Keras model has no stacked leaves): axes 0.
+        grads, before, applied = ([(x, 0) for x in xs] for xs in (grads, before, applied))
+        new = transform.advance(monitor, grads, before, applied)
+        if self.accumulate > 1:
+            # Keras' JAX optimizer runs the update at every micro-step and
+            # keeps it only at the k-th (a lax.cond on its values): so does the monitor.
+            iterations = state[2][self.iterations_at]
+            keep = iterations % self.accumulate == 0  # iterations after the step
+            new = jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), new, monitor)
+        self.recorded = True
+        return logs, state, new
+
+    def step(self, state, data):
+        """One training step: Keras' state and the monitor's advanced, written if due."""
+        logs, state, self.state = self.jitted(state, self.state, data)
+        if not self.recorded:  # known once the step is traced
+            self._warn_once("recorded", "GradientCallback found no update through the optimizer in train_step.")
+            return logs, state
+        self.micro += 1
+        if self.micro % self.accumulate == 0:
+            try:
+                self.writer.write(self.state, self.micro // self.accumulate)
+            except ValueError as e:  # our count went wrong: stop recording, never stop the fit
+                self._warn_once("count", f"GradientCallback stops recording: {e}")
+                self.writer.close()
+        return logs, state
+
+    def _warn_once(self, key, message):
+        if key not in self.warned:
+            self.warned.add(key)
+            warnings.warn(message, stacklevel=3)
+
+    def weights(self):
+        """The model's weights for the partial window's ``weight_norm``; None while the fit holds them (a step raised)."""
+        # ``_value``: Keras' JAX loop sets it to None while the fit holds the
+        # state (``_purge_model_variables``); ``.value`` would then fail.
+        values = [v._value for v in self.model.trainable_variables]
+        return None if any(v is None for v in values) else values
+
+    def detach(self):
+        if self.saved is _ABSENT:
+            self.optimizer.__dict__.pop(HOOK, None)
+        else:
+            object.__setattr__(self.optimizer, HOOK, self.saved)
