@@ -17,6 +17,7 @@ several processes (``distributed``).
 """
 
 import atexit
+import collections
 import numbers
 import os
 import warnings
@@ -30,6 +31,7 @@ from tb_gradcheck import eventlog
 from tb_gradcheck import metadata
 from tb_gradcheck import rowstats
 from tb_gradcheck.torch import distributed
+from tb_gradcheck.torch import host
 from tb_gradcheck.torch import modules
 from tb_gradcheck.torch import optimizer as optim
 from tb_gradcheck.torch import reductions
@@ -119,6 +121,8 @@ class GradientWriter:
         self._window = None  # the steps since the last write (every_n_steps > 1)
         self._wheres = {}  # present flags -> indices of the present parameters
         self._pending = None  # a written step waiting for its optimizer step
+        self._flights = collections.deque()  # (pending, host.Copy): written steps on their way to the host
+        self._buffers = host.Buffers()
         self._before_clip = None  # per-parameter norms from clip_grad_norm_ this step
         self._follower = None if optimizer is None else optim.Follower(self, optimizer)
         self._scale = None if scaler is None else optim.ScaleReader(scaler, optimizer)
@@ -240,6 +244,7 @@ class GradientWriter:
         """Writes a written step still waiting for its optimizer step, and flushes the event file."""
         if not self.closed:
             self._emit()
+            self._arrive(wait=len(self._flights))
             self._log.flush()
 
     def close(self):
@@ -251,6 +256,7 @@ class GradientWriter:
             return
         try:
             self._emit()
+            self._arrive(wait=len(self._flights))
             if self._window is not None and self._window.steps and self._group.computes:
                 self._write_partial_window()
         finally:
@@ -330,39 +336,52 @@ class GradientWriter:
         return content
 
     def _emit(self):
-        """Writes the pending written step, if any: one copy to the host, one event."""
+        """Starts the copy of the pending written step, if any, and writes the steps whose copy has arrived."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        host = self._group.reduce(pending.pack, pending.key[0], pending.where)
-        if host is None:  # a rank that takes part in the all-reduce but does not write
-            return
+        if pending is not None:
+            copy = self._group.send(pending.pack, pending.key[0], pending.where, self._buffers)
+            if copy is not None:  # None: a rank that takes part in the all-reduce but does not write
+                if len(self._flights) >= host.MAX_IN_FLIGHT:
+                    self._arrive(wait=1)  # bounds the pinned memory held
+                self._flights.append((pending, copy))
+        self._arrive()
+
+    def _arrive(self, wait=0):
+        """Writes the written steps whose copy is on the host, in step order, waiting for the first ``wait``."""
+        flights = self._flights
+        while flights and (wait > 0 or flights[0][1].ready()):
+            pending, copy = flights.popleft()
+            wait -= 1
+            self._write_step(pending, copy.values())
+
+    def _write_step(self, pending, on_host):
+        """Writes one written step's event from its values on the host."""
         structure = self._rows.structure
         present, _, columns = pending.key
         windowed = self.every_n_steps > 1
         stats = rowstats.Reductions(
             present=np.array(present, bool),
-            norm=host["norm"][pending.where],
-            nonfinite=host["nonfinite"][pending.where],
-            max_abs=host.get("max_abs", np.zeros(0)),
-            nonzero=host.get("nonzero", np.zeros(0)),
-            dead=host.get("unit_nonzero", np.zeros(0)) == 0,
+            norm=on_host["norm"][pending.where],
+            nonfinite=on_host["nonfinite"][pending.where],
+            max_abs=on_host.get("max_abs", np.zeros(0)),
+            nonzero=on_host.get("nonzero", np.zeros(0)),
+            dead=on_host.get("unit_nonzero", np.zeros(0)) == 0,
         )
-        layer, variable = rowstats.rows(stats, structure, host["weight"], onset=windowed)
+        layer, variable = rowstats.rows(stats, structure, on_host["weight"], onset=windowed)
         if windowed:
-            state = self._window.host_state(host, pending.steps)
+            state = self._window.host_state(on_host, pending.steps)
             last = np.concatenate([layer, variable])
-            layer, variable = self._slabs(state, pending.step, host["weight"], last)
+            layer, variable = self._slabs(state, pending.step, on_host["weight"], last)
         else:
             layer, variable = layer[None], variable[None]
         if columns:
             values = rowstats.optimizer_values(
                 structure,
-                host["weight"],
-                update_squares=self._update_squares(host),
-                before_clip=host.get("before_clip"),
-                loss_scale=float(host["loss_scale"]) if "loss_scale" in host else None,
-                refused=float(host["refused"]) if "refused" in host else None,
+                on_host["weight"],
+                update_squares=self._update_squares(on_host),
+                before_clip=on_host.get("before_clip"),
+                loss_scale=float(on_host["loss_scale"]) if "loss_scale" in on_host else None,
+                refused=float(on_host["refused"]) if "refused" in on_host else None,
             )
             layer, variable = rowstats.fill(layer, variable, columns, values)
         self._log.stats(self._content(pending.key), layer, variable, pending.step)
