@@ -18,6 +18,7 @@ several processes (``distributed``).
 
 import atexit
 import collections
+import functools
 import numbers
 import os
 import warnings
@@ -31,6 +32,7 @@ from tb_gradcheck import eventlog
 from tb_gradcheck import metadata
 from tb_gradcheck import rowstats
 from tb_gradcheck.torch import distributed
+from tb_gradcheck.torch import graphs
 from tb_gradcheck.torch import host
 from tb_gradcheck.torch import modules
 from tb_gradcheck.torch import optimizer as optim
@@ -123,6 +125,7 @@ class GradientWriter:
         self._pending = None  # a written step waiting for its optimizer step
         self._flights = collections.deque()  # (pending, host.Copy): written steps on their way to the host
         self._buffers = host.Buffers()
+        self._graphs = graphs.StepGraphs()
         self._before_clip = None  # per-parameter norms from clip_grad_norm_ this step
         self._follower = None if optimizer is None else optim.Follower(self, optimizer)
         self._scale = None if scaler is None else optim.ScaleReader(scaler, optimizer)
@@ -168,7 +171,7 @@ class GradientWriter:
         device = self._device(tensors)
         if self.every_n_steps > 1 and self._window is None:
             self._window = self._group.window(rows.structure, self._constants)
-        columns = self._norms(tensors, where, device)  # [2, V]: norms, non-finite counts
+        columns = self._norms(tensors, where, device, coalesced is None)  # [2, V]: norms, non-finite counts
         scale = None if self._scale is None else self._scale.read(device)
         if scale is not None:
             # The statistics of the gradients the optimizer applies: unscaled.
@@ -299,17 +302,26 @@ class GradientWriter:
             where = self._wheres[present] = [i for i, p in enumerate(present) if p]
         return where
 
-    def _norms(self, tensors, where, device):
+    def _norms(self, tensors, where, device, dense):
         """float64 ``[2, V]`` on the device: each parameter's gradient norm and non-finite count, 0 where absent.
 
-        Written into the window's own row where there is a window (no copy).
+        Written into the window's own row where there is a window. On a GPU,
+        dense gradients of one process take one graph replay (``graphs``).
         """
         n = len(self._rows.params)
         out = self._window.slot(device) if self._window is not None else torch.empty((2, n), dtype=F64, device=device)
-        if len(where) == n:
+        if dense and tensors and device.type == "cuda" and not self._group.sharded:
+            fill = functools.partial(self._fill, tensors, where)
+            return self._graphs.run(graphs.key(where, tensors), tensors, fill, out)
+        return self._fill(tensors, where, out)
+
+    def _fill(self, tensors, where, out):
+        """Writes the present gradients' norms and non-finite counts into ``out`` (``[2, V]``), 0 where absent."""
+        if len(where) == len(self._rows.params):
             return reductions.step_norms(tensors, out)
         out.zero_()
         if where:
+            device = out.device
             index = self._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
             found = reductions.step_norms(tensors, torch.empty((2, len(where)), dtype=F64, device=device))
             out.index_copy_(1, index, found)
