@@ -46,24 +46,28 @@ class Copy:
 
     def ready(self):
         """Whether the values are on the host (never waits)."""
-        return self._event is None or self._event.query()
+        if self._event is not None and self._event.query():
+            self._arrived()
+        return self._event is None
 
     def values(self):
         """``{name: numpy float64 array}``, waiting for the copy if it is still under way."""
-        flat = self._flat
         if self._event is not None:
             self._event.synchronize()
-            self._event = None
-            # The buffer is reused by a later copy: the values are read out of it first.
-            flat = self._flat.numpy().copy()
-            self._buffers.give_back(self._flat)
-            self._flat = flat
+            self._arrived()
+        flat = self._flat
         out, at = {}, 0
         for name, shape in zip(self._names, self._shapes):
             n = int(np.prod(shape, dtype=np.int64))
             out[name] = flat[at : at + n].reshape(shape)
             at += n
         return out
+
+    def _arrived(self):
+        # The pinned buffer is reused by a later copy: the values are read out of it first.
+        self._event = None
+        pinned, self._flat = self._flat, self._flat.numpy().copy()
+        self._buffers.give_back(pinned)
 
 
 def arrived(values):
