@@ -20,6 +20,7 @@ import atexit
 import collections
 import functools
 import numbers
+import operator
 import os
 import warnings
 import weakref
@@ -126,6 +127,8 @@ class GradientWriter:
         self._flights = collections.deque()  # (pending, host.Copy): written steps on their way to the host
         self._buffers = host.Buffers()
         self._graphs = graphs.StepGraphs()
+        self._columns = {}  # clipped or not -> the optimizer columns
+        self._dense = None  # (False,) * parameters: no gradient is sparse
         self._before_clip = None  # per-parameter norms from clip_grad_norm_ this step
         self._follower = None if optimizer is None else optim.Follower(self, optimizer)
         self._scale = None if scaler is None else optim.ScaleReader(scaler, optimizer)
@@ -153,21 +156,25 @@ class GradientWriter:
         if not self._group.computes:
             return
         rows = self._structure()
+        # The per-step host work is a few passes over the parameters, each in C where it can be (a window's
+        # step on a GPU is otherwise one graph replay: its Python is what is left).
         grads = [p.grad for p in rows.params]
-        present = tuple(g is not None for g in grads)
-        sparse = tuple(g is not None and g.is_sparse for g in grads)
+        present = tuple([g is not None for g in grads])
         where = self._where(present)
+        tensors = grads if len(where) == len(grads) else [grads[i] for i in where]
+        sparse = self._dense
+        if any(map(_IS_SPARSE, tensors)):
+            sparse = tuple([g is not None and g.is_sparse for g in grads])
         key = (present, sparse, self._optimizer_columns(before_clip))
         self._last_key = key
         due = step % self.every_n_steps == 0
         local = self._group.local
-        coalesced = [local(grads[i]).coalesce() if sparse[i] else None for i in where] if any(sparse) else None
-        if coalesced is not None:
+        coalesced = None
+        if sparse is not self._dense:
+            coalesced = [local(grads[i]).coalesce() if sparse[i] else None for i in where]
             tensors = [c.values() if c is not None else local(grads[i]) for i, c in zip(where, coalesced)]
         elif self._group.sharded:
-            tensors = [local(grads[i]) for i in where]
-        else:
-            tensors = [grads[i] for i in where]
+            tensors = [local(t) for t in tensors]
         device = self._device(tensors)
         if self.every_n_steps > 1 and self._window is None:
             self._window = self._group.window(rows.structure, self._constants)
@@ -288,6 +295,7 @@ class GradientWriter:
             if not self._rows.params:
                 raise ValueError("Expected a model with parameters that require a gradient. Received: none")
             self._group.check(self._rows)
+            self._dense = (False,) * len(self._rows.params)
         return self._rows
 
     def _device(self, tensors):
@@ -328,14 +336,16 @@ class GradientWriter:
         return out
 
     def _optimizer_columns(self, before_clip):
-        names = set()
-        if before_clip is not None:
-            names.add("grad_norm_before_clip")
-        if self._follower is not None:
-            names.update(("update_norm", "update_to_weight"))
-        if self._scale is not None and self._scale.enabled:
-            names.update(("loss_scale", "refused_steps"))
-        return tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in names)
+        """The optimizer columns a step has (made once for clipped steps and once for the others)."""
+        clipped = before_clip is not None
+        if clipped not in self._columns:
+            names = {"grad_norm_before_clip"} if clipped else set()
+            if self._follower is not None:
+                names.update(("update_norm", "update_to_weight"))
+            if self._scale is not None and self._scale.enabled:
+                names.update(("loss_scale", "refused_steps"))
+            self._columns[clipped] = tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in names)
+        return self._columns[clipped]
 
     def _content(self, key):
         content = self._contents.get(key)
@@ -438,7 +448,12 @@ class _Pending:
         self.step, self.key, self.pack, self.steps, self.where = step, key, pack, steps, where
 
 
+_IS_SPARSE = operator.attrgetter("is_sparse")
+
+
 def _step(value):
+    if type(value) is int and 0 <= value <= INT64_MAX:
+        return value
     if isinstance(value, torch.Tensor):
         if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
             raise TypeError(
