@@ -22,6 +22,8 @@ import collections
 import numpy as np
 import torch
 
+from tb_gradcheck import rowstats
+
 F64 = torch.float64
 # Written steps whose copy may be under way at once; the oldest is waited for before one more starts.
 MAX_IN_FLIGHT = 2
@@ -107,3 +109,90 @@ def send(names, shapes, flat, buffers):
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(flat.device))
     return Copy(names, shapes, pinned, event, buffers)
+
+
+class Pending:
+    """A written step: its device statistics (``pack``) until they are sent, and what its event needs."""
+
+    def __init__(self, step, key, pack, steps, where):
+        self.step, self.key, self.pack, self.steps, self.where = step, key, pack, steps, where
+
+
+class Flights:
+    """Written steps whose copy is under way, written in step order (``write(pending, values)``) as each arrives."""
+
+    def __init__(self, write):
+        self._write = write
+        self._queue = collections.deque()  # (Pending, Copy)
+        self.buffers = Buffers()
+
+    def __len__(self):
+        return len(self._queue)
+
+    def add(self, pending, copy):
+        if len(self._queue) >= MAX_IN_FLIGHT:
+            self.arrive(wait=1)  # bounds the pinned memory held
+        self._queue.append((pending, copy))
+
+    def arrive(self, wait=0):
+        """Writes the steps whose copy is on the host, in step order, waiting for the first ``wait`` of them."""
+        queue = self._queue
+        while queue and (wait > 0 or queue[0][1].ready()):
+            pending, copy = queue.popleft()
+            wait -= 1
+            self._write(pending, copy.values())
+
+
+def step_slabs(pending, values, structure, window=None):
+    """``(layer [A, L, C], variable [A, V, C])`` of a written step, from its values on the host.
+
+    Args:
+      pending: The step's ``Pending``.
+      values: ``{name: array}``, its pack on the host (``Copy.values``).
+      structure: The rows' ``structure.Structure``.
+      window: The writer's window when it writes windows (``every_n_steps > 1``), else None.
+    """
+    present, _, columns = pending.key
+    stats = rowstats.Reductions(
+        present=np.array(present, bool),
+        norm=values["norm"][pending.where],
+        nonfinite=values["nonfinite"][pending.where],
+        max_abs=values.get("max_abs", np.zeros(0)),
+        nonzero=values.get("nonzero", np.zeros(0)),
+        dead=values.get("unit_nonzero", np.zeros(0)) == 0,
+    )
+    layer, variable = rowstats.rows(stats, structure, values["weight"], onset=window is not None)
+    if window is not None:
+        state = window.host_state(values, pending.steps)
+        last = np.concatenate([layer, variable])
+        layer, variable = window_slabs(state, pending.step, values["weight"], structure, last)
+    else:
+        layer, variable = layer[None], variable[None]
+    if columns:
+        optimizer = rowstats.optimizer_values(
+            structure,
+            values["weight"],
+            update_squares=_update_squares(values, len(structure.variable_names)),
+            before_clip=values.get("before_clip"),
+            loss_scale=float(values["loss_scale"]) if "loss_scale" in values else None,
+            refused=float(values["refused"]) if "refused" in values else None,
+        )
+        layer, variable = rowstats.fill(layer, variable, columns, optimizer)
+    return layer, variable
+
+
+def window_slabs(state, step, weights, structure, last=None):
+    """``(layer [A, L, C], variable [A, V, C])`` of a window (``rowstats.window_slabs``)."""
+    weight_rows = np.concatenate([rowstats.combine_norms(weights, structure), weights])
+    slabs = rowstats.window_slabs(state, step, weight_rows, last)
+    n_layer = len(structure.layer_names)
+    return slabs[:, :n_layer], slabs[:, n_layer:]
+
+
+def _update_squares(values, n):
+    if "update" in values:
+        return values["update"]
+    if "loss_scale" in values and np.any(values["nonfinite"] > 0):
+        # A step the scaler refused: the optimizer did not run, the weights did not move.
+        return np.zeros(n)
+    return None

@@ -4,20 +4,21 @@ It stores exactly what the TensorFlow writer stores (``docs/stored_format.md``,
 through ``eventlog``), from the statistics' one definition (``rowstats``):
 a PyTorch run and a TensorFlow run sit in one logdir and compare row by row.
 
-Cost. At a step that is not written, nothing: with ``every_n_steps > 1``
-the window's norm and non-finite count are reduced on the gradients' device
-(``reductions.step_norms``, ``running.add``) and nothing is read back, so
-the host never waits for the device between writes. A written step
-computes every statistic on the device and copies them to the host in one
-transfer (``reductions.Pack``), then writes one event and flushes it.
+Cost. The host never waits for the device. A step that is not written
+(``every_n_steps > 1``) reduces the window's norms and non-finite counts on
+the gradients' device (``reductions.step_norms``, on a GPU one CUDA graph
+replay: ``graphs``) and reads nothing back. A written step computes every
+statistic on the device and starts one copy of them to pinned host memory;
+its rows and event are made once the copy is there, at a later call, or
+at ``flush`` / ``close`` (``host``).
 
 Where each piece lives: rows and units (``modules``), the device
-reductions (``reductions``), what the optimizer did (``optimizer``),
-several processes (``distributed``).
+reductions (``reductions``), a step in one launch (``graphs``), the copy to
+the host and the written step's rows (``host``), what the optimizer did
+(``optimizer``), several processes (``distributed``).
 """
 
 import atexit
-import collections
 import functools
 import numbers
 import operator
@@ -25,7 +26,6 @@ import os
 import warnings
 import weakref
 
-import numpy as np
 import torch
 
 from tb_gradcheck import check_report
@@ -124,8 +124,7 @@ class GradientWriter:
         self._window = None  # the steps since the last write (every_n_steps > 1)
         self._wheres = {}  # present flags -> indices of the present parameters
         self._pending = None  # a written step waiting for its optimizer step
-        self._flights = collections.deque()  # (pending, host.Copy): written steps on their way to the host
-        self._buffers = host.Buffers()
+        self._flights = host.Flights(self._write_step)  # written steps on their way to the host
         self._graphs = graphs.StepGraphs()
         self._columns = {}  # clipped or not -> the optimizer columns
         self._dense = None  # (False,) * parameters: no gradient is sparse
@@ -204,7 +203,7 @@ class GradientWriter:
         if scale is not None:
             pack.add("loss_scale", scale.value)
             pack.add("refused", self._scale.since_last_write())
-        self._pending = _Pending(step, key, pack, steps, where)
+        self._pending = host.Pending(step, key, pack, steps, where)
         if self._follower is not None and self._follower.expects_step():
             return  # written by the optimizer's step hook, with the update it made
         self._emit()
@@ -254,7 +253,7 @@ class GradientWriter:
         """Writes a written step still waiting for its optimizer step, and flushes the event file."""
         if not self.closed:
             self._emit()
-            self._arrive(wait=len(self._flights))
+            self._flights.arrive(wait=len(self._flights))
             self._log.flush()
 
     def close(self):
@@ -266,7 +265,7 @@ class GradientWriter:
             return
         try:
             self._emit()
-            self._arrive(wait=len(self._flights))
+            self._flights.arrive(wait=len(self._flights))
             if self._window is not None and self._window.steps and self._group.computes:
                 self._write_partial_window()
         finally:
@@ -361,68 +360,16 @@ class GradientWriter:
         """Starts the copy of the pending written step, if any, and writes the steps whose copy has arrived."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            copy = self._group.send(pending.pack, pending.key[0], pending.where, self._buffers)
+            copy = self._group.send(pending.pack, pending.key[0], pending.where, self._flights.buffers)
             if copy is not None:  # None: a rank that takes part in the all-reduce but does not write
-                if len(self._flights) >= host.MAX_IN_FLIGHT:
-                    self._arrive(wait=1)  # bounds the pinned memory held
-                self._flights.append((pending, copy))
-        self._arrive()
+                self._flights.add(pending, copy)
+        self._flights.arrive()
 
-    def _arrive(self, wait=0):
-        """Writes the written steps whose copy is on the host, in step order, waiting for the first ``wait``."""
-        flights = self._flights
-        while flights and (wait > 0 or flights[0][1].ready()):
-            pending, copy = flights.popleft()
-            wait -= 1
-            self._write_step(pending, copy.values())
-
-    def _write_step(self, pending, on_host):
-        """Writes one written step's event from its values on the host."""
-        structure = self._rows.structure
-        present, _, columns = pending.key
-        windowed = self.every_n_steps > 1
-        stats = rowstats.Reductions(
-            present=np.array(present, bool),
-            norm=on_host["norm"][pending.where],
-            nonfinite=on_host["nonfinite"][pending.where],
-            max_abs=on_host.get("max_abs", np.zeros(0)),
-            nonzero=on_host.get("nonzero", np.zeros(0)),
-            dead=on_host.get("unit_nonzero", np.zeros(0)) == 0,
-        )
-        layer, variable = rowstats.rows(stats, structure, on_host["weight"], onset=windowed)
-        if windowed:
-            state = self._window.host_state(on_host, pending.steps)
-            last = np.concatenate([layer, variable])
-            layer, variable = self._slabs(state, pending.step, on_host["weight"], last)
-        else:
-            layer, variable = layer[None], variable[None]
-        if columns:
-            values = rowstats.optimizer_values(
-                structure,
-                on_host["weight"],
-                update_squares=self._update_squares(on_host),
-                before_clip=on_host.get("before_clip"),
-                loss_scale=float(on_host["loss_scale"]) if "loss_scale" in on_host else None,
-                refused=float(on_host["refused"]) if "refused" in on_host else None,
-            )
-            layer, variable = rowstats.fill(layer, variable, columns, values)
+    def _write_step(self, pending, values):
+        """Writes one written step's event from its values on the host (``host.Flights`` calls it)."""
+        window = self._window if self.every_n_steps > 1 else None
+        layer, variable = host.step_slabs(pending, values, self._rows.structure, window)
         self._log.stats(self._content(pending.key), layer, variable, pending.step)
-
-    def _slabs(self, state, step, weights, last=None):
-        """``(layer [A, L, C], variable [A, V, C])`` of a window (``rowstats.window_slabs``)."""
-        structure = self._rows.structure
-        weight_rows = np.concatenate([rowstats.combine_norms(weights, structure), weights])
-        slabs = rowstats.window_slabs(state, step, weight_rows, last)
-        n_layer = len(structure.layer_names)
-        return slabs[:, :n_layer], slabs[:, n_layer:]
-
-    def _update_squares(self, host):
-        if "update" in host:
-            return host["update"]
-        if "loss_scale" in host and np.any(host["nonfinite"] > 0):
-            # A step the scaler refused: the optimizer did not run, the weights did not move.
-            return np.zeros(len(self._rows.params))
-        return None
 
     def _write_partial_window(self):
         """At close: the steps since the last write, as one window written at the last of them."""
@@ -430,22 +377,15 @@ class GradientWriter:
         pack = reductions.Pack()
         steps = self._window.take(pack)
         pack.add("weight", self._group.weight_norms(rows.params, self._device([])))
-        host = self._group.reduce(pack, self._last_key[0], [])
-        if host is None:
+        values = self._group.reduce(pack, self._last_key[0], [])
+        if values is None:
             return
-        state = self._window.host_state(host, steps)
-        layer, variable = self._slabs(state, steps[-1], host["weight"])
+        state = self._window.host_state(values, steps)
+        layer, variable = host.window_slabs(state, steps[-1], values["weight"], rows.structure)
         columns = self._last_key[2]
         if columns:
             layer, variable = rowstats.fill(layer, variable, columns, None)
         self._log.stats(self._content(self._last_key), layer, variable, steps[-1])
-
-
-class _Pending:
-    """A written step's device statistics (``pack``), until they are copied and written."""
-
-    def __init__(self, step, key, pack, steps, where):
-        self.step, self.key, self.pack, self.steps, self.where = step, key, pack, steps, where
 
 
 _IS_SPARSE = operator.attrgetter("is_sparse")
