@@ -36,6 +36,8 @@ long enough that a dozen launches are negligible against it. At most
 capture raises, none is tried again (eager from then on, silently).
 """
 
+import functools
+
 import torch
 
 # Most gradient bytes in all for which steps are captured (the pool keeps about twice that).
@@ -55,11 +57,12 @@ class StepGraphs:
     """The CUDA graphs of one writer's step, by key (the module docstring)."""
 
     def __init__(self):
-        self._graphs = {}  # key -> (torch.cuda.CUDAGraph, its output buffer)
-        self._last = None  # the previous step's key
-        self._pool = None
+        self._graphs = {}  # (kind, key) -> (torch.cuda.CUDAGraph, its outputs)
+        self._last = {}  # kind -> the key of its previous call
+        self._stopped = set()  # kinds no longer captured
+        self._pool = None  # one memory pool for every graph: they never run at once
         self._stream = None
-        self.capturing = True
+        self.capturing = True  # False: no more captures of any kind
         self.replays = 0
 
     def run(self, key, tensors, fill, out):
@@ -67,39 +70,61 @@ class StepGraphs:
 
         Args:
           key: The step's ``key``.
-          tensors: The gradients ``fill`` reads (dense, on ``out``'s GPU).
-          fill: Writes the step's values into the tensor it is given, with no
-            host synchronisation (it is what a graph captures).
+          tensors: The tensors ``fill`` reads (dense, on ``out``'s GPU).
+          fill: Writes the step's values into the tensor it is given and
+            returns it, with no host synchronisation (it is what a graph
+            captures).
           out: Where the step's values go.
 
         Returns:
           ``out``.
         """
-        held = self._graphs.get(key)
+        make = functools.partial(_fill_new, fill, out)
+        static = self.outputs("step", key, tensors, make)
+        if static is None:
+            return fill(out)
+        return out.copy_(static)
+
+    def outputs(self, kind, key, tensors, compute):
+        """The outputs of this key's graph, replayed; None when there is none (the caller runs eagerly).
+
+        A graph's outputs are the same tensors at every replay: their
+        values hold until the next replay of that graph, and the caller
+        reads or copies them before (the writer sends a written step's
+        values before it computes the next step).
+
+        Args:
+          kind: What is computed (``"step"``, ``"written"``): each kind has
+            its own graphs, at most ``MAX_GRAPHS``.
+          key: The call's ``key`` (for its kind).
+          tensors: The tensors ``compute`` reads (dense, on one GPU).
+          compute: Returns the step's values (a tensor or a dict of them)
+            with no host synchronisation; captured once ``key`` is seen at
+            two consecutive calls.
+        """
+        held = self._graphs.get((kind, key))
         if held is not None:
             graph, static = held
             graph.replay()
             self.replays += 1
-            return out.copy_(static)
-        fill(out)
-        if self.capturing and key == self._last:
-            self._capture(key, tensors, fill, out)
-        self._last = key
-        return out
+            return static
+        if self.capturing and kind not in self._stopped and key == self._last.get(kind):
+            self._capture(kind, key, tensors, compute)
+        self._last[kind] = key
+        return None
 
-    def _capture(self, key, tensors, fill, out):
-        if len(self._graphs) >= MAX_GRAPHS:
-            self.capturing = False
+    def _capture(self, kind, key, tensors, compute):
+        if sum(k == kind for k, _ in self._graphs) >= MAX_GRAPHS:
+            self._stopped.add(kind)
             return
         if torch.cuda.get_sync_debug_mode():
             return  # asked to hear of every wait: capture later
-        device = out.device
+        device = tensors[0].device if tensors else None
         size = sum(t.numel() * t.element_size() for t in tensors)
-        if not tensors or size > MAX_BYTES or any(t.device != device or not t.is_contiguous() for t in tensors):
-            self.capturing = False
+        if device is None or size > MAX_BYTES or any(t.device != device or not t.is_contiguous() for t in tensors):
+            self._stopped.add(kind)
             return
         with torch.cuda.device(device):
-            static = torch.empty_like(out)
             graph = torch.cuda.CUDAGraph()
             if self._stream is None:
                 self._stream = torch.cuda.Stream()
@@ -110,14 +135,18 @@ class StepGraphs:
                     pool = () if self._pool is None else (self._pool,)
                     graph.capture_begin(*pool, capture_error_mode="thread_local")
                     try:
-                        fill(static)
+                        static = compute()
                     finally:
                         graph.capture_end()
-            except Exception:  # a kernel that cannot be captured: eager from now on
-                self.capturing = False
+            except Exception:  # a kernel that cannot be captured: this kind eager from now on
+                self._stopped.add(kind)
                 return
             finally:
                 current.wait_stream(self._stream)
         if self._pool is None:
             self._pool = graph.pool()
-        self._graphs[key] = (graph, static)
+        self._graphs[kind, key] = (graph, static)
+
+
+def _fill_new(fill, like):
+    return fill(torch.empty(like.shape, dtype=like.dtype, device=like.device))

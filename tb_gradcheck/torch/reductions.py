@@ -66,6 +66,26 @@ def step_norms(tensors, out):
     return out
 
 
+def present_norms(tensors, where, constants, out):
+    """``step_norms`` of the present gradients placed at their parameters' columns of ``out`` ``[2, V]``, 0 elsewhere.
+
+    Args:
+      tensors: The present gradients (dense).
+      where: Their parameters' indices (a list).
+      constants: The writer's ``Constants``.
+      out: float64 ``[2, V]``, returned.
+    """
+    if len(where) == out.shape[1]:
+        return step_norms(tensors, out)
+    out.zero_()
+    if where:
+        device = out.device
+        index = constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
+        found = step_norms(tensors, torch.empty((2, len(where)), dtype=F64, device=device))
+        out.index_copy_(1, index, found)
+    return out
+
+
 def nonfinite_counts(tensors):
     """float64 ``[n]``: NaN and Inf elements of each tensor (see the module docstring)."""
     return torch.stack(_nonfinite(tensors))

@@ -188,15 +188,15 @@ class GradientWriter:
         if not due:
             return
         pack = reductions.Pack()
-        if where:
-            extras = reductions.extras(tensors, [self._group.spec(rows, i) for i in where], self._constants, coalesced)
-            if scale is not None:
-                extras["max_abs"] = extras["max_abs"] * scale.inverse
-            for name, value in extras.items():
-                pack.add(name, value)
+        reduced = self._written(rows, tensors, where, device, coalesced)
+        if scale is not None and "max_abs" in reduced:
+            reduced["max_abs"] = reduced["max_abs"] * scale.inverse
+        weight = reduced.pop("weight")
+        for name, value in reduced.items():
+            pack.add(name, value)
         pack.add("norm", columns[0])
         pack.add("nonfinite", columns[1])
-        pack.add("weight", self._group.weight_norms(rows.params, device))
+        pack.add("weight", weight)
         steps = self._window.take(pack) if self._window is not None else None
         if before_clip is not None:
             pack.add("before_clip", before_clip)
@@ -318,32 +318,38 @@ class GradientWriter:
         n = len(self._rows.params)
         out = self._window.slot(device) if self._window is not None else torch.empty((2, n), dtype=F64, device=device)
         if dense and tensors and device.type == "cuda" and not self._group.sharded:
-            fill = functools.partial(self._fill, tensors, where)
+            fill = functools.partial(reductions.present_norms, tensors, where, self._constants)
             return self._graphs.run(graphs.key(where, tensors), tensors, fill, out)
-        return self._fill(tensors, where, out)
+        return reductions.present_norms(tensors, where, self._constants, out)
 
-    def _fill(self, tensors, where, out):
-        """Writes the present gradients' norms and non-finite counts into ``out`` (``[2, V]``), 0 where absent."""
-        if len(where) == len(self._rows.params):
-            return reductions.step_norms(tensors, out)
-        out.zero_()
-        if where:
-            device = out.device
-            index = self._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
-            found = reductions.step_norms(tensors, torch.empty((2, len(where)), dtype=F64, device=device))
-            out.index_copy_(1, index, found)
-        return out
+    def _written(self, rows, tensors, where, device, coalesced):
+        """A written step's other reductions (``reductions.extras`` where a gradient is, the weight norms): a dict.
+
+        On a GPU, one graph replay for dense gradients of one process, keyed
+        by the gradients' and the weights' addresses (``graphs``); its
+        outputs are sent to the host before the next step replays it.
+        """
+
+        def compute():
+            out = {}
+            if where:
+                specs = [self._group.spec(rows, i) for i in where]
+                out.update(reductions.extras(tensors, specs, self._constants, coalesced))
+            out["weight"] = self._group.weight_norms(rows.params, device)
+            return out
+
+        if coalesced is None and tensors and device.type == "cuda" and not self._group.sharded:
+            key = (graphs.key(where, tensors), tuple(map(_DATA_PTR, rows.params)))
+            static = self._graphs.outputs("written", key, tensors + list(rows.params), compute)
+            if static is not None:
+                return dict(static)
+        return compute()
 
     def _optimizer_columns(self, before_clip):
         """The optimizer columns a step has (made once for clipped steps and once for the others)."""
         clipped = before_clip is not None
         if clipped not in self._columns:
-            names = {"grad_norm_before_clip"} if clipped else set()
-            if self._follower is not None:
-                names.update(("update_norm", "update_to_weight"))
-            if self._scale is not None and self._scale.enabled:
-                names.update(("loss_scale", "refused_steps"))
-            self._columns[clipped] = tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in names)
+            self._columns[clipped] = optim.columns(clipped, self._follower is not None, self._scale)
         return self._columns[clipped]
 
     def _content(self, key):
@@ -389,6 +395,7 @@ class GradientWriter:
 
 
 _IS_SPARSE = operator.attrgetter("is_sparse")
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _step(value):
