@@ -1,11 +1,13 @@
-"""A step's norms and non-finite counts in one launch on a GPU: CUDA graphs keyed by the gradients' addresses.
+"""A step's reductions in one launch on a GPU: CUDA graphs keyed by the gradients' addresses.
 
 Why. A step between writes computes two per-parameter columns
 (``reductions.step_norms``): a dozen kernels, and the fused multi-tensor
 norms make one host tensor per parameter besides. On a GPU such a step is
 bound by the host's launches (5-10 us each), and a model of a few hundred
 parameters spent a millisecond of host time per step on them. A CUDA graph
-of that work replays it in one launch.
+of that work replays it in one launch. A written step's other reductions
+(``reductions.extras`` and the weight norms) are a second kind of graph,
+keyed by the weights' addresses too.
 
 Why it is safe. A graph replays its kernels on the memory it was captured
 with. The gradients are new tensors at each step under
