@@ -12,8 +12,10 @@ same interleaved rounds:
   gradient (what ``torch.utils.tensorboard`` users write);
 - ``norm_item``: one ``p.grad.norm().item()`` per parameter logged with
   ``add_scalar`` (Lightning's ``grad_norm`` style: a host read each);
-- ``wandb``: ``wandb.watch(model, log="gradients", log_freq=N)`` in offline
-  mode, when wandb is installed.
+- ``wandb``: ``watch(model, log="gradients", log_freq=N)`` in offline mode
+  (no network: ``WANDB_MODE=offline``, a temporary directory), when wandb
+  is installed. Its ``watch`` logs through the one global run, so both of
+  its ways share one run (``_wandb_run``), each watching its own model.
 
 Each way writes every step and every 10 steps. A timed call runs 10 steps
 and waits for the device, so a window of 10 is exactly one write per call.
@@ -67,7 +69,31 @@ def _models(torch, quick):
     ]
 
 
-def _ways(torch, name, model, x, y, device, logdir):
+# Offline and quiet: nothing reaches the network, nothing is printed over the table.
+WANDB_ENVIRON = {
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "WANDB_CONSOLE": "off",
+    "WANDB_DISABLE_GIT": "true",
+    "WANDB_DISABLE_CODE": "true",
+}
+
+
+def _wandb_run(shared, logdir):
+    """The one offline wandb run of the benchmark (``wandb.watch`` logs through the global run), or None."""
+    if "wandb" not in shared:
+        try:
+            import wandb
+        except ImportError:
+            shared["wandb"] = None
+            return None
+        for name, value in WANDB_ENVIRON.items():
+            os.environ.setdefault(name, value)
+        shared["wandb"] = wandb.init(mode="offline", dir=logdir, project="tb_gradcheck_benchmark")
+    return shared["wandb"]
+
+
+def _ways(torch, name, model, x, y, device, logdir, shared):
     """``{way: (run 10 steps and wait, close)}`` for one model, each way with its own copy of the model."""
     import copy
 
@@ -76,13 +102,13 @@ def _ways(torch, name, model, x, y, device, logdir):
         for every in (1, 10):
             if record == "bare" and every == 10:
                 continue
-            made = _make(torch, record, every, copy.deepcopy(model), x, y, device, os.path.join(logdir, name))
+            made = _make(torch, record, every, copy.deepcopy(model), x, y, device, os.path.join(logdir, name), shared)
             if made is not None:
                 ways[record if record == "bare" else f"{record}_every{every}"] = made
     return ways
 
 
-def _make(torch, record, every, model, x, y, device, logdir):
+def _make(torch, record, every, model, x, y, device, logdir, shared):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     directory = os.path.join(logdir, f"{record}_{every}")
     writer = summary = run = None
@@ -95,12 +121,10 @@ def _make(torch, record, every, model, x, y, device, logdir):
 
         summary = SummaryWriter(directory)
     elif record == "wandb":
-        try:
-            import wandb
-        except ImportError:
+        run = _wandb_run(shared, os.path.dirname(logdir))
+        if run is None:
             return None
-        run = wandb.init(mode="offline", dir=directory, reinit=True)
-        wandb.watch(model, log="gradients", log_freq=every)
+        run.watch(model, log="gradients", log_freq=every)
     named = [(n, p) for n, p in model.named_parameters()]
     state = {"step": 0}
 
@@ -118,7 +142,7 @@ def _make(torch, record, every, model, x, y, device, logdir):
                 else:
                     summary.add_scalar(f"grad_norm/{n}", p.grad.norm().item(), step)
         elif run is not None:
-            run.log({"loss": loss.detach()}, step=step, commit=True)
+            run.log({"loss": loss.detach()}, commit=True)  # its own step: the ways share the run
         optimizer.step()
         state["step"] = step + 1
 
@@ -134,7 +158,7 @@ def _make(torch, record, every, model, x, y, device, logdir):
         if summary is not None:
             summary.close()
         if run is not None:
-            run.finish()
+            run.unwatch(model)
 
     for _ in range(2):  # warm up (lazy modules, allocator, first writes)
         call()
@@ -148,33 +172,38 @@ def run(quick=False):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     repeats = 3 if quick else 9
     rows = []
+    shared = {}  # the wandb run
     with tempfile.TemporaryDirectory() as logdir, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, model, x_shape, y_shape in _models(torch, quick):
-            model = model.to(device)
-            x = torch.randn(x_shape, device=device)
-            y = torch.randn(y_shape, device=device)
-            model(x)  # materialise lazy modules before the copies
-            ways = _ways(torch, name, model, x, y, device, logdir)
-            timed = interleaved({k: v[0] for k, v in ways.items()}, repeats, 1)
-            for _, close in ways.values():
-                close()
-            bare = timed.pop("bare") / STEPS_PER_CALL
-            per_step = {k: v / STEPS_PER_CALL for k, v in timed.items()}
-            label = f"torch {name} ({device.type})"
-            for way, seconds in sorted(per_step.items()):
-                target = None
-                if way == "tb_gradcheck_every10" and any(name.startswith(t) for t in TARGETED_EVERY10):
-                    target = TARGET_EVERY10
-                rows.append(row(f"{label} {way} / bare step", bare * 1e3, seconds * 1e3, "ms", target))
-            if "norm_item_every1" in per_step:
-                rows.append(
-                    row(
-                        f"{label} tb_gradcheck every step / per-parameter .item() loop every step",
-                        per_step["norm_item_every1"] * 1e3,
-                        per_step["tb_gradcheck_every1"] * 1e3,
-                        "ms",
-                        target=1.0,
+        try:
+            for name, model, x_shape, y_shape in _models(torch, quick):
+                model = model.to(device)
+                x = torch.randn(x_shape, device=device)
+                y = torch.randn(y_shape, device=device)
+                model(x)  # materialise lazy modules before the copies
+                ways = _ways(torch, name, model, x, y, device, logdir, shared)
+                timed = interleaved({k: v[0] for k, v in ways.items()}, repeats, 1)
+                for _, close in ways.values():
+                    close()
+                bare = timed.pop("bare") / STEPS_PER_CALL
+                per_step = {k: v / STEPS_PER_CALL for k, v in timed.items()}
+                label = f"torch {name} ({device.type})"
+                for way, seconds in sorted(per_step.items()):
+                    target = None
+                    if way == "tb_gradcheck_every10" and any(name.startswith(t) for t in TARGETED_EVERY10):
+                        target = TARGET_EVERY10
+                    rows.append(row(f"{label} {way} / bare step", bare * 1e3, seconds * 1e3, "ms", target))
+                if "norm_item_every1" in per_step:
+                    rows.append(
+                        row(
+                            f"{label} tb_gradcheck every step / per-parameter .item() loop every step",
+                            per_step["norm_item_every1"] * 1e3,
+                            per_step["tb_gradcheck_every1"] * 1e3,
+                            "ms",
+                            target=1.0,
+                        )
                     )
-                )
+        finally:
+            if shared.get("wandb") is not None:
+                shared["wandb"].finish()
     return rows

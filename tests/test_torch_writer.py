@@ -397,30 +397,42 @@ def test_misuse_raises_expected_received(tmp_path):
         writer.write(0)
 
 
+def _no_wait(event):
+    raise AssertionError("a write waited for a CUDA event")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="host synchronisation is a GPU's")
-def test_no_host_synchronisation_at_steps_that_are_not_written(tmp_path):
+@pytest.mark.parametrize("scaled", [True, False])
+def test_no_step_synchronises_the_host_cuda(tmp_path, monkeypatch, scaled):
+    """Written steps too: their copy to the host is waited for only at close (or flush)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).cuda()
-    optimizer = torch.optim.Adam(model.parameters())
-    scaler = torch.amp.GradScaler("cuda")
+    optimizer = torch.optim.Adam(model.parameters()) if scaled else torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda") if scaled else None
     writer = GradientWriter(tmp_path, model, every_n_steps=5, optimizer=optimizer, scaler=scaler)
     x = torch.randn(8, 16, device="cuda")
-    for step in range(12):
+    for step in range(17):
         optimizer.zero_grad()
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=scaled):
             loss = model(x).float().pow(2).mean()
-        scaler.scale(loss).backward()
-        quiet = step > 5 and step % 5 != 0  # after a whole window has made every index it needs
+        (scaler.scale(loss) if scaled else loss).backward()
+        quiet = step > 5  # after a whole window has made every index and buffer it needs
         torch.cuda.set_sync_debug_mode("error" if quiet else "default")
+        if quiet:
+            monkeypatch.setattr(torch.cuda.Event, "synchronize", _no_wait)
         try:
             writer.clip_grad_norm_(1.0)
             writer.write(step)
+            if not scaled:  # GradScaler.step reads found_inf on the host: outside the quiet part
+                optimizer.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        scaler.step(optimizer)
-        scaler.update()
+            monkeypatch.undo()
+        if scaled:
+            scaler.step(optimizer)
+            scaler.update()
     writer.close()
-    assert [s for s, _, _ in read_events(tmp_path, "stats")] == [0, 5, 10, 11]
+    assert [s for s, _, _ in read_events(tmp_path, "stats")] == [0, 5, 10, 15, 16]
 
 
 def test_write_check_writes_the_reports_rows_as_the_tab_reads_them(tmp_path):

@@ -20,6 +20,7 @@ import math
 import numpy as np
 import torch
 
+from tb_gradcheck.torch import host
 from tb_gradcheck.torch import modules
 from tb_gradcheck.torch import reductions
 from tb_gradcheck.torch import window
@@ -127,6 +128,17 @@ class Group:
             return pack.to_host() if self.writes else None
         return self._sharded(pack, unit_present)
 
+    def send(self, pack, present, unit_present, buffers):
+        """``reduce`` without waiting where it can: a ``host.Copy`` of the pack's values; None on a rank that does not write.
+
+        One process: the copy is started and the host goes on (``host.send``).
+        Sharded: the all-reduce and its copy are waited for, as in ``reduce``.
+        """
+        if not self.sharded:
+            return pack.send(buffers) if self.writes else None
+        values = self._sharded(pack, unit_present)
+        return None if values is None else host.arrived(values)
+
     def _sharded(self, pack, where):
         names = list(pack.names)
         parts = dict(zip(names, pack.parts))
@@ -151,11 +163,11 @@ class Group:
         torch.distributed.all_reduce(flat)
         if not self.writes:
             return None
-        host = flat.cpu().numpy()
+        flat = flat.cpu().numpy()
         out, at = {}, 0
         for name, v in vectors.items():
             n = v.numel()
-            out[name] = host[at : at + n].reshape(v.shape)
+            out[name] = flat[at : at + n].reshape(v.shape)
             at += n
         for name in ("norm", "weight"):
             if name in out:

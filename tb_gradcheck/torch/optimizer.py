@@ -24,6 +24,7 @@ import warnings
 
 import torch
 
+from tb_gradcheck import metadata
 from tb_gradcheck.rowstats import MISSING
 from tb_gradcheck.torch import reductions
 
@@ -152,6 +153,22 @@ class ScaleReader:
         out = self._refused - self._at_write
         self._at_write = self._refused
         return out
+
+
+def columns(clipped, follows, scale):
+    """The optimizer columns a writer's step has, in ``metadata.OPTIMIZER_STAT_COLUMNS`` order.
+
+    Args:
+      clipped: Whether ``clip_grad_norm_`` recorded the norms before clipping.
+      follows: Whether a ``Follower`` records the update.
+      scale: The writer's ``ScaleReader``, or None.
+    """
+    names = {"grad_norm_before_clip"} if clipped else set()
+    if follows:
+        names.update(("update_norm", "update_to_weight"))
+    if scale is not None and scale.enabled:
+        names.update(("loss_scale", "refused_steps"))
+    return tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in names)
 
 
 def clip(writer, rows, max_norm, norm_type, error_if_nonfinite, foreach):

@@ -29,8 +29,9 @@ for the whole gradient, whose other elements are zeros. Coalescing has a
 result whose size depends on the data, so on a GPU it waits for the device.
 """
 
-import numpy as np
 import torch
+
+from tb_gradcheck.torch import host
 
 F64 = torch.float64
 # Largest total size of the gradients laid out flat at once (their copy and flags are temporaries).
@@ -62,6 +63,26 @@ def step_norms(tensors, out):
         return out
     torch.stack(norms(tensors), out=out[0])
     torch.stack(_nonfinite(tensors), out=out[1])
+    return out
+
+
+def present_norms(tensors, where, constants, out):
+    """``step_norms`` of the present gradients placed at their parameters' columns of ``out`` ``[2, V]``, 0 elsewhere.
+
+    Args:
+      tensors: The present gradients (dense).
+      where: Their parameters' indices (a list).
+      constants: The writer's ``Constants``.
+      out: float64 ``[2, V]``, returned.
+    """
+    if len(where) == out.shape[1]:
+        return step_norms(tensors, out)
+    out.zero_()
+    if where:
+        device = out.device
+        index = constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
+        found = step_norms(tensors, torch.empty((2, len(where)), dtype=F64, device=device))
+        out.index_copy_(1, index, found)
     return out
 
 
@@ -244,18 +265,20 @@ class Pack:
         """The flattened float64 tensors, in the order added."""
         return tuple(self._parts)
 
-    def to_host(self):
-        """``{name: numpy float64 array}``: one device-to-host copy of everything added."""
-        if not self._parts:
-            return {}
+    def flat(self):
+        """Everything added, as one float64 vector on one device (the first GPU's, with several)."""
         devices = {p.device for p in self._parts}
         if len(devices) > 1:  # parameters on several devices: bring them to the first GPU's first
             target = next(iter(sorted(devices, key=lambda d: d.type == "cpu")))
             self._parts = [p.to(target) for p in self._parts]
-        flat = torch.cat(self._parts).cpu().numpy()
-        out, at = {}, 0
-        for name, shape in zip(self._names, self._shapes):
-            n = int(np.prod(shape, dtype=np.int64))
-            out[name] = flat[at : at + n].reshape(shape)
-            at += n
-        return out
+        return torch.cat(self._parts)
+
+    def send(self, buffers):
+        """A ``host.Copy`` of everything added, started without waiting for the device (``host.send``)."""
+        return host.send(self.names, tuple(self._shapes), self.flat(), buffers)
+
+    def to_host(self):
+        """``{name: numpy float64 array}``: one device-to-host copy of everything added, waited for."""
+        if not self._parts:
+            return {}
+        return host.Copy(self.names, tuple(self._shapes), self.flat().cpu().numpy()).values()

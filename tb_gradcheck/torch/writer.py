@@ -4,25 +4,28 @@ It stores exactly what the TensorFlow writer stores (``docs/stored_format.md``,
 through ``eventlog``), from the statistics' one definition (``rowstats``):
 a PyTorch run and a TensorFlow run sit in one logdir and compare row by row.
 
-Cost. At a step that is not written, nothing: with ``every_n_steps > 1``
-the window's norm and non-finite count are reduced on the gradients' device
-(``reductions.step_norms``, ``running.add``) and nothing is read back, so
-the host never waits for the device between writes. A written step
-computes every statistic on the device and copies them to the host in one
-transfer (``reductions.Pack``), then writes one event and flushes it.
+Cost. The host never waits for the device. A step that is not written
+(``every_n_steps > 1``) reduces the window's norms and non-finite counts on
+the gradients' device (``reductions.step_norms``, on a GPU one CUDA graph
+replay: ``graphs``) and reads nothing back. A written step computes every
+statistic on the device and starts one copy of them to pinned host memory;
+its rows and event are made once the copy is there, at a later call, or
+at ``flush`` / ``close`` (``host``).
 
 Where each piece lives: rows and units (``modules``), the device
-reductions (``reductions``), what the optimizer did (``optimizer``),
-several processes (``distributed``).
+reductions (``reductions``), a step in one launch (``graphs``), the copy to
+the host and the written step's rows (``host``), what the optimizer did
+(``optimizer``), several processes (``distributed``).
 """
 
 import atexit
+import functools
 import numbers
+import operator
 import os
 import warnings
 import weakref
 
-import numpy as np
 import torch
 
 from tb_gradcheck import check_report
@@ -30,6 +33,8 @@ from tb_gradcheck import eventlog
 from tb_gradcheck import metadata
 from tb_gradcheck import rowstats
 from tb_gradcheck.torch import distributed
+from tb_gradcheck.torch import graphs
+from tb_gradcheck.torch import host
 from tb_gradcheck.torch import modules
 from tb_gradcheck.torch import optimizer as optim
 from tb_gradcheck.torch import reductions
@@ -119,6 +124,10 @@ class GradientWriter:
         self._window = None  # the steps since the last write (every_n_steps > 1)
         self._wheres = {}  # present flags -> indices of the present parameters
         self._pending = None  # a written step waiting for its optimizer step
+        self._flights = host.Flights(self._write_step)  # written steps on their way to the host
+        self._graphs = graphs.StepGraphs()
+        self._columns = {}  # clipped or not -> the optimizer columns
+        self._dense = None  # (False,) * parameters: no gradient is sparse
         self._before_clip = None  # per-parameter norms from clip_grad_norm_ this step
         self._follower = None if optimizer is None else optim.Follower(self, optimizer)
         self._scale = None if scaler is None else optim.ScaleReader(scaler, optimizer)
@@ -146,25 +155,29 @@ class GradientWriter:
         if not self._group.computes:
             return
         rows = self._structure()
+        # The per-step host work is a few passes over the parameters, each in C where it can be (a window's
+        # step on a GPU is otherwise one graph replay: its Python is what is left).
         grads = [p.grad for p in rows.params]
-        present = tuple(g is not None for g in grads)
-        sparse = tuple(g is not None and g.is_sparse for g in grads)
+        present = tuple([g is not None for g in grads])
         where = self._where(present)
+        tensors = grads if len(where) == len(grads) else [grads[i] for i in where]
+        sparse = self._dense
+        if any(map(_IS_SPARSE, tensors)):
+            sparse = tuple([g is not None and g.is_sparse for g in grads])
         key = (present, sparse, self._optimizer_columns(before_clip))
         self._last_key = key
         due = step % self.every_n_steps == 0
         local = self._group.local
-        coalesced = [local(grads[i]).coalesce() if sparse[i] else None for i in where] if any(sparse) else None
-        if coalesced is not None:
+        coalesced = None
+        if sparse is not self._dense:
+            coalesced = [local(grads[i]).coalesce() if sparse[i] else None for i in where]
             tensors = [c.values() if c is not None else local(grads[i]) for i, c in zip(where, coalesced)]
         elif self._group.sharded:
-            tensors = [local(grads[i]) for i in where]
-        else:
-            tensors = [grads[i] for i in where]
+            tensors = [local(t) for t in tensors]
         device = self._device(tensors)
         if self.every_n_steps > 1 and self._window is None:
             self._window = self._group.window(rows.structure, self._constants)
-        columns = self._norms(tensors, where, device)  # [2, V]: norms, non-finite counts
+        columns = self._norms(tensors, where, device, coalesced is None)  # [2, V]: norms, non-finite counts
         scale = None if self._scale is None else self._scale.read(device)
         if scale is not None:
             # The statistics of the gradients the optimizer applies: unscaled.
@@ -175,22 +188,22 @@ class GradientWriter:
         if not due:
             return
         pack = reductions.Pack()
-        if where:
-            extras = reductions.extras(tensors, [self._group.spec(rows, i) for i in where], self._constants, coalesced)
-            if scale is not None:
-                extras["max_abs"] = extras["max_abs"] * scale.inverse
-            for name, value in extras.items():
-                pack.add(name, value)
+        reduced = self._written(rows, tensors, where, device, coalesced)
+        if scale is not None and "max_abs" in reduced:
+            reduced["max_abs"] = reduced["max_abs"] * scale.inverse
+        weight = reduced.pop("weight")
+        for name, value in reduced.items():
+            pack.add(name, value)
         pack.add("norm", columns[0])
         pack.add("nonfinite", columns[1])
-        pack.add("weight", self._group.weight_norms(rows.params, device))
+        pack.add("weight", weight)
         steps = self._window.take(pack) if self._window is not None else None
         if before_clip is not None:
             pack.add("before_clip", before_clip)
         if scale is not None:
             pack.add("loss_scale", scale.value)
             pack.add("refused", self._scale.since_last_write())
-        self._pending = _Pending(step, key, pack, steps, where)
+        self._pending = host.Pending(step, key, pack, steps, where)
         if self._follower is not None and self._follower.expects_step():
             return  # written by the optimizer's step hook, with the update it made
         self._emit()
@@ -240,6 +253,7 @@ class GradientWriter:
         """Writes a written step still waiting for its optimizer step, and flushes the event file."""
         if not self.closed:
             self._emit()
+            self._flights.arrive(wait=len(self._flights))
             self._log.flush()
 
     def close(self):
@@ -251,6 +265,7 @@ class GradientWriter:
             return
         try:
             self._emit()
+            self._flights.arrive(wait=len(self._flights))
             if self._window is not None and self._window.steps and self._group.computes:
                 self._write_partial_window()
         finally:
@@ -279,6 +294,7 @@ class GradientWriter:
             if not self._rows.params:
                 raise ValueError("Expected a model with parameters that require a gradient. Received: none")
             self._group.check(self._rows)
+            self._dense = (False,) * len(self._rows.params)
         return self._rows
 
     def _device(self, tensors):
@@ -293,31 +309,48 @@ class GradientWriter:
             where = self._wheres[present] = [i for i, p in enumerate(present) if p]
         return where
 
-    def _norms(self, tensors, where, device):
+    def _norms(self, tensors, where, device, dense):
         """float64 ``[2, V]`` on the device: each parameter's gradient norm and non-finite count, 0 where absent.
 
-        Written into the window's own row where there is a window (no copy).
+        Written into the window's own row where there is a window. On a GPU,
+        dense gradients of one process take one graph replay (``graphs``).
         """
         n = len(self._rows.params)
         out = self._window.slot(device) if self._window is not None else torch.empty((2, n), dtype=F64, device=device)
-        if len(where) == n:
-            return reductions.step_norms(tensors, out)
-        out.zero_()
-        if where:
-            index = self._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
-            found = reductions.step_norms(tensors, torch.empty((2, len(where)), dtype=F64, device=device))
-            out.index_copy_(1, index, found)
-        return out
+        if dense and tensors and device.type == "cuda" and not self._group.sharded:
+            fill = functools.partial(reductions.present_norms, tensors, where, self._constants)
+            return self._graphs.run(graphs.key(where, tensors), tensors, fill, out)
+        return reductions.present_norms(tensors, where, self._constants, out)
+
+    def _written(self, rows, tensors, where, device, coalesced):
+        """A written step's other reductions (``reductions.extras`` where a gradient is, the weight norms): a dict.
+
+        On a GPU, one graph replay for dense gradients of one process, keyed
+        by the gradients' and the weights' addresses (``graphs``); its
+        outputs are sent to the host before the next step replays it.
+        """
+
+        def compute():
+            out = {}
+            if where:
+                specs = [self._group.spec(rows, i) for i in where]
+                out.update(reductions.extras(tensors, specs, self._constants, coalesced))
+            out["weight"] = self._group.weight_norms(rows.params, device)
+            return out
+
+        if coalesced is None and tensors and device.type == "cuda" and not self._group.sharded:
+            key = (graphs.key(where, tensors), tuple(map(_DATA_PTR, rows.params)))
+            static = self._graphs.outputs("written", key, tensors + list(rows.params), compute)
+            if static is not None:
+                return dict(static)
+        return compute()
 
     def _optimizer_columns(self, before_clip):
-        names = set()
-        if before_clip is not None:
-            names.add("grad_norm_before_clip")
-        if self._follower is not None:
-            names.update(("update_norm", "update_to_weight"))
-        if self._scale is not None and self._scale.enabled:
-            names.update(("loss_scale", "refused_steps"))
-        return tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in names)
+        """The optimizer columns a step has (made once for clipped steps and once for the others)."""
+        clipped = before_clip is not None
+        if clipped not in self._columns:
+            self._columns[clipped] = optim.columns(clipped, self._follower is not None, self._scale)
+        return self._columns[clipped]
 
     def _content(self, key):
         content = self._contents.get(key)
@@ -330,58 +363,19 @@ class GradientWriter:
         return content
 
     def _emit(self):
-        """Writes the pending written step, if any: one copy to the host, one event."""
+        """Starts the copy of the pending written step, if any, and writes the steps whose copy has arrived."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        host = self._group.reduce(pending.pack, pending.key[0], pending.where)
-        if host is None:  # a rank that takes part in the all-reduce but does not write
-            return
-        structure = self._rows.structure
-        present, _, columns = pending.key
-        windowed = self.every_n_steps > 1
-        stats = rowstats.Reductions(
-            present=np.array(present, bool),
-            norm=host["norm"][pending.where],
-            nonfinite=host["nonfinite"][pending.where],
-            max_abs=host.get("max_abs", np.zeros(0)),
-            nonzero=host.get("nonzero", np.zeros(0)),
-            dead=host.get("unit_nonzero", np.zeros(0)) == 0,
-        )
-        layer, variable = rowstats.rows(stats, structure, host["weight"], onset=windowed)
-        if windowed:
-            state = self._window.host_state(host, pending.steps)
-            last = np.concatenate([layer, variable])
-            layer, variable = self._slabs(state, pending.step, host["weight"], last)
-        else:
-            layer, variable = layer[None], variable[None]
-        if columns:
-            values = rowstats.optimizer_values(
-                structure,
-                host["weight"],
-                update_squares=self._update_squares(host),
-                before_clip=host.get("before_clip"),
-                loss_scale=float(host["loss_scale"]) if "loss_scale" in host else None,
-                refused=float(host["refused"]) if "refused" in host else None,
-            )
-            layer, variable = rowstats.fill(layer, variable, columns, values)
+        if pending is not None:
+            copy = self._group.send(pending.pack, pending.key[0], pending.where, self._flights.buffers)
+            if copy is not None:  # None: a rank that takes part in the all-reduce but does not write
+                self._flights.add(pending, copy)
+        self._flights.arrive()
+
+    def _write_step(self, pending, values):
+        """Writes one written step's event from its values on the host (``host.Flights`` calls it)."""
+        window = self._window if self.every_n_steps > 1 else None
+        layer, variable = host.step_slabs(pending, values, self._rows.structure, window)
         self._log.stats(self._content(pending.key), layer, variable, pending.step)
-
-    def _slabs(self, state, step, weights, last=None):
-        """``(layer [A, L, C], variable [A, V, C])`` of a window (``rowstats.window_slabs``)."""
-        structure = self._rows.structure
-        weight_rows = np.concatenate([rowstats.combine_norms(weights, structure), weights])
-        slabs = rowstats.window_slabs(state, step, weight_rows, last)
-        n_layer = len(structure.layer_names)
-        return slabs[:, :n_layer], slabs[:, n_layer:]
-
-    def _update_squares(self, host):
-        if "update" in host:
-            return host["update"]
-        if "loss_scale" in host and np.any(host["nonfinite"] > 0):
-            # A step the scaler refused: the optimizer did not run, the weights did not move.
-            return np.zeros(len(self._rows.params))
-        return None
 
     def _write_partial_window(self):
         """At close: the steps since the last write, as one window written at the last of them."""
@@ -389,25 +383,24 @@ class GradientWriter:
         pack = reductions.Pack()
         steps = self._window.take(pack)
         pack.add("weight", self._group.weight_norms(rows.params, self._device([])))
-        host = self._group.reduce(pack, self._last_key[0], [])
-        if host is None:
+        values = self._group.reduce(pack, self._last_key[0], [])
+        if values is None:
             return
-        state = self._window.host_state(host, steps)
-        layer, variable = self._slabs(state, steps[-1], host["weight"])
+        state = self._window.host_state(values, steps)
+        layer, variable = host.window_slabs(state, steps[-1], values["weight"], rows.structure)
         columns = self._last_key[2]
         if columns:
             layer, variable = rowstats.fill(layer, variable, columns, None)
         self._log.stats(self._content(self._last_key), layer, variable, steps[-1])
 
 
-class _Pending:
-    """A written step's device statistics (``pack``), until they are copied and written."""
-
-    def __init__(self, step, key, pack, steps, where):
-        self.step, self.key, self.pack, self.steps, self.where = step, key, pack, steps, where
+_IS_SPARSE = operator.attrgetter("is_sparse")
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _step(value):
+    if type(value) is int and 0 <= value <= INT64_MAX:
+        return value
     if isinstance(value, torch.Tensor):
         if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
             raise TypeError(
