@@ -291,6 +291,36 @@ def test_compiled_model_writes_the_same_numbers_as_eager(tmp_path):
             np.testing.assert_allclose(b[name][c], a[name][c], rtol=1e-6)
 
 
+def test_a_compiled_training_step_that_calls_the_writer_writes_what_eager_does(tmp_path):
+    """``torch.compile`` over the whole step (forward, backward, write, optimizer step): the writer runs eagerly inside it."""
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    batches = [(torch.randn(5, 4), torch.randn(5, 2)) for _ in range(5)]
+    for model, run in zip(models, ("eager", "compiled")):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        writer = GradientWriter(tmp_path / run, model, every_n_steps=2, optimizer=optimizer)
+
+        def train_step(x, y, step, model=model, optimizer=optimizer, writer=writer):
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            writer.clip_grad_norm_(0.5)
+            writer.write(step)
+            optimizer.step()
+
+        step_fn = torch.compile(train_step, backend="eager") if run == "compiled" else train_step
+        for step, (x, y) in enumerate(batches):
+            step_fn(x, y, step)
+        writer.close()
+    for index in range(3):  # steps 0, 2 and the partial window at 4
+        step_a, a, content = _rows(tmp_path / "eager", "layer", index)
+        step_b, b, content_b = _rows(tmp_path / "compiled", "layer", index)
+        assert step_a == step_b and content == content_b
+        for name in a:
+            for c in content["columns"]:
+                np.testing.assert_allclose(b[name][c], a[name][c], rtol=1e-6, err_msg=f"{name} {c}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_window_aggregates_equal_an_every_step_twin(tmp_path, device):
     """Windows of 4 against every step written: the same gradients, a NaN in the second window."""

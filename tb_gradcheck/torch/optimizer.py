@@ -40,8 +40,9 @@ class Follower:
         self.active = True
         self._warned = False
         self._handles = [
-            optimizer.register_step_pre_hook(self._before),
-            optimizer.register_step_post_hook(self._after),
+            # Eager under a compiled step, as the writer's own calls (writer._eager).
+            optimizer.register_step_pre_hook(torch.compiler.disable(self._before)),
+            optimizer.register_step_post_hook(torch.compiler.disable(self._after)),
         ]
 
     def expects_step(self):

@@ -43,6 +43,17 @@ INT64_MAX = 2**63 - 1
 F64 = torch.float64
 
 
+def _eager(method):
+    """Runs ``method`` eagerly when a ``torch.compile``d training step calls it.
+
+    Dynamo would otherwise trace into the writer's host side (NumPy, event
+    files) and fail; disabled, the compiled step breaks its graph around
+    the call, which is what a host-side logger needs: the gradients it reads
+    are real tensors by then.
+    """
+    return torch.compiler.disable(method)
+
+
 class GradientWriter:
     """Writes per-layer gradient statistics of a PyTorch model for the Gradients tab.
 
@@ -137,6 +148,7 @@ class GradientWriter:
 
     # -- the training loop's calls ----------------------------------------------
 
+    @_eager
     def write(self, step):
         """Records this step's gradients (each parameter's ``.grad``); every N steps writes them.
 
@@ -208,6 +220,7 @@ class GradientWriter:
             return  # written by the optimizer's step hook, with the update it made
         self._emit()
 
+    @_eager
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
         """``torch.nn.utils.clip_grad_norm_`` over the model's parameters, recording the norms before clipping.
 
@@ -231,6 +244,7 @@ class GradientWriter:
         rows = self._structure()
         return optim.clip(self, rows, float(max_norm), float(norm_type), error_if_nonfinite, foreach)
 
+    @_eager
     def write_check(self, report, step):
         """Records a gradient check report for the tab's ``check_error`` heatmap.
 
@@ -249,6 +263,7 @@ class GradientWriter:
                 content = metadata.check_layout(granularity, [r.name for r in check_rows])
                 self._log.tensor(content, eventlog.check_matrix(check_rows), step)
 
+    @_eager
     def flush(self):
         """Writes a written step still waiting for its optimizer step, and flushes the event file."""
         if not self.closed:
@@ -256,6 +271,7 @@ class GradientWriter:
             self._flights.arrive(wait=len(self._flights))
             self._log.flush()
 
+    @_eager
     def close(self):
         """Writes what is pending (and a partial window), flushes, and closes the file if this writer made it.
 
