@@ -277,3 +277,34 @@ def test_sharded_over_four_devices_writes_the_rows_of_one_device(tmp_path):
             # gradient summed over the data shards): float32 rounding only.
             np.testing.assert_allclose(a, b, rtol=RTOL, atol=1e-7)
         assert stats_content(tmp_path / "sharded") == stats_content(tmp_path / "single")
+
+
+def test_gradient_accumulation_with_multisteps_writes_each_applied_update_once(tmp_path):
+    """``optax.MultiSteps`` around the monitor: one row per applied update, of the mean of its micro-batches' gradients."""
+    k, micro_steps = 3, 9
+    tx = optax.MultiSteps(tj.monitor(optax.sgd(1e-2)), every_k_schedule=k)
+    net = Net()
+    tokens, image, y = net_data()
+    params = net.init(jax.random.PRNGKey(0), tokens, image)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state, scale):
+        grads = jax.grad(lambda p: jnp.mean((net.apply(p, tokens, image) * scale - y) ** 2))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, grads
+
+    micro = []
+    with tj.GradientWriter(tmp_path) as writer:
+        for i in range(micro_steps):
+            params, opt_state, grads = step(params, opt_state, 1.0 + 0.1 * i)  # a different gradient each micro-step
+            micro.append(by_name(grads))
+            if (i + 1) % k == 0:
+                writer.write(opt_state, i // k)
+    content = stats_content(tmp_path)
+    variables = read_events(tmp_path, granularity="variable")
+    assert [s for s, _, _ in variables] == [0, 1, 2]
+    norm = content["variable"]["rows"].index("Dense_0/kernel")
+    for update, (_, array, _) in enumerate(variables):
+        mean = sum(g["Dense_0/kernel"] for g in micro[update * k : update * k + k]) / k
+        np.testing.assert_allclose(array[0, norm, COL["grad_norm"]], np.sqrt(np.sum(mean**2)), rtol=RTOL)
