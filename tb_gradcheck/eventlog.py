@@ -121,8 +121,8 @@ class EventLog:
         self.tensor(content, with_header(layer, variable, writes), step)
 
     def tensor(self, content, array, step):
-        """Writes one tensor under its layout's tag, full metadata on the tag's first write, then flushes."""
-        tag = metadata.tag_for(content)
+        """Writes one tensor under its layout's tag for ``step``, full metadata on the tag's first write, then flushes."""
+        tag = metadata.tag_for(content, step)
         with self._lock:
             if self.closed:
                 raise ValueError("Cannot write: this writer is closed. Create a new one to keep writing.")

@@ -40,9 +40,7 @@ class Problem:
         return {"tag": self.tag, "reason": self.reason}
 
 
-def point_bytes(content):
-    """Bytes of one point (one step's float32 tensor) of a tag with this layout."""
-    return 4 * int(np.prod(metadata.shape_of(content)))
+point_bytes = metadata.point_bytes
 
 
 def read_limit(content):
