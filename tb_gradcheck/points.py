@@ -89,6 +89,9 @@ class Summary:
       seen_times: float64 ``[N]``, their wall times.
       bad: ``{(what, expected): count}`` of the skipped points, in order of
         first appearance.
+      times: float64 ``[S]``, the wall times of the readable points of
+        ``steps`` (of the last point of a step written twice): what tells
+        which of two points was written later (``merge.preempted``).
     """
 
     steps: np.ndarray
@@ -97,6 +100,7 @@ class Summary:
     seen_steps: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     seen_times: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float64))
     bad: dict = dataclasses.field(default_factory=dict)
+    times: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float64))
 
     @property
     def capped(self):
@@ -105,7 +109,7 @@ class Summary:
 
     @property
     def nbytes(self):
-        return self.steps.nbytes + self.seen_steps.nbytes + self.seen_times.nbytes
+        return self.steps.nbytes + self.times.nbytes + self.seen_steps.nbytes + self.seen_times.nbytes
 
 
 def decode(series, data, limit=None, previous=None):
@@ -150,8 +154,11 @@ def decode(series, data, limit=None, previous=None):
             if not len(new_steps) or (new_steps[0] > after and np.all(np.diff(new_steps) > 0)):
                 arrays = [d.numpy for d in good]
                 count = write_count(series, arrays) if arrays else previous.count
-                steps = np.concatenate([previous.steps, new_steps]) if len(new_steps) else previous.steps
-                summary = Summary(steps, _problems(series, bad, len(data)), count, seen_steps, seen_times, bad)
+                steps, times = previous.steps, previous.times
+                if len(new_steps):
+                    steps = np.concatenate([steps, new_steps])
+                    times = np.concatenate([times, np.fromiter((d.wall_time for d in good), np.float64, len(good))])
+                summary = Summary(steps, _problems(series, bad, len(data)), count, seen_steps, seen_times, bad, times)
                 return summary, len(previous.steps), arrays
     good, bad = _check(series, data, {})
     # The provider returns points in step order; keep the last point of a
@@ -160,6 +167,7 @@ def decode(series, data, limit=None, previous=None):
     for d in good:
         by_step[d.step] = d
     steps = np.array(sorted(by_step), dtype=np.int64)
+    times = np.array([by_step[s].wall_time for s in steps], dtype=np.float64)
     arrays = [by_step[s].numpy for s in steps]
     problems = _problems(series, bad, len(data))
     count = write_count(series, arrays) if arrays else None
@@ -167,7 +175,7 @@ def decode(series, data, limit=None, previous=None):
         # Cut, unless the writer's counter says this is all it wrote.
         if count is None or not np.isfinite(count) or count > len(steps):
             problems.append(_capped(series, len(steps), limit))
-    return Summary(steps, problems, count, seen_steps, seen_times, bad), 0, arrays
+    return Summary(steps, problems, count, seen_steps, seen_times, bad, times), 0, arrays
 
 
 def _check(series, data, bad):

@@ -95,7 +95,7 @@ class RunIndex:
     def read_bytes(self):
         """About what reading every tag of the run again costs: a miss's cost for ``cache.Cache``."""
         tags = {s.tag: s for layouts in self.series.values() for s in layouts}
-        return sum(points.point_bytes(s.content) * (s.max_step + 1) for s in tags.values())
+        return sum(points.point_bytes(s.content) * _steps_held(s) for s in tags.values())
 
     def window(self):
         return max((s.content.get("window", 1) for s in self.layouts(metadata.KIND_STATS, "layer")), default=1)
@@ -148,10 +148,16 @@ class Store:
         # steps: 960 MB) is read for the caller and not kept: kept, its tags
         # would only push out what the tab shows (its heatmap's blocks).
         keep = index.read_bytes() <= self.cache.max_bytes // 2
-        for s in index.layouts(kind, granularity):
+        layouts = index.layouts(kind, granularity)
+        summaries = []
+        for s in layouts:
             summary, [((values,), _)] = self._tag(ctx, experiment_id, index.run, s, [kept.VALUES], keep)
+            summaries.append(summary)
             parts.append(merge.Part(s.content, summary.steps, values))
             problems += summary.problems
+        for i, stands in enumerate(standing(layouts, summaries)):
+            if stands is not None:
+                parts[i] = merge.Part(parts[i].content, parts[i].steps[stands], parts[i].values[stands])
         return parts, problems
 
     def blocks(self, ctx, experiment_id, index, kind, granularity, column, aggregate):
@@ -162,15 +168,26 @@ class Store:
         a twelfth of a tag written every step), so it stays cached where the
         tag would not, and a read of a grown tag appends its new points.
         """
-        out = []
-        for s in index.layouts(kind, granularity):
+        out, summaries = [], []
+        layouts = index.layouts(kind, granularity)
+        for s in layouts:
             product = kept.block_product(s.content, granularity, column, aggregate)
             if product is None:  # this layout does not store that column or aggregate
                 summary, _ = self._tag(ctx, experiment_id, index.run, s)
                 out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0]))
-                continue
-            summary, [((data, keep), source)] = self._tag(ctx, experiment_id, index.run, s, [product])
-            out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0], data, keep, source))
+            else:
+                summary, [((data, keep), source)] = self._tag(ctx, experiment_id, index.run, s, [product])
+                out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0], data, keep, source))
+            summaries.append(summary)
+        for i, stands in enumerate(standing(layouts, summaries)):
+            if stands is not None:
+                # Copies of what stands, from the same kept arrays (the same
+                # source): merge.grow extends a laid-out column only while
+                # the steps it laid out stay the first ones, so a rewind lays
+                # the column out again, and growth after it is appended.
+                b = out[i]
+                cut = (None if a is None else a[stands] for a in (b.data, b.keep))
+                out[i] = merge.Block(b.steps[stands], b.names, *cut, b.source)
         return out
 
     def summary(self, ctx, experiment_id, run, series):
@@ -357,6 +374,27 @@ class Store:
             return self._locks.setdefault(key, threading.Lock())
 
 
+def standing(layouts, summaries):
+    """Per tag, the points a later write did not preempt: None (all of them) or a bool mask of its steps.
+
+    The rule (``merge.preempted``) applies to the tags of one layout: its
+    spans (``metadata.span_of``), or its one tag when written before spans.
+
+    Args:
+      layouts: ``Series`` of one run, kind and granularity.
+      summaries: Their ``Summary`` objects, in the same order.
+    """
+    groups = {}
+    for i, s in enumerate(layouts):
+        groups.setdefault(metadata.span_of(s.tag)[0], []).append(i)
+    out = [None] * len(layouts)
+    for members in groups.values():
+        masks = merge.preempted([summaries[i].steps for i in members], [summaries[i].times for i in members])
+        for i, mask in zip(members, masks):
+            out[i] = mask
+    return out
+
+
 def _views(held):
     """``(views, source)`` of a product's stacks: read-only views, and what ``merge.grow`` knows them by."""
     return tuple(stack.view() for stack in held), held[0]
@@ -365,6 +403,13 @@ def _views(held):
 def _same_points(a, b):
     """Whether two summaries were decoded from the same points."""
     return np.array_equal(a.seen_steps, b.seen_steps) and np.array_equal(a.seen_times, b.seen_times)
+
+
+def _steps_held(series):
+    """About how many steps a tag holds: up to its ``max_step``, from the first of its span."""
+    span = metadata.span_of(series.tag)[1]
+    first = 0 if span is None else span * metadata.span_steps(series.content)
+    return max(1, series.max_step + 1 - first)
 
 
 def _version(series):
