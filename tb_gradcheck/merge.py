@@ -97,60 +97,6 @@ def union_steps(step_arrays):
     return np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
 
 
-def preempted(steps, times):
-    """Which points of one layout's tags still stand, by TensorBoard's rule for a restarted job.
-
-    A job restarted from a checkpoint writes steps it had written before.
-    TensorBoard's Rust data server then drops the tag's points at that step
-    and after ("preemption"): a point is dropped when a point written later
-    has a step at or below its own. A layout written as spans of steps
-    (``metadata.tag_for``) is several tags, and the server applies the rule
-    within each only: a rewind into an earlier span leaves the later spans'
-    points, which belong to the run that was abandoned. This applies the
-    rule across all the spans of a layout, so a layout reads as one tag
-    would. It also applies it within a tag, which the Python loader does not
-    do for ``tf.summary`` logs (it purges only at a ``SessionLog.START``):
-    both loaders then show the same points.
-
-    Args:
-      steps: Per tag, int64 ``[S_i]``, its readable points' steps, ascending.
-      times: Per tag, float64 ``[S_i]``, their wall times.
-
-    Returns:
-      Per tag, None when every point stands, else bool ``[S_i]``: the
-      points that stand.
-    """
-    sizes = [len(s) for s in steps]
-    out = [None] * len(steps)
-    if sum(sizes) < 2:
-        return out
-    # The points in the order they were written. Tags ordered by their first
-    # write, each in its own (step) order: the common case, nothing ever
-    # rewound, is then one ascending run of both steps and times, checked
-    # without sorting.
-    first = [t[0] if len(t) else np.inf for t in times]
-    order = sorted(range(len(steps)), key=lambda i: first[i])
-    all_steps = np.concatenate([np.asarray(steps[i], np.int64) for i in order])
-    all_times = np.concatenate([np.asarray(times[i], np.float64) for i in order])
-    if np.all(np.diff(all_times) >= 0) and np.all(np.diff(all_steps) > 0):
-        return out
-    written = np.argsort(all_times, kind="stable")
-    later = all_steps[written]
-    # The smallest step written after each point (after the last: none).
-    after = np.empty_like(later)
-    after[:-1] = np.minimum.accumulate(later[::-1])[::-1][1:]
-    after[-1] = np.iinfo(np.int64).max
-    stands = np.empty(len(later), bool)
-    stands[written] = later < after
-    start = 0
-    for i in order:
-        keep = stands[start : start + sizes[i]]
-        start += sizes[i]
-        if not keep.all():
-            out[i] = keep
-    return out
-
-
 def aggregates(contents):
     """Aggregates any stats layout can answer, in canonical order (``metadata.AGGREGATES``)."""
     found = {a for content in contents for a in content["aggregates"]}

@@ -91,7 +91,7 @@ class Summary:
         first appearance.
       times: float64 ``[S]``, the wall times of the readable points of
         ``steps`` (of the last point of a step written twice): what tells
-        which of two points was written later (``merge.preempted``).
+        which of two points was written later (``spans.preempted``).
     """
 
     steps: np.ndarray

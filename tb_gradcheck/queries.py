@@ -18,6 +18,7 @@ from tb_gradcheck import diagnose
 from tb_gradcheck import export as export_format
 from tb_gradcheck import merge
 from tb_gradcheck import metadata
+from tb_gradcheck import spans
 from tb_gradcheck import store
 
 NotFound = store.NotFound
@@ -103,7 +104,7 @@ def runs(st, ctx, experiment_id):
                 for summary in summaries:
                     entry["problems"].extend(p.to_dict() for p in summary.problems)
                     entry["capped"] = entry["capped"] or summary.capped
-                stands = store.standing(layouts, summaries)
+                stands = spans.standing(layouts, summaries)
                 steps = merge.union_steps([s.steps if k is None else s.steps[k] for s, k in zip(summaries, stands)])
                 described = entry["granularities"].setdefault(
                     granularity,

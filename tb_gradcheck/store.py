@@ -26,6 +26,7 @@ from tb_gradcheck import kept
 from tb_gradcheck import merge
 from tb_gradcheck import metadata
 from tb_gradcheck import points
+from tb_gradcheck import spans
 from tb_gradcheck.points import Problem
 
 # Enough for the runs a tab shows at once (one run, or two compared) at
@@ -155,7 +156,7 @@ class Store:
             summaries.append(summary)
             parts.append(merge.Part(s.content, summary.steps, values))
             problems += summary.problems
-        for i, stands in enumerate(standing(layouts, summaries)):
+        for i, stands in enumerate(spans.standing(layouts, summaries)):
             if stands is not None:
                 parts[i] = merge.Part(parts[i].content, parts[i].steps[stands], parts[i].values[stands])
         return parts, problems
@@ -179,7 +180,7 @@ class Store:
                 summary, [((data, keep), source)] = self._tag(ctx, experiment_id, index.run, s, [product])
                 out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0], data, keep, source))
             summaries.append(summary)
-        for i, stands in enumerate(standing(layouts, summaries)):
+        for i, stands in enumerate(spans.standing(layouts, summaries)):
             if stands is not None:
                 # Copies of what stands, from the same kept arrays (the same
                 # source): merge.grow extends a laid-out column only while
@@ -372,27 +373,6 @@ class Store:
         """The lock of ``key``: work on a cache entry that one request at a time should do (a read, a merge)."""
         with self._locks_lock:
             return self._locks.setdefault(key, threading.Lock())
-
-
-def standing(layouts, summaries):
-    """Per tag, the points a later write did not preempt: None (all of them) or a bool mask of its steps.
-
-    The rule (``merge.preempted``) applies to the tags of one layout: its
-    spans (``metadata.span_of``), or its one tag when written before spans.
-
-    Args:
-      layouts: ``Series`` of one run, kind and granularity.
-      summaries: Their ``Summary`` objects, in the same order.
-    """
-    groups = {}
-    for i, s in enumerate(layouts):
-        groups.setdefault(metadata.span_of(s.tag)[0], []).append(i)
-    out = [None] * len(layouts)
-    for members in groups.values():
-        masks = merge.preempted([summaries[i].steps for i in members], [summaries[i].times for i in members])
-        for i, mask in zip(members, masks):
-            out[i] = mask
-    return out
 
 
 def _views(held):

@@ -312,7 +312,7 @@ def test_a_run_that_grows_while_the_server_is_up_answers_as_a_fresh_server(tmp_p
     # rewinds to step 40. The Rust data server drops that tag's steps from 40
     # on; the Python loader keeps them (it purges only at a SessionLog.START,
     # which tf.summary does not write), and the reader drops them by the same
-    # rule (merge.preempted): both show the old layout's last step, 49.
+    # rule (spans.preempted): both show the old layout's last step, 49.
     job.close()
     grown = Training(logdir / "live", rows=ROWS + ("net/d",))
     grown.steps(50, 56)
