@@ -60,6 +60,14 @@ def write_count(series, values):
     return float(values[-1][0, metadata.header_row(series.content), 0])
 
 
+def write_counts(series, values):
+    """float64 ``[S]``: the write counter of every point (stats tags; NaN for check tags)."""
+    if series.content["kind"] != metadata.KIND_STATS:
+        return np.full(len(values), np.nan)
+    header = metadata.header_row(series.content)
+    return np.fromiter((v[0, header, 0] for v in values), np.float64, len(values))
+
+
 class Capped(Problem):
     """A tag with more points than one read may carry: a uniform sample of them was read."""
 
@@ -92,6 +100,8 @@ class Summary:
       times: float64 ``[S]``, the wall times of the readable points of
         ``steps`` (of the last point of a step written twice): what tells
         which of two points was written later (``spans.preempted``).
+      counts: float64 ``[S]``, their write counters (``write_counts``):
+        the count at the last point that stands (``Store.progress``).
     """
 
     steps: np.ndarray
@@ -101,6 +111,7 @@ class Summary:
     seen_times: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float64))
     bad: dict = dataclasses.field(default_factory=dict)
     times: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float64))
+    counts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float64))
 
     @property
     def capped(self):
@@ -109,7 +120,7 @@ class Summary:
 
     @property
     def nbytes(self):
-        return self.steps.nbytes + self.times.nbytes + self.seen_steps.nbytes + self.seen_times.nbytes
+        return sum(a.nbytes for a in (self.steps, self.times, self.counts, self.seen_steps, self.seen_times))
 
 
 def decode(series, data, limit=None, previous=None):
@@ -154,11 +165,13 @@ def decode(series, data, limit=None, previous=None):
             if not len(new_steps) or (new_steps[0] > after and np.all(np.diff(new_steps) > 0)):
                 arrays = [d.numpy for d in good]
                 count = write_count(series, arrays) if arrays else previous.count
-                steps, times = previous.steps, previous.times
+                steps, times, counts = previous.steps, previous.times, previous.counts
                 if len(new_steps):
                     steps = np.concatenate([steps, new_steps])
                     times = np.concatenate([times, np.fromiter((d.wall_time for d in good), np.float64, len(good))])
-                summary = Summary(steps, _problems(series, bad, len(data)), count, seen_steps, seen_times, bad, times)
+                    counts = np.concatenate([counts, write_counts(series, arrays)])
+                problems = _problems(series, bad, len(data))
+                summary = Summary(steps, problems, count, seen_steps, seen_times, bad, times, counts)
                 return summary, len(previous.steps), arrays
     good, bad = _check(series, data, {})
     # The provider returns points in step order; keep the last point of a
@@ -175,7 +188,8 @@ def decode(series, data, limit=None, previous=None):
         # Cut, unless the writer's counter says this is all it wrote.
         if count is None or not np.isfinite(count) or count > len(steps):
             problems.append(_capped(series, len(steps), limit))
-    return Summary(steps, problems, count, seen_steps, seen_times, bad, times), 0, arrays
+    counts = write_counts(series, arrays)
+    return Summary(steps, problems, count, seen_steps, seen_times, bad, times, counts), 0, arrays
 
 
 def _check(series, data, bad):

@@ -86,3 +86,25 @@ def standing(layouts, summaries):
         for i, mask in zip(members, masks):
             out[i] = mask
     return out
+
+
+def last_counts(layouts, summaries):
+    """Per tag, ``(step, write counter)`` at its layout's last standing step if the tag holds it, else None.
+
+    What one tag would say: its last point's counter, after what a restart
+    preempted. Of a layout's spans only the one holding the newest standing
+    step answers, so a later span left by an abandoned run does not.
+    """
+    stands = standing(layouts, summaries)
+    newest = {}  # layout tag -> (step, index)
+    for i, (s, summary, keep) in enumerate(zip(layouts, summaries, stands)):
+        steps = summary.steps if keep is None else summary.steps[keep]
+        if len(steps) and summary.count is not None:
+            base = metadata.span_of(s.tag)[0]
+            newest[base] = max(newest.get(base, (steps[-1], i)), (steps[-1], i))
+    out = [None] * len(layouts)
+    for _, i in newest.values():
+        summary, keep = summaries[i], stands[i]
+        steps, counts = (summary.steps, summary.counts) if keep is None else (summary.steps[keep], summary.counts[keep])
+        out[i] = int(steps[-1]), float(counts[-1])
+    return out

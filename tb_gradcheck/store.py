@@ -199,25 +199,27 @@ class Store:
         """``(total, problems)``: the write counter at the last write (or None), and why it is unknown.
 
         The counter lives in the header row of every stats tensor and counts
-        the writes of one writer; with several layouts (a restart) the
+        the writes of one writer. A layout's counter is the one at its last
+        step that stands (``spans.last_counts``); with several layouts the
         largest is taken, which undercounts only runs that are both
         restarted and sampled. A counter that is not a count (NaN, below 1,
         fractional) is reported, never read as a number of steps: it would
         make "N of M steps" lie.
         """
         total, problems = None, []
-        for s in index.layouts(metadata.KIND_STATS, "layer"):
-            summary = self.summary(ctx, experiment_id, index.run, s)
-            if summary.count is None:
+        layouts = index.layouts(metadata.KIND_STATS, "layer")
+        summaries = [self.summary(ctx, experiment_id, index.run, s) for s in layouts]
+        for s, last in zip(layouts, spans.last_counts(layouts, summaries)):
+            if last is None:
                 continue
-            count = summary.count
+            step, count = last
             if np.isfinite(count) and count >= 1 and count == int(count):
                 total = max(total or 0, int(count))
             else:
                 problems.append(
                     Problem(
                         s.tag,
-                        f"the write counter at step {int(summary.steps[-1])} is {count!r}, not a count of at "
+                        f"the write counter at step {step} is {count!r}, not a count of at "
                         "least 1; the number of steps written is unknown",
                     )
                 )
