@@ -237,11 +237,11 @@ def _floor(provider, tags=None):
     return time.perf_counter() - started
 
 
-def _grow(logdir, first_step, chunk_steps):
+def _grow(logdir, first_step, spans):
     """Writes ``POLL_STEPS`` more steps of the 2,000-row run, in a process of its own, as a training job would."""
     code = (
         "import sys; sys.path[:0] = sys.argv[1:3]; from benchmarks.frontend import write_transformer; "
-        f"write_transformer(sys.argv[3], {POLL_STEPS}, first_step={first_step}, chunk_steps={chunk_steps})"
+        f"write_transformer(sys.argv[3], {POLL_STEPS}, first_step={first_step}, spans={spans})"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run(
@@ -253,7 +253,7 @@ def _grow(logdir, first_step, chunk_steps):
 
 
 def _last_tags(provider):
-    """The tags holding the newest step of each layout (all of them, unless tags are split by steps)."""
+    """The tags holding the newest step of each layout: its one tag, or its newest span."""
     from tensorboard import context
 
     from tb_gradcheck import metadata
@@ -263,7 +263,7 @@ def _last_tags(provider):
     return {tag for tags in listing.values() for tag, ts in tags.items() if ts.max_step == newest}
 
 
-def _scale_rows(label, logdir, steps, chunk_steps, polls):
+def _scale_rows(label, logdir, steps, spans, polls):
     """First look and polls of the 2,000-row run on one data path: ``[row]``."""
     from benchmarks.frontend import BIG_ROWS
     from benchmarks.frontend import _serving
@@ -281,7 +281,7 @@ def _scale_rows(label, logdir, steps, chunk_steps, polls):
         assert json.loads(body)["num_steps"] == steps
         found, times = [], []
         for k in range(polls):
-            _grow(logdir, steps + POLL_STEPS * k, chunk_steps)
+            _grow(logdir, steps + POLL_STEPS * k, spans)
             time.sleep(3)  # TensorBoard reloads every second
             started = time.perf_counter()
             _get(run + "runs")
@@ -298,11 +298,7 @@ def _scale_rows(label, logdir, steps, chunk_steps, polls):
         floor_poll = _floor(provider, _last_tags(provider))
     finally:
         stop()
-    layout = (
-        f"tags split every {chunk_steps:,} steps (not what GradientWriter writes)"
-        if chunk_steps
-        else "one tag per layout"
-    )
+    layout = "span tags (what GradientWriter writes)" if spans else "one tag per layout (writers before spans)"
     what = f"{BIG_ROWS:,} rows x {steps:,} steps, {layout}"
     return [
         row(
@@ -310,7 +306,7 @@ def _scale_rows(label, logdir, steps, chunk_steps, polls):
             floor,
             first,
             "s",
-            limit=TARGET_FIRST_LOOK_S if not chunk_steps else None,
+            limit=TARGET_FIRST_LOOK_S,
         ),
         row(
             f"scale {label}: poll that finds {POLL_STEPS} new steps (runs + heatmap), median of {polls} "
@@ -324,17 +320,22 @@ def _scale_rows(label, logdir, steps, chunk_steps, polls):
     ]
 
 
-def run_scale(quick=False, chunked=True):
-    """The 2,000-row run (``benchmarks.frontend.write_transformer``): first look and polls, both data paths."""
+def run_scale(quick=False, before=True):
+    """The 2,000-row run (``benchmarks.frontend.write_transformer``): first look and polls, both data paths.
+
+    Written as GradientWriter writes it (span tags, ``metadata.tag_for``) and,
+    unless ``before`` is False, as writers before spans wrote it (one tag per
+    layout), to compare.
+    """
     from benchmarks.frontend import write_transformer
 
     steps, polls = (1_000, 2) if quick else (10_000, 3)
     rows = []
-    for chunk_steps in (None, 1_000) if chunked else (None,):
+    for spans in (True, False) if before else (True,):
         for label in ("rust", "python"):
             with tempfile.TemporaryDirectory() as logdir:
-                write_transformer(logdir, steps, chunk_steps=chunk_steps)
-                rows += _scale_rows(label, logdir, steps, chunk_steps, polls)
+                write_transformer(logdir, steps, spans=spans)
+                rows += _scale_rows(label, logdir, steps, spans, polls)
     return rows
 
 

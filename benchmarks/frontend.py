@@ -102,16 +102,17 @@ _FIRST_REQUEST = """() => {
 }"""
 
 
-def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, first_step=0, chunk_steps=None):
+def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, first_step=0, spans=True):
     """``rows`` rows (blocks of 8) x ``steps`` steps in GradientWriter's stored layout, written by tf.summary.write.
 
     ``first_step`` > 0 writes the steps that follow a run already written
     (into a new event file of the same run, as a resumed writer does): the
     run a training job grows while TensorBoard serves it.
 
-    ``chunk_steps`` starts a new tag every that many steps (``<tag>/<k>``, the
-    same layout): not what GradientWriter writes, a layout measured by
-    ``benchmarks.backend`` to show what a poll would cost if it did.
+    ``spans`` (default True) writes each layout's span tags, as GradientWriter
+    does (``metadata.tag_for(content, step)``, the layout on the first event
+    of each); False writes one tag per layout, as writers before spans did
+    (``benchmarks.backend`` measures both).
 
     The rows go into layouts of ``layout_rows`` each, which the plugin merges
     by row name, as it merges two models written through one writer. One
@@ -141,20 +142,20 @@ def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, fir
         # units, weights of norm 10; the norms are set per step.
         arr = np.zeros((1, 2 * len(part) + 1, len(columns)), np.float32)
         arr[..., column("weight_norm")] = 10
-        layouts.append((metadata.tag_for(content), md_bytes(content), slice(start, start + len(part)), arr))
+        layouts.append((metadata.tag_for(content), md_bytes(content), slice(start, start + len(part)), arr, content))
     writer = tf.summary.create_file_writer(str(logdir + "/transformer"), max_queue=1000)
+    last = {}  # layout tag -> the tag last written with its layout, as the writers keep it
     with writer.as_default():
         for step in range(first_step, first_step + steps):
             wave = scale * (1 + 0.5 * np.sin(step / 50 + np.arange(n) / 80))
-            for tag, md, where, arr in layouts:
+            for tag, md, where, arr, content in layouts:
                 k = where.stop - where.start
                 for name, share in (("grad_norm", 1), ("grad_max_abs", 0.05)):
                     arr[0, :k, column(name)] = arr[0, k : 2 * k, column(name)] = share * wave[where]
                 arr[0, -1, :] = 0
                 arr[0, -1, 0] = step + 1
-                name, opens = tag, step == first_step
-                if chunk_steps:
-                    name, opens = f"{tag}/{step // chunk_steps:05d}", opens or step % chunk_steps == 0
+                name = metadata.tag_for(content, step) if spans else tag
+                opens, last[tag] = last.get(tag) != name, name
                 tf.summary.write(name, arr, step=step, metadata=md if opens else md_bytes(b""))
     writer.close()
 

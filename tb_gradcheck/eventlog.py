@@ -100,7 +100,7 @@ class EventLog:
         self._sink = sink
         self._owns_sink = sink is None
         self._suffix = filename_suffix
-        self._fresh = set()  # tags whose full metadata has been written
+        self._fresh = {}  # layout tag -> its span tag last written with the full metadata
         self._writes = 0
         self._last_step = None
         self._lock = threading.Lock()
@@ -121,13 +121,18 @@ class EventLog:
         self.tensor(content, with_header(layer, variable, writes), step)
 
     def tensor(self, content, array, step):
-        """Writes one tensor under its layout's tag, full metadata on the tag's first write, then flushes."""
-        tag = metadata.tag_for(content)
+        """Writes one tensor under its layout's tag for ``step``, full metadata on the tag's first write, then flushes.
+
+        A stats layout's tag ends in the span of ``step`` (``metadata.tag_for``).
+        """
+        base, tag = metadata.tag_for(content), metadata.tag_for(content, step)
         with self._lock:
             if self.closed:
                 raise ValueError("Cannot write: this writer is closed. Create a new one to keep writing.")
-            md = SLIM_METADATA if tag in self._fresh else metadata_bytes(content)
-            self._fresh.add(tag)
+            # As tb_gradcheck.events does in the graph: the full metadata
+            # whenever the span differs from the one last written with it.
+            md = SLIM_METADATA if self._fresh.get(base) == tag else metadata_bytes(content)
+            self._fresh[base] = tag
             event = event_pb2.Event(step=int(step), wall_time=time.time())
             event.summary.value.append(summary_value(tag, array, md))
             sink = self._open()

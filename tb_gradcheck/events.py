@@ -18,7 +18,8 @@ class Events:
     """The tags one writer writes, each with its fresh flag, and its count of written steps.
 
     Attributes:
-      fresh: ``{tag: bool variable}``: full metadata not yet written.
+      fresh: ``{layout tag: int64 variable}``: the span whose tag was last
+        written with the full metadata, -1 before the first write.
       writes: float32 variable: distinct steps written so far (None before
         the first stats write).
     """
@@ -44,12 +45,27 @@ class Events:
         self.tensor(content, tf.concat([layer, variable, header], axis=1), step)
 
     def tensor(self, content, tensor, step):
-        """Writes one tensor under its layout's tag; full metadata on the first write only."""
-        tag = metadata.tag_for(content)
-        if tag not in self.fresh:
-            self.fresh[tag] = replica.host_variable(True, tf.bool, "tb_gradcheck_fresh")
-        fresh = self.fresh[tag]
+        """Writes one tensor under its layout's tag for ``step``; full metadata on the tag's first write only.
+
+        A stats layout's tag ends in the span of ``step``
+        (``metadata.tag_for``), computed here in the graph from the step
+        tensor, as ``tag_for`` formats it. Each span tag is a new tag to
+        TensorBoard, which learns the plugin and the layout from its first
+        event: the full metadata goes with the first write of each span,
+        i.e. whenever the span differs from the one last written with it.
+        """
+        base = metadata.tag_for(content)
+        if base not in self.fresh:
+            # The span last written with the full metadata (-1: none yet).
+            self.fresh[base] = replica.host_variable(-1, tf.int64, "tb_gradcheck_span")
+        written_span = self.fresh[base]
+        if content["kind"] == metadata.KIND_STATS:
+            span = tf.math.floordiv(tf.cast(step, tf.int64), metadata.span_steps(content))
+            tag = base + "/" + tf.strings.as_string(span, width=metadata.SPAN_DIGITS, fill="0")
+        else:
+            span, tag = tf.constant(0, tf.int64), base
+        fresh = tf.not_equal(span, written_span)
         md = tf.where(fresh, eventlog.metadata_bytes(content), eventlog.SLIM_METADATA)
         written = tf.summary.write(tag, tensor, step=step, metadata=md)
         # Under tf.summary.record_if(False) nothing was written: stay fresh.
-        fresh.assign(tf.logical_and(fresh, tf.logical_not(written)))
+        written_span.assign(tf.where(written, span, written_span))

@@ -82,8 +82,13 @@ def stat_columns():
 
 def rows(contents, granularity):
     """Row names of every layout, merged by name in order of first appearance."""
-    names = {}
+    names, seen = {}, set()
     for content in contents:
+        # The spans of a layout share one parsed content (the store parses
+        # each distinct content once): its rows are taken once.
+        if id(content) in seen:
+            continue
+        seen.add(id(content))
         for name in metadata.rows_of(content, granularity)[0]:
             names.setdefault(name, None)
     return list(names)

@@ -7,7 +7,9 @@ columns (statistics or check fields) and which slabs (window aggregates).
 TensorBoard keeps only the first metadata it sees for a (run, tag), so the
 layout is fixed for the life of a tag; the tag therefore ends in a
 fingerprint of the layout, and a run whose model changes gets a new tag
-instead of mislabelled rows (see ``tag_for``).
+instead of mislabelled rows (see ``tag_for``). A stats layout's tag also
+ends in the span of steps it holds (``span_steps``), so that a tag stops
+growing and a reader's poll re-reads only the newest span.
 
 This module is imported by the TensorBoard plugin, so it must stay free of
 TensorFlow.
@@ -15,6 +17,7 @@ TensorFlow.
 
 import hashlib
 import json
+import math
 
 PLUGIN_NAME = "gradients"
 
@@ -137,6 +140,26 @@ CHECK_STATUSES = ("ok", "inconclusive", "mismatch")
 CHECK_METRIC = "check_error"
 
 
+# A stats layout's points go to one tag per span of steps, ``<tag>/<k>`` for
+# the steps ``[k * span_steps, (k + 1) * span_steps)``. TensorBoard's data
+# provider has no read of "the steps after s": each read of a tag sends all of
+# its points, so a tag that grew for the whole run made every poll of a live
+# run re-send the run (2,000 rows x 10,000 steps: 7 s through the Rust data
+# server, docs/benchmarks.md). A span is sized by bytes, not steps: what a
+# poll re-sends is at most one span per layout, about SPAN_BYTES (the Rust
+# server hands over about 130 MB/s here, so about 30 ms a layout), whatever
+# the layout's rows. Smaller spans would mean more tags, and every tag costs
+# a line of each listing and a read at a first look; a span of at least
+# MIN_SPAN_WRITES writes keeps a layout of huge points from writing a tag per
+# step. The span is a function of the step (not a counter), so a resumed or
+# restarted run writes each step to the tag it would have had anyway.
+SPAN_BYTES = 4 << 20
+MIN_SPAN_WRITES = 10
+# The span number in a tag is zero-padded, so TensorBoard's tag lists (sorted
+# as text) list the spans of a layout in step order up to step 10**6 spans.
+SPAN_DIGITS = 6
+
+
 class ContentError(ValueError):
     """Metadata content that this version of tb_gradcheck cannot read."""
 
@@ -210,21 +233,56 @@ def encode(content):
     return json.dumps(content, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def tag_for(content):
-    """Returns the tag under which tensors of this layout are written.
+def tag_for(content, step=None):
+    """Returns the tag under which tensors of this layout are written at ``step``.
 
-    ``gradients/stats/<fingerprint>`` or
+    ``gradients/stats/<fingerprint>/<span>`` or
     ``gradients/check/<granularity>/<fingerprint>``: the fingerprint is the
     first 12 hex digits of the SHA-256 of the encoded layout, so a restarted
     run with the same model continues the same series, and a run written by
     a different model starts a new one that the plugin merges by row name.
+    The span is ``step // span_steps(content)``, zero-padded to
+    ``SPAN_DIGITS``. Check tags are small and written rarely: one tag.
+
+    Args:
+      content: The layout.
+      step: Int, the step written; None gives the layout's tag without a
+        span (what writers before spans wrote, and what the spans of a
+        layout share: ``span_of``).
     """
     fingerprint = hashlib.sha256(encode(content)).hexdigest()[:12]
     parts = [PLUGIN_NAME, content["kind"]]
     if "granularity" in content:
         parts.append(content["granularity"])
     parts.append(fingerprint)
+    if step is not None and content["kind"] == KIND_STATS:
+        parts.append(f"{int(step) // span_steps(content):0{SPAN_DIGITS}d}")
     return "/".join(parts)
+
+
+def span_steps(content):
+    """Steps one span tag of a stats layout holds: ``SPAN_BYTES`` of written points, times the layout's window."""
+    writes = max(MIN_SPAN_WRITES, SPAN_BYTES // point_bytes(content))
+    return writes * int(content.get("window", 1))
+
+
+def span_of(tag):
+    """``(layout tag, span)`` of a tag: the tag without its span and the span as an int, or ``(tag, None)``.
+
+    The spans of one layout share the layout tag (``tag_for(content)``); a
+    tag written before spans existed has none. Only a stats tag ending in
+    ``/<digits>`` has a span: ``gradients/stats/<fingerprint>`` has three
+    parts, a span tag four.
+    """
+    parts = tag.split("/")
+    if len(parts) == 4 and parts[1] == KIND_STATS and parts[3].isdigit() and parts[3].isascii():
+        return "/".join(parts[:3]), int(parts[3])
+    return tag, None
+
+
+def point_bytes(content):
+    """Bytes of one point (one step's float32 tensor) of a tag with this layout."""
+    return 4 * math.prod(shape_of(content))
 
 
 def parse(content_bytes):

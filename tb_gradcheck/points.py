@@ -40,9 +40,7 @@ class Problem:
         return {"tag": self.tag, "reason": self.reason}
 
 
-def point_bytes(content):
-    """Bytes of one point (one step's float32 tensor) of a tag with this layout."""
-    return 4 * int(np.prod(metadata.shape_of(content)))
+point_bytes = metadata.point_bytes
 
 
 def read_limit(content):
@@ -60,6 +58,14 @@ def write_count(series, values):
     if series.content["kind"] != metadata.KIND_STATS:
         return None
     return float(values[-1][0, metadata.header_row(series.content), 0])
+
+
+def write_counts(series, values):
+    """float64 ``[S]``: the write counter of every point (stats tags; NaN for check tags)."""
+    if series.content["kind"] != metadata.KIND_STATS:
+        return np.full(len(values), np.nan)
+    header = metadata.header_row(series.content)
+    return np.fromiter((v[0, header, 0] for v in values), np.float64, len(values))
 
 
 class Capped(Problem):
@@ -91,6 +97,11 @@ class Summary:
       seen_times: float64 ``[N]``, their wall times.
       bad: ``{(what, expected): count}`` of the skipped points, in order of
         first appearance.
+      times: float64 ``[S]``, the wall times of the readable points of
+        ``steps`` (of the last point of a step written twice): what tells
+        which of two points was written later (``spans.preempted``).
+      counts: float64 ``[S]``, their write counters (``write_counts``):
+        the count at the last point that stands (``Store.progress``).
     """
 
     steps: np.ndarray
@@ -99,6 +110,8 @@ class Summary:
     seen_steps: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     seen_times: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float64))
     bad: dict = dataclasses.field(default_factory=dict)
+    times: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float64))
+    counts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float64))
 
     @property
     def capped(self):
@@ -107,7 +120,7 @@ class Summary:
 
     @property
     def nbytes(self):
-        return self.steps.nbytes + self.seen_steps.nbytes + self.seen_times.nbytes
+        return sum(a.nbytes for a in (self.steps, self.times, self.counts, self.seen_steps, self.seen_times))
 
 
 def decode(series, data, limit=None, previous=None):
@@ -152,8 +165,13 @@ def decode(series, data, limit=None, previous=None):
             if not len(new_steps) or (new_steps[0] > after and np.all(np.diff(new_steps) > 0)):
                 arrays = [d.numpy for d in good]
                 count = write_count(series, arrays) if arrays else previous.count
-                steps = np.concatenate([previous.steps, new_steps]) if len(new_steps) else previous.steps
-                summary = Summary(steps, _problems(series, bad, len(data)), count, seen_steps, seen_times, bad)
+                steps, times, counts = previous.steps, previous.times, previous.counts
+                if len(new_steps):
+                    steps = np.concatenate([steps, new_steps])
+                    times = np.concatenate([times, np.fromiter((d.wall_time for d in good), np.float64, len(good))])
+                    counts = np.concatenate([counts, write_counts(series, arrays)])
+                problems = _problems(series, bad, len(data))
+                summary = Summary(steps, problems, count, seen_steps, seen_times, bad, times, counts)
                 return summary, len(previous.steps), arrays
     good, bad = _check(series, data, {})
     # The provider returns points in step order; keep the last point of a
@@ -162,6 +180,7 @@ def decode(series, data, limit=None, previous=None):
     for d in good:
         by_step[d.step] = d
     steps = np.array(sorted(by_step), dtype=np.int64)
+    times = np.array([by_step[s].wall_time for s in steps], dtype=np.float64)
     arrays = [by_step[s].numpy for s in steps]
     problems = _problems(series, bad, len(data))
     count = write_count(series, arrays) if arrays else None
@@ -169,7 +188,8 @@ def decode(series, data, limit=None, previous=None):
         # Cut, unless the writer's counter says this is all it wrote.
         if count is None or not np.isfinite(count) or count > len(steps):
             problems.append(_capped(series, len(steps), limit))
-    return Summary(steps, problems, count, seen_steps, seen_times, bad), 0, arrays
+    counts = write_counts(series, arrays)
+    return Summary(steps, problems, count, seen_steps, seen_times, bad, times, counts), 0, arrays
 
 
 def _check(series, data, bad):

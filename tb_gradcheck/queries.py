@@ -18,6 +18,7 @@ from tb_gradcheck import diagnose
 from tb_gradcheck import export as export_format
 from tb_gradcheck import merge
 from tb_gradcheck import metadata
+from tb_gradcheck import spans
 from tb_gradcheck import store
 
 NotFound = store.NotFound
@@ -103,7 +104,8 @@ def runs(st, ctx, experiment_id):
                 for summary in summaries:
                     entry["problems"].extend(p.to_dict() for p in summary.problems)
                     entry["capped"] = entry["capped"] or summary.capped
-                steps = merge.union_steps([s.steps for s in summaries])
+                stands = spans.standing(layouts, summaries)
+                steps = merge.union_steps([s.steps if k is None else s.steps[k] for s, k in zip(summaries, stands)])
                 described = entry["granularities"].setdefault(
                     granularity,
                     {
@@ -236,7 +238,11 @@ def alignment(
     # The rows and their shapes change only with a new layout (a new tag),
     # not with every step a live run writes: keyed by tags and rows, a
     # refresh of a growing run costs no new alignment.
-    tags = [tuple(s.tag for s in index.layouts(metadata.KIND_STATS, granularity)) for index in indexes]
+    # Keyed by layout, not by tag: a span tag (metadata.span_of) changes no row.
+    tags = [
+        tuple(dict.fromkeys(metadata.span_of(s.tag)[0] for s in index.layouts(metadata.KIND_STATS, granularity)))
+        for index in indexes
+    ]
     key = ("alignment", experiment_id, run, other, *tags, tuple(rows[0]), tuple(rows[1]), granularity, request)
     hit = st.cache.get(key)
     if hit is not None:

@@ -26,6 +26,7 @@ from tb_gradcheck import kept
 from tb_gradcheck import merge
 from tb_gradcheck import metadata
 from tb_gradcheck import points
+from tb_gradcheck import spans
 from tb_gradcheck.points import Problem
 
 # Enough for the runs a tab shows at once (one run, or two compared) at
@@ -95,7 +96,7 @@ class RunIndex:
     def read_bytes(self):
         """About what reading every tag of the run again costs: a miss's cost for ``cache.Cache``."""
         tags = {s.tag: s for layouts in self.series.values() for s in layouts}
-        return sum(points.point_bytes(s.content) * (s.max_step + 1) for s in tags.values())
+        return sum(points.point_bytes(s.content) * _steps_held(s) for s in tags.values())
 
     def window(self):
         return max((s.content.get("window", 1) for s in self.layouts(metadata.KIND_STATS, "layer")), default=1)
@@ -148,10 +149,16 @@ class Store:
         # steps: 960 MB) is read for the caller and not kept: kept, its tags
         # would only push out what the tab shows (its heatmap's blocks).
         keep = index.read_bytes() <= self.cache.max_bytes // 2
-        for s in index.layouts(kind, granularity):
+        layouts = index.layouts(kind, granularity)
+        summaries = []
+        for s in layouts:
             summary, [((values,), _)] = self._tag(ctx, experiment_id, index.run, s, [kept.VALUES], keep)
+            summaries.append(summary)
             parts.append(merge.Part(s.content, summary.steps, values))
             problems += summary.problems
+        for i, stands in enumerate(spans.standing(layouts, summaries)):
+            if stands is not None:
+                parts[i] = merge.Part(parts[i].content, parts[i].steps[stands], parts[i].values[stands])
         return parts, problems
 
     def blocks(self, ctx, experiment_id, index, kind, granularity, column, aggregate):
@@ -162,15 +169,26 @@ class Store:
         a twelfth of a tag written every step), so it stays cached where the
         tag would not, and a read of a grown tag appends its new points.
         """
-        out = []
-        for s in index.layouts(kind, granularity):
+        out, summaries = [], []
+        layouts = index.layouts(kind, granularity)
+        for s in layouts:
             product = kept.block_product(s.content, granularity, column, aggregate)
             if product is None:  # this layout does not store that column or aggregate
                 summary, _ = self._tag(ctx, experiment_id, index.run, s)
                 out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0]))
-                continue
-            summary, [((data, keep), source)] = self._tag(ctx, experiment_id, index.run, s, [product])
-            out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0], data, keep, source))
+            else:
+                summary, [((data, keep), source)] = self._tag(ctx, experiment_id, index.run, s, [product])
+                out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0], data, keep, source))
+            summaries.append(summary)
+        for i, stands in enumerate(spans.standing(layouts, summaries)):
+            if stands is not None:
+                # Copies of what stands, from the same kept arrays (the same
+                # source): merge.grow extends a laid-out column only while
+                # the steps it laid out stay the first ones, so a rewind lays
+                # the column out again, and growth after it is appended.
+                b = out[i]
+                cut = (None if a is None else a[stands] for a in (b.data, b.keep))
+                out[i] = merge.Block(b.steps[stands], b.names, *cut, b.source)
         return out
 
     def summary(self, ctx, experiment_id, run, series):
@@ -181,25 +199,27 @@ class Store:
         """``(total, problems)``: the write counter at the last write (or None), and why it is unknown.
 
         The counter lives in the header row of every stats tensor and counts
-        the writes of one writer; with several layouts (a restart) the
+        the writes of one writer. A layout's counter is the one at its last
+        step that stands (``spans.last_counts``); with several layouts the
         largest is taken, which undercounts only runs that are both
         restarted and sampled. A counter that is not a count (NaN, below 1,
         fractional) is reported, never read as a number of steps: it would
         make "N of M steps" lie.
         """
         total, problems = None, []
-        for s in index.layouts(metadata.KIND_STATS, "layer"):
-            summary = self.summary(ctx, experiment_id, index.run, s)
-            if summary.count is None:
+        layouts = index.layouts(metadata.KIND_STATS, "layer")
+        summaries = [self.summary(ctx, experiment_id, index.run, s) for s in layouts]
+        for s, last in zip(layouts, spans.last_counts(layouts, summaries)):
+            if last is None:
                 continue
-            count = summary.count
+            step, count = last
             if np.isfinite(count) and count >= 1 and count == int(count):
                 total = max(total or 0, int(count))
             else:
                 problems.append(
                     Problem(
                         s.tag,
-                        f"the write counter at step {int(summary.steps[-1])} is {count!r}, not a count of at "
+                        f"the write counter at step {step} is {count!r}, not a count of at "
                         "least 1; the number of steps written is unknown",
                     )
                 )
@@ -365,6 +385,13 @@ def _views(held):
 def _same_points(a, b):
     """Whether two summaries were decoded from the same points."""
     return np.array_equal(a.seen_steps, b.seen_steps) and np.array_equal(a.seen_times, b.seen_times)
+
+
+def _steps_held(series):
+    """About how many steps a tag holds: up to its ``max_step``, from the first of its span."""
+    span = metadata.span_of(series.tag)[1]
+    first = 0 if span is None else span * metadata.span_steps(series.content)
+    return max(1, series.max_step + 1 - first)
 
 
 def _version(series):

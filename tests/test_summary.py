@@ -72,7 +72,7 @@ def test_layout_metadata_rides_on_the_first_event_of_each_tag_only(tmp_path):
     # Written every step: no onset columns (they would restate grad_norm and grad_nonfinite).
     assert content["columns"] == list(metadata.stored_columns(1)) and content["aggregates"] == ["last"]
     assert not set(metadata.ONSET_STAT_COLUMNS) & set(content["columns"])
-    assert written[0][1] == metadata.tag_for(content)
+    assert written[0][1] == metadata.tag_for(content, 0)
     assert later.plugin_data.content == b""
     arr = written[2][3]
     assert arr.shape == (1, 2 + 4 + 1, len(metadata.stored_columns(1))) and arr.dtype == np.float32
