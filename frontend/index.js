@@ -51,7 +51,7 @@ export function render() {
   const api = new Api();
   const measure = makeMeasure(doc);
   const saved = loadSaved();
-  const pane = (plot, id) => ({plot, heat: new HeatmapCanvas(plot.canvasWrap, id), resp: null, grid: null, axis: null, run: null});
+  const pane = (plot, id) => ({plot, heat: new HeatmapCanvas(plot.canvasWrap, id), resp: null, grid: null, axis: null, run: null, names: null, labels: null});
   const main = pane(ui.plot, 'heatmap');
   const other = pane(ui.otherPlot, 'heatmap-other');
   const chart = new LineChart(ui.plot.traceWrap);
