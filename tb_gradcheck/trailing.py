@@ -105,18 +105,22 @@ def nanmin(windows, axis=-1):
 
 
 def count(windows, axis=-1):
-    """How many writes of each window are true (not 0, not NaN): a float count."""
+    """How many writes of each window are true (not 0, not NaN)."""
     return np.sum((windows != 0) & ~np.isnan(windows), axis=axis).astype(np.float64)
 
 
 def _count_through(values, length):
     """``count`` over the window through each write, by one cumulative sum of integers (exact)."""
-    s, n_rows = values.shape
-    on = values.astype(bool) if values.dtype == bool else (values != 0) & ~np.isnan(values)
+    return window_sums(values.astype(bool) if values.dtype == bool else (values != 0) & ~np.isnan(values), length)
+
+
+def window_sums(mask, length):
+    """int32 ``[S, L]``: how many writes of ``mask`` are true in the window of ``length`` through each write."""
+    s, n_rows = mask.shape
     seen = np.zeros((s + 1, n_rows), np.int32)  # counts of at most S writes
-    np.cumsum(on, axis=0, out=seen[1:])
+    np.cumsum(mask, axis=0, dtype=np.int32, out=seen[1:])
     lo = np.maximum(np.arange(1, s + 1) - length, 0)
-    return (seen[1:] - seen[lo]).astype(np.float64)
+    return seen[1:] - seen[lo]
 
 
 def _extreme_through(op, values, length):
@@ -153,7 +157,7 @@ def _median_through(values, length):
     out = np.empty((s, n_rows))
     if s == 0 or n_rows == 0:
         return out
-    known = _count_through(~np.isnan(values), length).T  # [L, S]: values in each window
+    known = window_sums(~np.isnan(values), length).T  # [L, S]: values in each window
     lo, hi = (length - 1) // 2, length // 2
     padded = np.concatenate([np.full((n_rows, length - 1), np.nan), values.T], axis=1)
     windows = np.lib.stride_tricks.sliding_window_view(padded, length, axis=1)  # [L, S, length], a view
@@ -162,7 +166,7 @@ def _median_through(values, length):
         w = np.array(windows[a : a + chunk]).reshape(-1, length)  # a copy, each window contiguous
         w.sort(axis=-1)  # NaN last, as in nanmedian
         middle = (w[:, lo] + w[:, hi]) / 2
-        n = known[a : a + chunk].reshape(-1).astype(np.int64)
+        n = known[a : a + chunk].reshape(-1)
         partial = np.flatnonzero(n < length)
         if len(partial):
             k = n[partial]
@@ -183,16 +187,9 @@ def running_max_before(values):
 
 def persistent(condition, here, t):
     """Writes where ``condition`` holds and held in at least ``persistence`` of the trailing window's writes."""
-    window = t.baseline_writes
-    c = (condition & here).astype(np.float64)
-    n = here.astype(np.float64)
-    # Sums over the window ending at each write (inclusive), by cumulative sums.
-    zeros = np.zeros((1, c.shape[1]))
-    cc = np.concatenate([zeros, np.cumsum(c, axis=0)])
-    cn = np.concatenate([zeros, np.cumsum(n, axis=0)])
-    lo = np.maximum(np.arange(1, len(c) + 1) - window, 0)
-    hits = cc[1:] - cc[lo]
-    counts = cn[1:] - cn[lo]
+    # Counts over the window ending at each write (inclusive), by cumulative sums.
+    hits = window_sums(condition & here, t.baseline_writes)
+    counts = window_sums(here, t.baseline_writes)
     with np.errstate(invalid="ignore", divide="ignore"):
         return condition & here & (counts >= t.min_writes) & (hits >= t.persistence * counts)
 
