@@ -7,9 +7,7 @@ TensorBoard from starting). Routes are documented in docs/http_api.md.
 
 import functools
 import json
-import logging
 import pathlib
-import threading
 
 import werkzeug
 from tensorboard import errors
@@ -39,11 +37,6 @@ _STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
 # JSON, under a media type TensorBoard does not gzip (see _respond_json).
 PACKED_TYPE = "application/vnd.tb-gradcheck+json"
 _STATIC_ROUTE = f"/data/plugin/{metadata.PLUGIN_NAME}/static/"
-# The tab's entry module: the first request of the tab that names its
-# experiment, sent before the tab's other modules load (see _warm).
-_ENTRY = "index.js"
-
-logger = logging.getLogger(__name__)
 
 
 def _frontend_dir():
@@ -94,8 +87,6 @@ class GradientsPlugin(base_plugin.TBPlugin):
         samples = getattr(flags, "samples_per_plugin", None) or {}
         self._samples = samples.get(metadata.PLUGIN_NAME, DEFAULT_SAMPLES)
         self._static = {p.name: p for p in _frontend_dir().iterdir() if p.suffix in _STATIC_TYPES}
-        self._warming = set()  # experiment ids whose _warm runs now
-        self._warming_lock = threading.Lock()
 
     def get_plugin_apps(self):
         return {
@@ -208,44 +199,7 @@ class GradientsPlugin(base_plugin.TBPlugin):
         path = self._static.get(name)
         if path is None:
             raise errors.NotFoundError(f"no static file {name!r}")
-        if name == _ENTRY:
-            self._start_warm(*_context(request))
         return http_util.Respond(request, path.read_bytes(), _STATIC_TYPES[path.suffix])
-
-    def _start_warm(self, ctx, experiment_id):
-        """Starts ``_warm`` in the background, once at a time per experiment."""
-        with self._warming_lock:
-            if experiment_id in self._warming:
-                return
-            self._warming.add(experiment_id)
-        threading.Thread(target=self._warm, args=(ctx, experiment_id), daemon=True, name="tb_gradcheck-warm").start()
-
-    def _warm(self, ctx, experiment_id):
-        """Reads what the opening tab will ask for while its modules load.
-
-        The tab's entry module is requested a few hundred milliseconds
-        before its first ``GET runs`` (the rest of its modules load and run
-        in between), and on a server that has read nothing for the
-        experiment, that request reads every changed tag. Started here, the
-        reads run while the browser loads: ``runs`` and the heatmap then wait
-        on the same per-tag locks and find what was read (``store.Store``
-        reads a tag once per change). With one run, the heatmap the tab opens
-        on (``opening_view``) is laid out too. Everything goes through the
-        same bounded cache as any request, so this holds no more memory
-        than the tab's own requests would; a failure here is the requests'
-        to report, not this thread's.
-        """
-        try:
-            listed = self.runs_impl(ctx, experiment_id)["runs"]
-            if len(listed) == 1:
-                view = queries.opening_view(listed[0])
-                if view is not None:
-                    queries.heatmap(self._store, ctx, experiment_id, listed[0]["run"], *view)
-        except Exception:  # noqa: BLE001 - the tab's own requests raise it again, with a status
-            logger.debug("warming experiment %r failed", experiment_id, exc_info=True)
-        finally:
-            with self._warming_lock:
-                self._warming.discard(experiment_id)
 
     # -- logic --------------------------------------------------------------
 

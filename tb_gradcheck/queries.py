@@ -69,20 +69,6 @@ def metric_aggregates(index):
     return out
 
 
-def opening_view(entry):
-    """``(metric, granularity, aggregate)`` a tab without a saved selection opens a run on, or None.
-
-    The tab's default (frontend/selection.js): ``grad_norm`` at layer level,
-    ``max`` of a windowed run, else ``last``; the same column and aggregate
-    the store cuts at every read (``kept.opening_products``). ``entry`` is
-    one entry of ``runs``. None when the run has no such view.
-    """
-    aggregates = entry["aggregates"].get("grad_norm", [])
-    if "layer" not in entry["granularities"] or not aggregates:
-        return None
-    return "grad_norm", "layer", "max" if "max" in aggregates else "last" if "last" in aggregates else aggregates[0]
-
-
 def runs(st, ctx, experiment_id):
     """The ``runs`` list of ``GET runs`` (see docs/http_api.md), one entry per run with data or problems.
 

@@ -1,7 +1,6 @@
 """The plugin through TensorBoard's real WSGI app, over both data paths (Python multiplexer, Rust server)."""
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -10,7 +9,6 @@ from conftest import get_json
 from conftest import make_app
 from conftest import synthetic_run
 from conftest import wait_for_steps
-from tb_gradcheck.plugin import GradientsPlugin
 
 STEPS = 2500  # TensorBoard's defaults for an unknown plugin keep 10 (Python) or 100 (Rust)
 
@@ -159,27 +157,6 @@ def test_static_files_are_served_and_nothing_else(long_run):
     assert b"export function render" in response.data
     for name in ["../plugin.py", "..%2Fplugin.py", "%2e%2e/setup.py", "nope.js", "", "index.js/../../x"]:
         assert client.get("/data/plugin/gradients/static/" + name).status_code == 404, name
-
-
-def test_the_entry_module_starts_reading_what_the_tab_opens_on(long_run, data_path):
-    # The tab asks for index.js before anything else that names its
-    # experiment: from there the plugin reads the run and lays out the
-    # heatmap the tab opens on, which GET runs and GET heatmap then find.
-    logdir, _, _ = long_run
-    client, _ = make_app(logdir, data_path)
-    wait_for_steps(client, "long", 1, timeout=120)  # the Rust server loads in the background
-    (plugin,) = [p for p in client.application._plugins if isinstance(p, GradientsPlugin)]
-    key = ("heatmap", "warm", "long", "grad_norm", "layer", "last")
-    assert plugin._store.cache.get(key) is None
-    assert client.get("/experiment/warm/data/plugin/gradients/static/index.js").status_code == 200
-    deadline = time.time() + 60
-    while plugin._store.cache.get(key) is None and time.time() < deadline:
-        time.sleep(0.05)
-    held = plugin._store.cache.get(key)
-    assert held is not None, "the opening heatmap was never laid out"
-    body = get_json(client, "/experiment/warm/data/plugin/gradients/heatmap?run=long&metric=grad_norm")
-    assert plugin._store.cache.get(key) is held  # the request found it: nothing was laid out again
-    assert body["steps"] == held[1].steps.tolist()
 
 
 def test_empty_logdir_lists_no_runs(tmp_path, data_path):
