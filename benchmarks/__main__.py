@@ -22,6 +22,7 @@ MODULES = (
     "check_power",
     "torch_check",
     "findings",
+    "findings_scale",
     "backend",
     "listing",
     "frontend",

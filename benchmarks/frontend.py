@@ -253,10 +253,17 @@ _OPENING = """() => {
   const t = window.tbGradcheck.timing();
   const nav = performance.getEntriesByType('navigation')[0];
   const route = (e) => e.name.split('?')[0].split('/').pop();
-  const requests = performance.getEntriesByType('resource')
+  const resources = performance.getEntriesByType('resource');
+  const requests = resources
     .filter((e) => ['runs', 'heatmap', 'findings'].includes(route(e)))
     .map((e) => ({name: route(e), start: shift + e.startTime, end: shift + e.responseEnd, bytes: e.encodedBodySize}));
-  return {drawn: shift + t.drawn, arrived: shift + t.parsed, tensorboard: shift + nav.domContentLoadedEventEnd, requests};
+  const modules = resources.filter((e) => e.name.split('?')[0].endsWith('.js'));
+  const first = (name) => requests.find((r) => r.name === name);
+  return {
+    drawn: shift + t.drawn, arrived: shift + t.parsed, tensorboard: shift + nav.domContentLoadedEventEnd,
+    modules: shift + Math.max(...modules.map((e) => e.responseEnd)),
+    runs: first('runs').end, heatmap: first('heatmap').end, requests,
+  };
 }"""
 
 
@@ -330,6 +337,18 @@ def run_open(quick=False, steps=1_000, opens=None):
         for r in sorted(samples[-1]["requests"], key=lambda r: r["start"])
     )
     label = f"{BIG_ROWS:,} rows x {steps:,} steps, opened on a server that has read nothing"
+    steps_in = ", ".join(
+        f"{what} {med(key):.0f}"
+        for what, key in (
+            ("page and iframe ready", "tensorboard"),
+            ("the tab's modules in", "modules"),
+            ("runs answered", "runs"),
+            ("heatmap answered", "heatmap"),
+            ("parsed", "arrived"),
+            ("drawn", "drawn"),
+        )
+    )
+    print(f"frontend --open, medians of {len(samples)} openings (ms after navigation): {steps_in}")
     return [
         row(
             f"frontend: drawn after navigation, {label}, vs TensorBoard's own page and iframe ready (last opening: {order})",

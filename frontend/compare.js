@@ -80,6 +80,40 @@ export function alignRows(resp, a, b) {
   };
 }
 
+/**
+ * The second run's own labels for a side-by-side plan built on the aligned
+ * rows (which carry the first run's names where it has the row): each
+ * aligned row under the second run's name, a row only the first run has
+ * under that name (drawn as absent), and each group under the second run's
+ * prefix at the same depth when its rows share one.
+ * @param {object} plan rows.buildPlan over the aligned names.
+ * @param {{key: string, start: number, end: number}[]} groups rows.groupRows of them.
+ * @param {string[]} names The aligned names (alignRows().names).
+ * @param {(string|null)[]} own The second run's name of each aligned row, null where it lacks the row.
+ * @param {Set<string>} [collapsed] Keys of the groups the plan collapses (as buildPlan's).
+ * @returns {{names: string[], labels: string[], groupKeys: string[]}} names[i]
+ *   for source row i, labels[d] for display row d (as plan.labels), groupKeys[g]
+ *   for group g.
+ */
+export function ownLabels(plan, groups, names, own, collapsed = new Set()) {
+  const mine = names.map((n, i) => (own[i] == null ? n : own[i]));
+  const groupKeys = groups.map((g) => {
+    const depth = g.key.split('/').length - 1;
+    const keys = new Set();
+    for (let i = g.start; i < g.end; i++) {
+      const parts = own[i] == null ? null : own[i].split('/');
+      if (parts && parts.length > depth) keys.add(`${parts.slice(0, depth).join('/')}/`);
+    }
+    return keys.size === 1 ? [...keys][0] : g.key;
+  });
+  const labels = plan.labels.map((label, d) => {
+    const g = plan.group[d];
+    if (g >= 0 && collapsed.has(groups[g].key)) return `${groupKeys[g]} (${plan.starts[d + 1] - plan.starts[d]})`;
+    return mine[plan.order[plan.starts[d]]];
+  });
+  return {names: mine, labels, groupKeys};
+}
+
 const BASIS_TEXT = {
   shapes: 'depth and shapes',
   sizes: 'depth and sizes (this log stores no shapes)',

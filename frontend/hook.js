@@ -22,6 +22,8 @@ export function debugHook(env) {
       drawn: st.drawn, allZero: st.allZero, dark: dark(), zoom: st.rows.zoom,
       compare: {other: compareMode() ? st.compare.other : null, mode: compareMode(), alignment: compareMode() && st.alignment ? st.alignment.mode : null},
       otherRows: other.grid && compareMode() === 'side' ? st.names.slice() : [],
+      // What the lower plot labels its display rows with: the compared run's own names.
+      otherLabels: other.grid && compareMode() === 'side' && other.labels ? other.labels.slice() : [],
       findings: st.findings.list ? st.findings.list.map((x) => ({kind: x.kind, severity: x.severity, layers: x.layers.slice()})) : null,
       findingsRun: st.findings.run, activeFinding: f ? f.kind : null,
       highlight: main.heat.highlightedCells().map(([d, c0, c1]) => [

@@ -26,6 +26,15 @@ import {followTheme} from './theme.js';
 import {debugHook} from './hook.js';
 import {hideTooltip, showError, showProblems} from './views.js';
 import {decodeHeatmap, pickRows} from './wire.js';
+// Modules only other modules import, named here too so the browser asks for
+// every module as soon as it has parsed this one: otherwise each level of
+// imports (index -> controls -> panel -> findings -> format -> rows) is one
+// more round trip through TensorBoard's plugin route before the tab can run.
+import './colour.js';
+import './format.js';
+import './losstrack.js';
+import './panel.js';
+import './tooltip.js';
 
 const STORAGE_KEY = 'tb_gradcheck.selection';
 const POLL_MS = 15000; // TensorBoard's reload button does not reach the iframe
@@ -51,7 +60,7 @@ export function render() {
   const api = new Api();
   const measure = makeMeasure(doc);
   const saved = loadSaved();
-  const pane = (plot, id) => ({plot, heat: new HeatmapCanvas(plot.canvasWrap, id), resp: null, grid: null, axis: null, run: null});
+  const pane = (plot, id) => ({plot, heat: new HeatmapCanvas(plot.canvasWrap, id), resp: null, grid: null, axis: null, run: null, names: null, labels: null});
   const main = pane(ui.plot, 'heatmap');
   const other = pane(ui.otherPlot, 'heatmap-other');
   const chart = new LineChart(ui.plot.traceWrap);

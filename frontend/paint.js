@@ -5,7 +5,7 @@
 
 import {stepTicks} from './axes.js';
 import {makeRatioScale, makeScale, ratioDecades, valueDomain} from './colour.js';
-import {alignmentText} from './compare.js';
+import {alignmentText, ownLabels} from './compare.js';
 import {setSegmented} from './controls.js';
 import {findingCells, KIND_LABELS, rowMarks} from './findings.js';
 import {allZeroText, metricLabel, ratioMetricEnds, stepRangeText} from './format.js';
@@ -98,9 +98,15 @@ export function makePainter(env) {
       p.plot.allZero.textContent = st.allZero ? allZeroText(p.resp.metric) : '';
       p.heat.canvas.hidden = p.heat.overlay.hidden = empty || st.allZero;
       p.heat.setPlan(st.plan);
-      p.plot.prefix.textContent = L.prefix;
-      renderRowLabels(p.plot.labels, st.plan, {names: st.names, groups: st.groups, prefix: L.prefix,
-        rowHeight: st.allZero || empty ? 0 : L.rowHeight, width: L.labelWidth, measure, collapsed: st.rows.collapsed});
+      // Side by side, the compared run's rows go by its own names (its
+      // prefix, its groups' keys); the rows themselves are the aligned ones.
+      const own = p === other && other.names ? ownLabels(st.plan, st.groups, st.names, other.names, st.rows.collapsed) : null;
+      const prefix = own ? sharedPrefix(own.names) : L.prefix;
+      p.labels = own ? own.labels : null;
+      p.plot.prefix.textContent = prefix;
+      renderRowLabels(p.plot.labels, st.plan, {names: st.names, groups: st.groups, prefix,
+        rowHeight: st.allZero || empty ? 0 : L.rowHeight, width: L.labelWidth, measure, collapsed: st.rows.collapsed,
+        labels: own ? own.labels : null, groupKeys: own ? own.groupKeys : null});
       if (!empty && !st.allZero) {
         p.heat.draw(scale, L.width, L.height, dpr);
         anyDrawn = true;

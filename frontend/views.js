@@ -57,7 +57,10 @@ export function labelColumnWidth(labels, measure, maxWidth) {
  * @param {HTMLElement} container .row-labels
  * @param {object} plan From rows.buildPlan.
  * @param {{names: string[], groups: object[], prefix: string, rowHeight: number,
- *   width: number, measure: Function, collapsed: Set<string>}} o
+ *   width: number, measure: Function, collapsed: Set<string>, labels?: string[],
+ *   groupKeys?: string[]}} o labels and groupKeys name the display rows and
+ *   groups when they are not the plan's own (a compared run's names,
+ *   compare.ownLabels); collapsing still goes by the plan's group keys.
  */
 export function renderRowLabels(container, plan, o) {
   const doc = container.ownerDocument;
@@ -66,12 +69,14 @@ export function renderRowLabels(container, plan, o) {
   container.style.height = `${total}px`;
   const nodes = [];
   const tall = o.rowHeight >= 12;
+  const labels = o.labels || plan.labels;
   for (const d of labelledRows(plan, o.rowHeight)) {
     const g = plan.group[d];
     const group = g >= 0 ? o.groups[g] : null;
+    const key = group ? (o.groupKeys ? o.groupKeys[g] : group.key) : null;
     const collapsed = group && o.collapsed.has(group.key);
     // A thinned label stands for its group: name the group, not its first row.
-    const full = collapsed || (group && !tall) ? group.key : plan.labels[d];
+    const full = collapsed || (group && !tall) ? key : labels[d];
     let text = full.startsWith(o.prefix) ? full.slice(o.prefix.length) : full;
     if (collapsed || (group && !tall)) text = `${text.replace(/\/$/, '')} (${group.end - group.start})`;
     const node = el(doc, 'div', {className: 'row-label', title: full, dataset: {row: String(d)}});
@@ -80,7 +85,7 @@ export function renderRowLabels(container, plan, o) {
       node.append(el(doc, 'button', {
         className: 'group-toggle',
         text: collapsed ? '\u25b8' : '\u25be',
-        title: `${collapsed ? 'Expand' : 'Collapse'} ${group.key}`,
+        title: `${collapsed ? 'Expand' : 'Collapse'} ${key}`,
         attrs: {type: 'button', 'aria-expanded': String(!collapsed)},
         dataset: {group: group.key},
       }));

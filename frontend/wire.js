@@ -26,8 +26,13 @@ export function parseValue(x) {
   return NaN;
 }
 
-/** Bytes of a base64 string. */
+/**
+ * Bytes of a base64 string. The browser's own decoder where it has one
+ * (Uint8Array.fromBase64, Chromium 140 and later): a character loop over
+ * atob's string took 0.12 s of the first draw for 2,000 rows x 1,000 steps.
+ */
 export function base64Bytes(text) {
+  if (typeof Uint8Array.fromBase64 === 'function') return Uint8Array.fromBase64(text || '');
   const binary = atob(text || '');
   const out = new Uint8Array(binary.length);
   for (let i = 0; i < binary.length; i++) out[i] = binary.charCodeAt(i);

@@ -78,13 +78,13 @@ def dead(v, t, sparse):
     # silent on a batch of 64 one time in four), but a dead unit is silent on
     # every batch, so the share dead is at most the window's minimum, and the
     # minimum over enough batches leaves the selective units out.
-    lowest = trailing.through(share, t.baseline_writes, np.fmin.reduce)  # writes (t - window, t]
-    enough = trailing.through(here.astype(float), t.baseline_writes, np.nansum) >= t.min_writes
+    lowest = trailing.through(share, t.baseline_writes, trailing.nanmin)  # writes (t - window, t]
+    enough = trailing.through(here, t.baseline_writes, trailing.count) >= t.min_writes
     start = _start(share, here, t.min_writes)
     # A layer none of whose units gets any gradient on min_writes batches in
     # a row is silent without waiting for a whole window: selectivity leaves
     # some unit of a live layer active on some example of a batch.
-    in_a_row = trailing.through(whole.astype(float), t.min_writes, np.nansum) >= t.min_writes
+    in_a_row = trailing.through(whole, t.min_writes, trailing.count) >= t.min_writes
     with np.errstate(invalid="ignore"):
         died = lowest - start  # of the layer's units, since the first writes
         dying = here & enough & (died > 0) & (died >= t.dying_share * (1 - start))
@@ -93,9 +93,8 @@ def dead(v, t, sparse):
     sick = dying | silent
     flags = sick | idle
     severity, evidence = {}, {}
-    for j, name in enumerate(v.rows):
-        if not flags[:, j].any():
-            continue
+    for j in rules.flagged_columns(flags):
+        name = v.rows[j]
         last = int(np.flatnonzero(here[:, j])[-1])
         # What the layer went through (its worst), and whether that still
         # holds at its latest write; a phase over by then has recovered.
@@ -129,7 +128,7 @@ def dead(v, t, sparse):
             e["latest_dead_unit_fraction"] = float(v.dead[last, j])
         evidence[name] = e
         severity[name] = "warning" if state in (DYING, SILENT) else "info"
-    quiet_rows = [j for j, name in enumerate(v.rows) if cut_off[:, j].any() and name not in evidence]
+    quiet_rows = [j for j in rules.flagged_columns(cut_off) if v.rows[j] not in evidence]
     if evidence:
         # For each named layer, the quiet layers before it that got no
         # gradient while it was silent: one product over the writes, not a

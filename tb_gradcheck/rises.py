@@ -74,7 +74,7 @@ def growth(lt, t):
     half = max(1, t.baseline_writes // 2)
     pad = np.full((half, n_rows), np.nan)
     recent = trailing.through(lt, half, trailing.nanmedian)  # writes (t - half, t]
-    counts = trailing.through(np.isfinite(lt).astype(float), half, np.nansum)
+    counts = trailing.through(np.isfinite(lt), half, trailing.count)
     earlier = np.concatenate([pad, recent])[:s]  # writes (t - 2 half, t - half]
     earlier_counts = np.concatenate([np.zeros((half, n_rows)), counts])[:s]
     filled = np.where(np.isnan(lt), -np.inf, lt)

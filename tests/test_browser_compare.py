@@ -67,6 +67,18 @@ def note(tab):
     return tab.frame.locator("#align-note").inner_text()
 
 
+def labels(tab, plot):
+    """``(prefix shown above the labels, [full name of each label])`` of one plot: "" or "-other"."""
+    return tab.frame.evaluate(
+        """(suffix) => {
+          const names = [...document.querySelectorAll(`#row-labels${suffix} .row-label`)].map((n) => n.title);
+          const plot = document.getElementById(`row-labels${suffix}`).closest('.plot');
+          return [plot.querySelector('.row-prefix').textContent, names];
+        }""",
+        plot,
+    )
+
+
 def listed(tb, run, granularity="layer"):
     return {e["run"]: e for e in api(tb, "runs")["runs"]}[run]["granularities"][granularity]["rows"]
 
@@ -84,6 +96,11 @@ def test_auto_numbered_sequential_twins_align_by_structure_side_by_side_and_as_a
         "5 of 5 rows in both twin_a and twin_b"
     ) in note(tab)
     assert tab.frame.locator("#align button[data-value=structure]").get_attribute("aria-pressed") == "true"
+    # Each plot labels its rows with its own run's names, row for row: the
+    # lower one twin_b's (sequential_1/...), not twin_a's.
+    assert labels(tab, "") == ["sequential/", a] and labels(tab, "-other") == ["sequential_1/", b]
+    assert s["otherLabels"] == b
+    tab.page.screenshot(path=str(artifacts / "gradients_compare_twins_side.png"))
     # Row 1 of the lower heatmap is twin_b's layer normalization, with twin_b's value.
     fields = tab.hover(*tab.cell_point(1, STEPS - 1, canvas="#heatmap-other"))
     other = api(tb, "heatmap", run="twin_b", metric="grad_norm")
@@ -110,6 +127,11 @@ def test_an_inserted_layer_shows_as_only_in_its_run_at_its_depth(tab, tb, artifa
     (only,) = [r for r in s["rows"] if r not in a]
     at = s["rows"].index(only)
     assert only in b and 2 <= at <= 4 and s["rows"][-1] == a[-1]  # among the hidden layers, not after the output
+    # The lower plot names every row inserted has by inserted's name, the
+    # inserted layer included; the upper one names twin_a's rows and the inserted layer.
+    assert s["otherLabels"] == b and labels(tab, "-other")[1] == b
+    upper = s["rows"][:at] + [f"{only} (not in twin_a)"] + s["rows"][at + 1 :]
+    assert labels(tab, "")[1] == upper
     text = note(tab)
     assert "5 of 6 rows in both twin_a and inserted" in text and f"Only in inserted: {only}" in text
     # The run that lacks the row paints it as absent; the run that has it, with values.
@@ -140,6 +162,7 @@ def test_the_examples_two_runs_align_by_structure_norms_and_checks(tab, tb, arti
     assert "(depth and shapes; he_init/\u2026 \u2194 wrong_gradient/\u2026): 2 of 2 rows" in note(tab)
     fields = tab.hover(*tab.cell_point(1, 0, canvas="#heatmap-other"))
     assert fields["aligned with"] == "wrong_gradient/output"
+    assert labels(tab, "-other") == ["wrong_gradient/", ["wrong_gradient/hidden", "wrong_gradient/output"]]
     # The per-variable checks, side by side: the check's rows align the same way.
     tab.select("#metric-select", "check_error")
     tab.click("#granularity button[data-value=variable]")

@@ -35,3 +35,26 @@ def test_run_start_walks_back_over_the_unbroken_run_only():
     mask = np.array([True, False, True, True, True, False])
     assert trailing.run_start(mask, 4) == 2  # not past the gap at write 1
     assert trailing.run_start(mask, 0) == 0
+
+
+@pytest.mark.parametrize("reduce", [trailing.nanmedian, trailing.nanmax, trailing.nanmin, trailing.count])
+@pytest.mark.filterwarnings("ignore:All-NaN slice")
+def test_sliding_reducers_give_the_numbers_of_the_stacked_windows(reduce):
+    # The module's reducers slide (sorted contiguous windows, doubling,
+    # cumulative counts); every verdict rests on their being the same numbers
+    # as the reducer over each window stacked, NaNs, ties, a window longer
+    # than the run and an empty run included.
+    rng = np.random.default_rng(3)
+    for s, n in ((0, 3), (1, 2), (7, 4), (60, 9)):
+        values = rng.normal(size=(s, n))
+        values[rng.random((s, n)) < 0.15] = np.nan
+        values[rng.random((s, n)) < 0.15] = 0.5  # ties
+        if n > 3:
+            values[:, 3] = np.nan  # a layer never written
+        if reduce is trailing.count:
+            values = (rng.random((s, n)) < 0.5).astype(float)
+        for length in (1, 2, 5, 10, 20, 75):
+            stacked = trailing._windows(values, length, reduce)
+            np.testing.assert_array_equal(trailing.before(values, length, reduce), stacked)
+            ends = trailing._windows(np.concatenate([values, np.full((1, n), np.nan)]), length, reduce)[1:]
+            np.testing.assert_array_equal(trailing.through(values, length, reduce), ends)

@@ -3,7 +3,8 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
-import {alignmentOf, alignmentText, alignRows, rootScope} from '../../frontend/compare.js';
+import {alignmentOf, alignmentText, alignRows, ownLabels, rootScope} from '../../frontend/compare.js';
+import {buildPlan, groupRows} from '../../frontend/rows.js';
 
 // Auto-numbered Keras twins, one layer inserted in the second, as GET align answers them.
 const A = ['sequential/dense', 'sequential/dense_1', 'sequential/dense_2'];
@@ -52,4 +53,25 @@ test('the_note_says_name_alignment_and_what_structure_was_based_on', () => {
   assert.equal(alignmentText(byName, 'a', 'b', 0, 2), 'rows aligned by name: 0 of 2 rows in both a and b');
   const old = {mode: 'structure', basis: 'sizes', roots: ['x', 'x']};
   assert.match(alignmentText(old, 'a', 'b', 1, 1), /by structure \(depth and sizes \(this log stores no shapes\)\): 1 of 1/);
+});
+
+test('the_compared_run_labels_its_rows_with_its_own_names', () => {
+  // Two transformers whose roots differ, one block only in the first run.
+  const a = ['enc/block_0/q', 'enc/block_0/k', 'enc/block_1/q', 'enc/block_1/k', 'enc/head'];
+  const own = ['model_b/block_0/q', 'model_b/block_0/k', null, null, 'model_b/head'];
+  const groups = groupRows(a);
+  assert.deepEqual(groups.map((g) => g.key), ['enc/block_0/', 'enc/block_1/']);
+  const plan = buildPlan(a, groups);
+  const mine = ownLabels(plan, groups, a, own);
+  // Aligned rows under the second run's names; rows only the first run has keep its names.
+  assert.deepEqual(mine.labels, ['model_b/block_0/q', 'model_b/block_0/k', 'enc/block_1/q', 'enc/block_1/k', 'model_b/head']);
+  assert.deepEqual(mine.names, mine.labels);
+  assert.deepEqual(mine.groupKeys, ['model_b/block_0/', 'enc/block_1/']);
+  // A collapsed group: one row under the second run's key, its row count as the plan's.
+  const collapsed = new Set(['enc/block_0/']);
+  const folded = ownLabels(buildPlan(a, groups, {collapsed}), groups, a, own, collapsed);
+  assert.deepEqual(folded.labels, ['model_b/block_0/ (2)', 'enc/block_1/q', 'enc/block_1/k', 'model_b/head']);
+  // Filtered down to one row of a collapsed group, it is still the group's row.
+  const one = ownLabels(buildPlan(a, groups, {collapsed, filter: 'q'}), groups, a, own, collapsed);
+  assert.deepEqual(one.labels, ['model_b/block_0/ (1)', 'enc/block_1/q']);
 });
