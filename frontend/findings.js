@@ -10,8 +10,19 @@ export const KIND_LABELS = {
   check_failure: 'Gradient check failed',
   exploding: 'Exploding gradients',
   vanishing: 'Vanishing gradients',
-  dead: 'Dead layers',
+  dead: 'Dead units',
+  clipping: 'Clipping binds',
+  not_learning: 'Not learning',
 };
+
+/**
+ * The heading of one finding: its kind's, except where the severity changes
+ * what it says (dead units that are information are idle or recovered, not dead).
+ */
+export function kindLabel(f) {
+  if (f.kind === 'dead' && f.severity === 'info') return 'Units without gradient (information)';
+  return KIND_LABELS[f.kind] || f.kind.replace(/_/g, ' ');
+}
 
 // "info" is shown and never a problem (idle units of a healthy network, a
 // dead phase that recovered): below a warning, and it needs no attention.

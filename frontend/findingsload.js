@@ -7,7 +7,7 @@
 // running: a refresh asked for meanwhile is made once its answer is in.
 
 import {findingsUrl} from './api.js';
-import {evidenceItems, findingKey, KIND_LABELS, layerHeadline, sortFindings} from './findings.js';
+import {evidenceItems, findingKey, kindLabel, layerHeadline, sortFindings} from './findings.js';
 import {stepRangeText} from './format.js';
 import {renderFindings} from './panel.js';
 
@@ -26,7 +26,7 @@ export function makeFindingsLoader({st, api, ui, onShown, onLoaded}) {
     renderFindings(ui.findings, {
       run: f.run, findings: f.list, error: f.error, loading: f.list === null && !f.error, activeKey: st.activeKey,
       keyOf: findingKey, headline: layerHeadline, evidence: evidenceItems, stepText: stepRangeText,
-      kindLabel: (k) => KIND_LABELS[k] || k.replace(/_/g, ' '), noun: st.sel ? st.sel.granularity : 'layer',
+      kindLabel, noun: st.sel ? st.sel.granularity : 'layer',
     });
   }
 

@@ -7,7 +7,7 @@ import {stepTicks} from './axes.js';
 import {makeRatioScale, makeScale, ratioDecades, valueDomain} from './colour.js';
 import {alignmentText, ownLabels} from './compare.js';
 import {setSegmented} from './controls.js';
-import {findingCells, KIND_LABELS, rowMarks} from './findings.js';
+import {findingCells, kindLabel, rowMarks} from './findings.js';
 import {allZeroText, metricLabel, ratioMetricEnds, stepRangeText} from './format.js';
 import {binEdges, binGrid, fitHeight, planRows, sharedPrefix, sourceRows} from './rows.js';
 import {statusParts} from './selection.js';
@@ -193,7 +193,7 @@ export function makePainter(env) {
     const n = planRows(st.plan);
     const cap = ui.plot.traceCaption;
     if (bin && bin.d0 === bin.d1) cap.textContent = `${st.plan.labels[bin.d0]} \u00b7 ${what}`;
-    else if (emphasis.length) cap.textContent = `${KIND_LABELS[f.kind] || f.kind} \u00b7 ${emphasis.length} row${emphasis.length === 1 ? '' : 's'} in colour`;
+    else if (emphasis.length) cap.textContent = `${kindLabel(f)} \u00b7 ${emphasis.length} row${emphasis.length === 1 ? '' : 's'} in colour`;
     else cap.textContent = `${what} of ${n > 64 ? `${n.toLocaleString('en-US')} rows (median and range)` : `every ${noun}`} \u00b7 hover the heatmap to follow one`;
   }
 

@@ -36,7 +36,7 @@ export function buildFindingsPanel(doc) {
  * @param {{run: string, findings: object[]|null, error?: string|null,
  *   loading?: boolean, activeKey?: string|null, keyOf: (f) => string,
  *   headline: (f, layer) => string, evidence: (f) => object[],
- *   kindLabel: (kind) => string, stepText: (steps) => string}} opts
+ *   kindLabel: (finding) => string, stepText: (steps) => string}} opts
  */
 export function renderFindings(panel, opts) {
   const doc = panel.root.ownerDocument;
@@ -70,7 +70,7 @@ function findingItem(doc, f, index, opts) {
   const sev = severityClass(f.severity);
   const head = el(doc, 'div', {className: 'finding-head'},
     el(doc, 'span', {className: `severity-pill sev-${sev}`, text: sev}),
-    el(doc, 'span', {className: 'finding-kind', text: opts.kindLabel(f.kind)}),
+    el(doc, 'span', {className: 'finding-kind', text: opts.kindLabel(f)}),
     el(doc, 'span', {className: 'finding-steps', text: opts.stepText(f.steps)}));
   const names = f.layers || [];
   const layers = el(doc, 'ul', {className: 'finding-layers', attrs: {'aria-label': 'affected layers'}});

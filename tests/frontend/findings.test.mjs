@@ -3,7 +3,7 @@ import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
 import {
-  evidenceItems, findingCells, findingKey, layerHeadline, rowMarks, runNeedingAttention, severityClass, sortFindings, worstSeverity,
+  evidenceItems, findingCells, findingKey, kindLabel, layerHeadline, rowMarks, runNeedingAttention, severityClass, sortFindings, worstSeverity,
 } from '../../frontend/findings.js';
 
 const VANISHING = {
@@ -103,4 +103,12 @@ test('information_is_shown_last_marks_no_row_and_needs_no_attention', () => {
   assert.equal(runNeedingAttention(['a_healthy', 'b_idle', 'c_idle'], found), 'a_healthy');
   found.set('d_vanishing', [warn]);
   assert.equal(runNeedingAttention(['a_healthy', 'b_idle', 'c_idle', 'd_vanishing'], found), 'd_vanishing');
+});
+
+test('kindLabel: dead units that are information are not called dead; unknown kinds read as words', () => {
+  assert.equal(kindLabel({kind: 'dead', severity: 'warning'}), 'Dead units');
+  assert.equal(kindLabel({kind: 'dead', severity: 'info'}), 'Units without gradient (information)');
+  assert.equal(kindLabel(VANISHING), 'Vanishing gradients');
+  assert.equal(kindLabel({kind: 'not_learning', severity: 'warning'}), 'Not learning');
+  assert.equal(kindLabel({kind: 'some_new_kind', severity: 'warning'}), 'some new kind');
 });
