@@ -126,11 +126,44 @@ def norms(tensors, order=2, dtype=F64):
 
     PyTorch's fused multi-tensor norm runs a slow per-tensor loop on a CPU
     (several times the plain norm's time, and float64 accumulation makes it
-    worse), so there each tensor gets ``linalg.vector_norm``.
+    worse), so there each tensor gets its own reduction, and the float64
+    L2 norm of a float32 tensor and its inf-norm take the fast ways below.
     """
     if tensors and tensors[0].device.type == "cpu":
+        if order == 2 and dtype == F64:
+            return _cpu_l2(tensors)
+        if order == float("inf") and dtype is None:
+            return [_cpu_max_abs(t) for t in tensors]
         return [torch.linalg.vector_norm(t, order, dtype=dtype) for t in tensors]
     return list(torch._foreach_norm(tensors, order, dtype=dtype))
+
+
+# Norms that float32 squares give as well as float64 ones. At ||g|| >= 1e-9
+# (squares summing to 1e-18 or more), the squares float32 flushes to zero
+# (each below 1.2e-38) lose at most n * 1.2e-38 of the sum, under 1e-10 of
+# it for any n below 1e10; at ||g|| <= 1e9 no partial sum comes near
+# float32's largest value (3.4e38). Outside the band, or NaN/Inf, the norm is
+# taken again in float64.
+F32_BAND = (1e-9, 1e9)
+
+
+def _cpu_l2(tensors):
+    """float64 L2 norms of CPU tensors: float32 tensors in float32 (4x faster) where ``F32_BAND`` allows."""
+    out = [
+        torch.linalg.vector_norm(t).to(F64) if t.dtype == torch.float32 else torch.linalg.vector_norm(t, 2, dtype=F64)
+        for t in tensors
+    ]
+    low, high = F32_BAND
+    for i, (t, value) in enumerate(zip(tensors, torch.stack(out).tolist())):
+        if t.dtype == torch.float32 and not low <= value <= high:
+            out[i] = torch.linalg.vector_norm(t, 2, dtype=F64)
+    return out
+
+
+def _cpu_max_abs(t):
+    """The largest |element| of a non-empty CPU tensor (NaN if it has one): ``aminmax``, 10x the inf-norm's speed there."""
+    low, high = torch.aminmax(t)
+    return torch.maximum(high, low.neg())
 
 
 def max_abs(tensors):
