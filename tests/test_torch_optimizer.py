@@ -168,14 +168,13 @@ def test_optimizer_hooks_copy_nothing_between_writes(tmp_path, monkeypatch):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     writer = GradientWriter(tmp_path, model, every_n_steps=4, optimizer=optimizer)
     copies = []
-    original = torch._foreach_mul
+    original = torch._foreach_copy_
 
-    def counting(tensors, other):
-        if other == 1.0:  # the hook's one fused copy of the weights
-            copies.append(len(tensors))
-        return original(tensors, other)
+    def counting(buffers, tensors):  # the hook's one fused copy of the weights (on a CPU, into kept buffers)
+        copies.append(len(tensors))
+        return original(buffers, tensors)
 
-    monkeypatch.setattr(torch, "_foreach_mul", counting)
+    monkeypatch.setattr(torch, "_foreach_copy_", counting)
     for step in range(1, 4):  # no write step among them
         optimizer.zero_grad()
         model(torch.randn(8, 4)).pow(2).mean().backward()

@@ -37,6 +37,7 @@ class Follower:
     def __init__(self, writer, optimizer):
         self._writer = writer
         self._snapshot = None
+        self._buffers = None  # on a CPU: the weights' copy, kept between written steps (_copy)
         self.active = True
         self._warned = False
         self._handles = [
@@ -53,7 +54,7 @@ class Follower:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self._snapshot = None
+        self._snapshot = self._buffers = None
 
     def _before(self, optimizer, args, kwargs):
         writer = self._writer
@@ -71,31 +72,36 @@ class Follower:
             return
         if writer._pending is None:
             return
-        group = writer._group
-        with torch.no_grad():  # one fused copy of every weight
-            self._snapshot = torch._foreach_mul([group.local(p).detach() for p in writer._rows.params], 1.0)
+        weights = [writer._group.local(p).detach() for p in writer._rows.params]
+        with torch.no_grad():
+            self._snapshot = self._copy(weights)
+
+    def _copy(self, weights):
+        """A copy of ``weights``: one fused copy on a GPU; on a CPU into buffers kept between written steps.
+
+        A CPU pays page faults for every fresh copy of the weights (more
+        than the copy itself), a GPU's caching allocator does not, and
+        there the copy should not hold memory between written steps.
+        """
+        if weights[0].device.type != "cpu":
+            return torch._foreach_mul(weights, 1.0)
+        if self._buffers is None or [b.shape for b in self._buffers] != [w.shape for w in weights]:
+            self._buffers = [torch.empty_like(w) for w in weights]
+        torch._foreach_copy_(self._buffers, weights)
+        return self._buffers
 
     def _after(self, optimizer, args, kwargs):
         writer = self._writer
         if self._snapshot is None or writer._pending is None:
             self._snapshot = None
             return
-        group = writer._group
-        after = [group.local(p).detach() for p in writer._rows.params]
-        squares = []
-        for a, b in _pairs(after, self._snapshot):
-            squares += reductions.norms(torch._foreach_sub(a, b))
+        after = [writer._group.local(p).detach() for p in writer._rows.params]
+        with torch.no_grad():
+            torch._foreach_sub_(self._snapshot, after)  # in place: the update, negated, with no new memory
+            update = reductions.norms(self._snapshot)
         self._snapshot = None
-        writer._pending.pack.add("update", torch.stack(squares) ** 2)
+        writer._pending.pack.add("update", torch.stack(update) ** 2)
         writer._emit()
-
-
-def _pairs(after, before):
-    """``after`` and ``before`` in chunks whose differences stay under ``reductions.CHUNK_BYTES``."""
-    at = 0
-    for chunk in reductions.chunks(after):
-        yield chunk, before[at : at + len(chunk)]
-        at += len(chunk)
 
 
 class _Scale:
