@@ -16,6 +16,7 @@ from conftest import read_events
 from conftest import stats_content
 from tb_gradcheck import metadata
 from tb_gradcheck.torch import GradientWriter
+from tb_gradcheck.torch import reductions
 
 # Stored values are float32 of float64 statistics: one float32 rounding (2**-24 ~ 6e-8) apart.
 RTOL = 1e-6
@@ -229,6 +230,26 @@ def test_planted_nan_inf_zeros_and_tiny_values_match_the_twin(tmp_path, device):
                     assert got[c] < 1e-28, (name, c, got[c])
     _assert_rows(stored_v, variables)
     _assert_rows(stored_l, layers)
+
+
+@pytest.mark.parametrize(
+    "scale", [0.0, 1e-42, 1e-30, 1e-12, 1.0, 1e12, 1e30, float("inf"), float("nan")], ids=lambda s: f"{s:g}"
+)
+def test_cpu_norms_match_float64_at_every_magnitude(scale):
+    # float32 squares underflow below 1e-19 and overflow above 1e19: the CPU norms leave float32 there.
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(300, 7)).astype(np.float32)
+    values[3] = 0.0
+    if np.isfinite(scale):
+        values = (values.astype(np.float64) * scale).astype(np.float32)
+    else:
+        values[5, 2] = scale
+    grads = [torch.from_numpy(values), torch.from_numpy(values[:, 0].copy())]
+    norms = torch.stack(reductions.norms(grads)).numpy()
+    expected = [np.linalg.norm(g.numpy().astype(np.float64)) for g in grads]
+    np.testing.assert_allclose(norms, expected, rtol=1e-6)
+    largest = reductions.max_abs(grads).numpy()
+    np.testing.assert_array_equal(largest, [np.abs(g.numpy().astype(np.float64)).max() for g in grads])
 
 
 def test_sparse_embedding_gradient_is_its_dense_sum(tmp_path):
