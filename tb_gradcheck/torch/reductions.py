@@ -247,10 +247,7 @@ def extras(tensors, specs, constants, sparse=None):
     """
     sparse = sparse or [None] * len(tensors)
     if tensors and tensors[0].device.type == "cpu":
-        units = _cpu_units(tensors, specs, sparse)
-        nonzero = torch.stack([torch.count_nonzero(t) for t in tensors]).to(F64)
-        largest = torch.stack([u.max() if u.numel() else u.new_zeros(()) for u in units])  # max |g|: NaN if one is
-        return {"unit_nonzero": torch.cat(units), "max_abs": largest, "nonzero": nonzero}
+        return _cpu_extras(tensors, specs, sparse, constants)
     counts = unit_nonzeros(tensors, specs, sparse, constants)
     units = tuple(s.units for s in specs)
     owner = constants.get(
@@ -262,29 +259,48 @@ def extras(tensors, specs, constants, sparse=None):
     return {"unit_nonzero": counts, "max_abs": max_abs(tensors), "nonzero": nonzero}
 
 
-def _cpu_units(tensors, specs, sparse):
-    """Per gradient, float64 ``[units]`` on a CPU: each unit's largest |element|, 0 exactly where the unit is dead.
+def _cpu_extras(tensors, specs, sparse, constants):
+    """``extras`` on a CPU, where each kernel launch costs about as much as a small reduction.
 
-    A CPU counts a unit's nonzeros (``count_nonzero`` over an axis) at a
-    quarter of the speed it takes the largest and smallest element over the
-    same axis, and dead is all the tool asks of a unit: largest |g| = 0 is
-    "no nonzero element" (a NaN makes it NaN, alive, as a count would). The
-    gradient's own max |g| is the largest of its units'.
+    Each unit's value is its largest |element| (0 exactly where the unit is
+    dead; NaN, alive, where it has a NaN): a CPU takes the largest and the
+    smallest element over an axis at four times the speed it counts
+    nonzeros over it. A gradient's max |g| is the largest of its units'. A
+    gradient whose units are single elements (biases, norms' scales) needs
+    no reduction of its own: its units are its elements, and its nonzero
+    count is its units'; every other gradient takes one ``count_nonzero``.
+    What is left is done once for all the gradients.
     """
-    pieces = []
+    highs, lows, counts, single = [], [], [], []
     for t, spec, rows in zip(tensors, specs, sparse):
         view, dims = spec.view, spec.dims
         if rows is not None and dims == (0,):
             view = (-1, spec.units)  # the coalesced values are rows: units on the last axis, as they are
         elif rows is not None:
             t = rows.to_dense()
-        if t.numel() == 0:
-            pieces.append(torch.zeros(spec.units, dtype=F64))
+        if t.numel() == spec.units:  # one element per unit (or an empty gradient with no units)
+            highs.append(t.reshape(-1))
+            lows.append(highs[-1])
+            single.append(True)
             continue
-        t = t.reshape(view)
-        largest = torch.maximum(t.amax(dim=dims), t.amin(dim=dims).neg_())  # no |t| copy; NaN propagates
-        pieces.append(largest.reshape(-1).to(F64))
-    return pieces
+        if t.numel() == 0:  # units with no elements (a Linear with no inputs): dead
+            highs.append(torch.zeros(spec.units, dtype=t.dtype))
+            lows.append(highs[-1])
+        else:
+            t = t.reshape(view)
+            highs.append(t.amax(dim=dims).reshape(-1))
+            lows.append(t.amin(dim=dims).reshape(-1))
+        counts.append(torch.count_nonzero(t))
+        single.append(False)
+    units = torch.maximum(torch.cat(highs), torch.cat(lows).neg_()).to(F64)  # NaN propagates
+    layout = tuple(s.units for s in specs)
+    lengths = constants.get(("unit_lengths", layout), units.device, lambda: torch.tensor(layout))
+    largest = torch.segment_reduce(units, "max", lengths=lengths, unsafe=True)
+    nonzero = torch.segment_reduce((units != 0).to(F64), "sum", lengths=lengths, unsafe=True)
+    if counts:
+        at = [i for i, one in enumerate(single) if not one]
+        nonzero[at] = torch.stack(counts).to(F64)
+    return {"unit_nonzero": units, "max_abs": largest, "nonzero": nonzero}
 
 
 class Constants:
