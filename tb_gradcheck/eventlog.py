@@ -101,6 +101,7 @@ class EventLog:
         self._owns_sink = sink is None
         self._suffix = filename_suffix
         self._fresh = {}  # layout tag -> its span tag last written with the full metadata
+        self._tags = {}  # id(layout) -> (layout, its tag): a writer hands the same layout dict at every step
         self._writes = 0
         self._last_step = None
         self._lock = threading.Lock()
@@ -125,7 +126,8 @@ class EventLog:
 
         A stats layout's tag ends in the span of ``step`` (``metadata.tag_for``).
         """
-        base, tag = metadata.tag_for(content), metadata.tag_for(content, step)
+        base = self._tag(content)
+        tag = metadata.with_span(base, content, step)
         with self._lock:
             if self.closed:
                 raise ValueError("Cannot write: this writer is closed. Create a new one to keep writing.")
@@ -138,6 +140,15 @@ class EventLog:
             sink = self._open()
             sink.add_event(event)
             sink.flush()
+
+    def _tag(self, content):
+        """``metadata.tag_for(content)``, hashed once per layout object (layouts are not changed once made)."""
+        held = self._tags.get(id(content))
+        if held is None or held[0] is not content:
+            if len(self._tags) >= 64:  # layouts made per call (a check's) are not kept forever
+                self._tags.clear()
+            held = self._tags[id(content)] = (content, metadata.tag_for(content))
+        return held[1]
 
     def flush(self):
         with self._lock:

@@ -41,25 +41,20 @@ optimizer object; a run restored from a checkpoint starts it again at zero.
 """
 
 import warnings
-import weakref
 
 # tb_gradcheck/keras.py is this module, `tb_gradcheck.keras`; an absolute
 # import (the only kind Python 3 has) still finds the top-level Keras 3
 # package, unless the tb_gradcheck/ folder itself is put on sys.path.
 import keras
 
+from tb_gradcheck import fit_callback
 from tb_gradcheck import validate
 from tb_gradcheck.twin import float64_twin  # noqa: F401  (public here: tb_gradcheck.keras.float64_twin)
 from tb_gradcheck.twin import sync_twin  # noqa: F401
 from tb_gradcheck.twin_gap import float32_gap  # noqa: F401  (public here: tb_gradcheck.keras.float32_gap)
 
-# The optimizer that GradientCallback was last attached to, and by which
-# callback: a fit that raised outside the training step (in another callback,
-# say) never reaches on_train_end, and the next attach detaches that one first.
-_ATTACHED = weakref.WeakKeyDictionary()
 
-
-class GradientCallback(keras.callbacks.Callback):
+class GradientCallback(fit_callback.AttachedCallback):
     """Writes per-layer statistics of the gradients ``model.fit`` applies, for the Gradients tab.
 
     Writes into ``log_dir/train``, the run ``keras.callbacks.TensorBoard(log_dir)``
@@ -173,8 +168,6 @@ class GradientCallback(keras.callbacks.Callback):
         self.every_n_steps = every_n_steps
         self.check_every_n_steps = check_every_n_steps
         self.check_data = None if check_data is None else tuple(check_data)
-        self._session = None
-        self._in_batch = False
         self._warned = set()
 
     # -- Keras hooks ---------------------------------------------------------
@@ -208,27 +201,20 @@ class GradientCallback(keras.callbacks.Callback):
             )
             return
         self._warn_if_window_too_long()
-        previous = _ATTACHED.get(optimizer)
-        if previous is not None and previous is not self:
-            warnings.warn(
-                "Another GradientCallback was still attached to this optimizer (an earlier fit that raised, "
-                "or two GradientCallbacks in one fit); it is detached and only this one records.",
-                stacklevel=2,
+        self._attach(
+            hooks.Session(
+                self.model,
+                optimizer,
+                target,
+                log_dir=self.log_dir,
+                every_n_steps=self.every_n_steps,
+                check_every_n_steps=self.check_every_n_steps,
+                check_data=self.check_data,
+                check_dtype=self.check_dtype,
+                check_training=self.check_training,
+                warn_once=self._warn_once,
             )
-            previous._finish()
-        self._session = hooks.Session(
-            self.model,
-            optimizer,
-            target,
-            log_dir=self.log_dir,
-            every_n_steps=self.every_n_steps,
-            check_every_n_steps=self.check_every_n_steps,
-            check_data=self.check_data,
-            check_dtype=self.check_dtype,
-            check_training=self.check_training,
-            warn_once=self._warn_once,
         )
-        _ATTACHED[optimizer] = self
         # fit() built (or reused) the train function before calling
         # on_train_begin, and the loop looks it up on every step: a new one,
         # traced on first use, goes through the hooked optimizer.
@@ -240,19 +226,13 @@ class GradientCallback(keras.callbacks.Callback):
             # writes (stash.Schedule.between_writes_next), traced on first use.
             self.model.make_train_function(force=True)
             between_writes = self.model.train_function
-        self.model.train_function = self._guard(train_function, between_writes)
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._in_batch = True
+        self.model.train_function = self._guarded(train_function, between_writes)
 
     def on_train_batch_end(self, batch, logs=None):
         if self._session is not None and self._session.compiled:
             self._session.schedule.after_call()
         if self._session is not None and self.check_every_n_steps is not None:
             self._session.maybe_check()
-
-    def on_train_end(self, logs=None):
-        self._finish()
 
     # -- internals -----------------------------------------------------------
 
@@ -274,55 +254,22 @@ class GradientCallback(keras.callbacks.Callback):
             self._warned.add(key)
             warnings.warn(message, stacklevel=2)
 
-    def _guard(self, function, between_writes=None):
-        """The hooked train function, which detaches the callback when it is not in a step of its own fit.
-
-        It detaches when the step raises (other than fit's end-of-data
-        signals), and when it is called outside this callback's
-        on_train_batch_begin/end: a fit that raised past on_train_end left it
-        in ``model.train_function``, and a later fit without this callback
-        reuses it. That call runs a clean function instead.
+    def _guarded(self, function, between_writes=None):
+        """The hooked train function, run in this callback's batches only (``fit_callback.AttachedCallback._guard``).
 
         ``between_writes``: the train function for the steps the session
         knows are not written (``stash.Schedule.between_writes_next``), or None.
         """
         import tensorflow as tf
 
-        callback, model = self, self.model
-
-        def train_function(iterator):
-            if not callback._in_batch or callback._session is None:
-                callback._finish()
-                model.make_train_function(force=True)
-                return model.train_function(iterator)
-            # One call per on_train_batch_begin: another callback that raises
-            # before this one's on_train_batch_end must not leave it set.
-            callback._in_batch = False
-            session = callback._session
+        def step(session, iterator):
             # Set before the call: a function traces (or retraces) inside it.
             session.between_writes = between_writes is not None and session.schedule.between_writes_next()
-            try:
-                return (between_writes if session.between_writes else function)(iterator)
-            except (StopIteration, tf.errors.OutOfRangeError):
-                raise
-            except BaseException:
-                callback._finish()
-                raise
+            return (between_writes if session.between_writes else function)(iterator)
 
-        return train_function
+        return self._guard(step, (StopIteration, tf.errors.OutOfRangeError))
 
-    def _finish(self):
-        """Detaches from the optimizer, drops the hooked train function and closes the writer."""
-        session, self._session = self._session, None
-        if session is None:
-            return
-        try:
-            session.detach()
-        finally:
-            if _ATTACHED.get(session.optimizer) is self:
-                del _ATTACHED[session.optimizer]
-            # The traced function holds the hooks and this writer; the next
-            # fit must trace a clean one.
-            self.model.train_function = None
-            session.restore_model()
-            session.writer.close()
+    def _close(self, session):
+        # The traced function held the hooks and this writer (fit_callback drops it).
+        session.restore_model()
+        session.writer.close()

@@ -255,9 +255,14 @@ def tag_for(content, step=None):
     if "granularity" in content:
         parts.append(content["granularity"])
     parts.append(fingerprint)
-    if step is not None and content["kind"] == KIND_STATS:
-        parts.append(f"{int(step) // span_steps(content):0{SPAN_DIGITS}d}")
-    return "/".join(parts)
+    return with_span("/".join(parts), content, step)
+
+
+def with_span(tag, content, step):
+    """``tag_for(content, step)`` from ``tag = tag_for(content)``, without encoding the layout again."""
+    if step is None or content["kind"] != KIND_STATS:
+        return tag
+    return f"{tag}/{int(step) // span_steps(content):0{SPAN_DIGITS}d}"
 
 
 def span_steps(content):

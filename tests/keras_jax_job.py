@@ -14,8 +14,6 @@ import os
 import sys
 import warnings
 
-os.environ["KERAS_BACKEND"] = "jax"
-
 
 class NoTensorFlow:
     """A meta-path finder that makes ``import tensorflow`` fail, as where it is not installed."""
@@ -26,16 +24,11 @@ class NoTensorFlow:
         return None
 
 
-sys.meta_path.insert(0, NoTensorFlow())
+def build(keras, widths, start=None):
+    """Dense + ReLU, LayerNormalization, Dense + ReLU, Dense on Keras' backend; ``start``'s weights if given.
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-import tb_gradcheck  # noqa: E402
-
-
-def build(start, widths):
-    """The model of ``test_jax_keras.build``, rebuilt on this backend with its weights."""
+    test_jax_keras.py builds the same model on TensorFlow from here.
+    """
     layers = [keras.Input((widths[0],))]
     for i, width in enumerate(widths[1:]):
         last = i == len(widths) - 2
@@ -43,24 +36,36 @@ def build(start, widths):
         if i == 0:
             layers.append(keras.layers.LayerNormalization(name="norm"))
     model = keras.Sequential(layers, name="mlp")
-    model.set_weights([start[f"w{i}"] for i in range(len(model.weights))])
+    if start is not None:
+        model.set_weights([start[f"w{i}"] for i in range(len(model.weights))])
     return model
 
 
-def fit(start, config, log_dir=None):
-    model = build(start, config["widths"])
+def fit(keras, start, config, log_dir=None, execution=True):
+    """One fit of ``config`` from ``start``, with a GradientCallback into ``log_dir`` if given; returns the model.
+
+    ``execution``: whether the config's ``steps_per_execution`` and
+    ``run_eagerly`` apply (they are the JAX side's; the TensorFlow side fits
+    with Keras' defaults).
+    """
+    import tb_gradcheck.keras
+
+    model = build(keras, config["widths"], start)
     optimizer = getattr(keras.optimizers, config["optimizer"])(**config["optimizer_args"])
-    model.compile(
-        optimizer,
-        "mse",
-        steps_per_execution=config.get("steps_per_execution", 1),
-        run_eagerly=config.get("run_eagerly", False),
-    )
+    options = {
+        "steps_per_execution": config.get("steps_per_execution", 1),
+        "run_eagerly": config.get("run_eagerly", False),
+    }
+    model.compile(optimizer, "mse", **(options if execution else {}))
     callbacks = [] if log_dir is None else [tb_gradcheck.keras.GradientCallback(log_dir, **config["callback"])]
     model.fit(
         start["x"], start["y"], batch_size=config["batch_size"], epochs=config["epochs"], shuffle=False, verbose=0,
         callbacks=callbacks,
     )  # fmt: skip
+    return model
+
+
+def _state(model):
     return [np.asarray(w) for w in model.get_weights()], [np.asarray(v.value) for v in model.optimizer.variables]
 
 
@@ -71,8 +76,8 @@ def main(root):
     result = {"backend": keras.backend.backend()}
     for name, config in fits.items():
         callback = type(tb_gradcheck.keras.GradientCallback(os.path.join(root, name), **config["callback"]))
-        with_cb = fit(start, config, os.path.join(root, name))
-        without = fit(start, config)
+        with_cb = _state(fit(keras, start, config, os.path.join(root, name)))
+        without = _state(fit(keras, start, config))
         same = all(
             len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b)) for a, b in zip(with_cb, without)
         )
@@ -83,7 +88,7 @@ def main(root):
     except ValueError:
         result["check_arguments_refused"] = True
     # A LossScaleOptimizer: a warning, a fit like any other, and no run written.
-    model = build(start, fits["every"]["widths"])
+    model = build(keras, fits["every"]["widths"], start)
     model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05)), "mse")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -97,4 +102,11 @@ def main(root):
 
 
 if __name__ == "__main__":
+    os.environ["KERAS_BACKEND"] = "jax"
+    sys.meta_path.insert(0, NoTensorFlow())
+    import keras
+    import numpy as np
+
+    import tb_gradcheck
+
     main(sys.argv[1])

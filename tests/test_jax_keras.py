@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from keras_jax_job import build
+from keras_jax_job import fit
 from test_jax_writer import layer_groups
 from test_jax_writer import reference
 
@@ -61,30 +63,17 @@ for _config in FITS.values():
     _config.update(widths=list(WIDTHS), batch_size=8, epochs=_config.get("epochs", 1))
 
 
-def build(keras):
-    """Dense + ReLU, LayerNormalization, Dense + ReLU, Dense: Keras' own initial weights, on this backend."""
-    layers = [keras.Input((WIDTHS[0],))]
-    for i, width in enumerate(WIDTHS[1:]):
-        last = i == len(WIDTHS) - 2
-        layers.append(keras.layers.Dense(width, activation=None if last else "relu", name=f"dense_{i}"))
-        if i == 0:
-            layers.append(keras.layers.LayerNormalization(name="norm"))
-    return keras.Sequential(layers, name="mlp")
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Both backends' runs of every fit: ``(root, start)``, the JAX runs in ``root/<fit>``, TensorFlow's in ``root/tf_<fit>``."""
     import keras
-
-    import tb_gradcheck.keras
 
     root = tmp_path_factory.mktemp("keras_jax")
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(48, WIDTHS[0])).astype(np.float32)
     y = (x[:, :1] * 2.0 + rng.normal(size=(48, 1)) * 0.1).astype(np.float32)
-    start = {f"w{i}": w for i, w in enumerate(build(keras).get_weights())} | {"x": x, "y": y}
+    start = {f"w{i}": w for i, w in enumerate(build(keras, WIDTHS).get_weights())} | {"x": x, "y": y}
     np.savez(root / "start.npz", **start)
     (root / "fits.json").write_text(json.dumps(FITS))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
@@ -94,13 +83,7 @@ def runs(tmp_path_factory):
     assert done.returncode == 0, done.stderr[-4000:]
 
     for name, config in FITS.items():
-        model = build(keras)
-        model.set_weights([start[f"w{i}"] for i in range(len(model.weights))])
-        optimizer = getattr(keras.optimizers, config["optimizer"])(**config["optimizer_args"])
-        model.compile(optimizer, "mse")
-        callback = tb_gradcheck.keras.GradientCallback(root / f"tf_{name}", **config["callback"])
-        model.fit(x, y, batch_size=config["batch_size"], epochs=config["epochs"], shuffle=False, verbose=0,
-                  callbacks=[callback])  # fmt: skip
+        fit(keras, start, config, root / f"tf_{name}", execution=False)
     return root, start
 
 

@@ -18,7 +18,9 @@ import optax
 import pytest
 from flax import nnx
 from test_jax_writer import by_name
+from test_jax_writer import feed
 from test_jax_writer import reference
+from test_jax_writer import run_steps
 
 import tb_gradcheck.jax as tj
 from conftest import read_events
@@ -97,22 +99,7 @@ def train(model, params, logdir, steps=3, every_n_steps=1, **monitor_args):
     x, y = data()
     order = tj.depth_order(model.apply, params, x)
     tx = tj.monitor(optax.adam(1e-2), every_n_steps=every_n_steps, order=order, **monitor_args)
-    opt_state = tx.init(params)
-
-    @jax.jit
-    def step(params, opt_state):
-        grads = jax.grad(lambda p: jnp.mean((model.apply(p, x) - y) ** 2))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, grads, updates
-
-    seen = []
-    with tj.GradientWriter(logdir) as writer:
-        for s in range(steps):
-            before = params
-            params, opt_state, grads, updates = step(params, opt_state)
-            writer.write(opt_state, s)
-            seen.append((grads, before, updates))
-    return seen
+    return run_steps(tx, params, lambda p: jnp.mean((model.apply(p, x) - y) ** 2), steps, logdir)
 
 
 def test_depth_order_finds_the_scanned_stacks_and_their_direction():
@@ -256,21 +243,10 @@ def stacked_grads():
     return out
 
 
-def feed(seq, every_n_steps, logdir):
-    """Passes each gradient pytree through a monitor told ``blk`` stacks one axis (``stacked=``), writing every step."""
-    tx = tj.monitor(every_n_steps=every_n_steps, stacked={"blk": 1})
-    state = tx.init(jax.tree_util.tree_map(jnp.zeros_like, seq[0]))
-    update = jax.jit(tx.update)
-    with tj.GradientWriter(logdir) as writer:
-        for s, g in enumerate(seq):
-            _, state = update(g, state)
-            writer.write(state, s)
-
-
 def test_slices_are_exact_at_any_scale_and_windows_hold_the_aggregates_of_every_step(tmp_path):
     seq = stacked_grads()
-    feed(seq, 1, tmp_path / "every")
-    feed(seq, 3, tmp_path / "window")
+    feed(seq, 1, tmp_path / "every", stacked={"blk": 1})  # blk stacks one axis
+    feed(seq, 3, tmp_path / "window", stacked={"blk": 1})
     assert stats_content(tmp_path / "every")["layer"]["rows"] == ["blk/0", "blk/1", "blk/2", "blk/3", "head"]
     every = {s: x for s, x, _ in read_events(tmp_path / "every")}
     columns = [COL[c] for c in ("grad_norm", "grad_max_abs", "grad_zero_fraction", "grad_nonfinite")]

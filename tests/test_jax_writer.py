@@ -86,16 +86,13 @@ def net_data(seed=0):
     return tokens, image, y
 
 
-def train(tx, steps, logdir):
-    """Trains ``Net`` with ``tx`` for ``steps`` steps, writing to ``logdir``; returns the per-step (grads, params, updates)."""
-    net = Net()
-    tokens, image, y = net_data()
-    params = net.init(jax.random.PRNGKey(0), tokens, image)
+def run_steps(tx, params, loss, steps, logdir):
+    """Trains ``params`` on ``loss(params)`` with ``tx``, jitted, writing every step; returns each step's (grads, params, updates)."""
     opt_state = tx.init(params)
 
     @jax.jit
     def step(params, opt_state):
-        grads = jax.grad(lambda p: jnp.mean((net.apply(p, tokens, image) - y) ** 2))(params)
+        grads = jax.grad(loss)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, grads, updates
 
@@ -107,6 +104,14 @@ def train(tx, steps, logdir):
             writer.write(opt_state, s)
             seen.append((grads, before, updates))
     return seen
+
+
+def train(tx, steps, logdir):
+    """Trains ``Net`` with ``tx`` for ``steps`` steps (``run_steps``)."""
+    net = Net()
+    tokens, image, y = net_data()
+    params = net.init(jax.random.PRNGKey(0), tokens, image)
+    return run_steps(tx, params, lambda p: jnp.mean((net.apply(p, tokens, image) - y) ** 2), steps, logdir)
 
 
 def by_name(tree):
@@ -186,10 +191,10 @@ def extreme_grads():
     ]
 
 
-def feed(grads_seq, every_n_steps, logdir):
+def feed(grads_seq, every_n_steps, logdir, **monitor_args):
     """Passes each gradient pytree through a monitor (no optimizer, no params), writing every step."""
     params = jax.tree_util.tree_map(jnp.zeros_like, grads_seq[0])
-    tx = tj.monitor(every_n_steps=every_n_steps)
+    tx = tj.monitor(every_n_steps=every_n_steps, **monitor_args)
     state = tx.init(params)
     update = jax.jit(tx.update)
     with tj.GradientWriter(logdir) as writer:

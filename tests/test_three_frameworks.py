@@ -9,7 +9,8 @@ providers and the plugin's routes, as the tab reads them: ``align`` sets each
 run's rows against the others' by structure (the names differ: Keras
 ``gamma``, PyTorch ``weight``; PyTorch's Linear weight is the Keras kernel
 transposed), and every statistic the runs share is held equal, row by
-aligned row and step by step.
+aligned row and step by step; ``compare`` sets them side by side, and the
+findings are the same for all three.
 """
 
 import collections
@@ -184,3 +185,28 @@ def test_three_frameworks_give_the_same_rows_and_numbers_through_both_loaders(lo
     dead = get_json(client, "/data/plugin/gradients/heatmap?run=jax&metric=dead_unit_fraction&granularity=layer")
     assert dead["layers"] == ["mlp/dense_0", "mlp/norm", "mlp/dense_1", "mlp/dense_2"]
     assert min(np.array(dead["values"])[:, 2]) >= 3 / 16  # the three planted units of dense_1, in every run alike
+
+
+def test_compare_sets_the_pytorch_and_jax_runs_against_the_tensorflow_run(logdir):
+    client, _ = make_app(logdir, "python")
+    for run in RUNS:
+        wait_for_steps(client, run, STEPS)
+    for run in ("torch", "jax"):
+        url = f"/data/plugin/gradients/compare?run={run}&other=tensorflow&metric=grad_norm&align=structure"
+        body = get_json(client, url)
+        assert body["other_layers"] == ["mlp/dense_0", "mlp/norm", "mlp/dense_1", "mlp/dense_2"], run
+        assert not body["only_in_run"] and not body["only_in_other"]
+        np.testing.assert_allclose(np.array(body["values"], float), 1.0, rtol=RTOL, err_msg=run)
+
+
+def test_findings_are_the_same_for_every_framework(logdir):
+    client, _ = make_app(logdir, "python")
+    for run in RUNS:
+        wait_for_steps(client, run, STEPS)
+
+    def found(run):
+        body = get_json(client, f"/data/plugin/gradients/findings?run={run}")["findings"]
+        # Keras and JAX paths start at the model's name, PyTorch's below it.
+        return [(f["kind"], f["severity"], [n.removeprefix("mlp/") for n in f["layers"]], f["steps"]) for f in body]
+
+    assert found("tensorflow") == found("torch") == found("jax")

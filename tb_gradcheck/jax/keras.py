@@ -36,13 +36,13 @@ step is still recorded (the loop over the steps of one call is the callback's).
 
 import os
 import warnings
-import weakref
 
 import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
 
+from tb_gradcheck import fit_callback
 from tb_gradcheck import structure
 from tb_gradcheck import validate
 from tb_gradcheck.jax import layout as layouts
@@ -53,12 +53,9 @@ from tb_gradcheck.jax.writer import GradientWriter
 # gradients after unscaling and clipping (keras/src/backend/jax/optimizer.py).
 HOOK = "_backend_update_step"
 _ABSENT = object()
-# The optimizer a callback is attached to, and which: a fit that raised never
-# reaches on_train_end, and the next attach detaches that one first.
-_ATTACHED = weakref.WeakKeyDictionary()
 
 
-class GradientCallback(keras.callbacks.Callback):
+class GradientCallback(fit_callback.AttachedCallback):
     """Writes per-layer statistics of the gradients ``model.fit`` applies on the JAX backend, for the Gradients tab.
 
     Reached as ``tb_gradcheck.keras.GradientCallback`` when Keras' backend is
@@ -112,8 +109,6 @@ class GradientCallback(keras.callbacks.Callback):
                 "Check a JAX loss with tb_gradcheck.jax.check_gradients and GradientWriter.write_check. "
                 f"Received: {sorted(given)}"
             )
-        self._session = None
-        self._in_batch = False
 
     def on_train_begin(self, logs=None):
         self._finish()
@@ -121,71 +116,29 @@ class GradientCallback(keras.callbacks.Callback):
         if reason is not None:
             warnings.warn(f"GradientCallback records nothing in this fit: {reason}", stacklevel=2)
             return
-        optimizer = self.model.optimizer
-        previous = _ATTACHED.get(optimizer)
-        if previous is not None and previous is not self:
-            warnings.warn(
-                "Another GradientCallback was still attached to this optimizer (an earlier fit that raised, "
-                "or two GradientCallbacks in one fit); it is detached and only this one records.",
-                stacklevel=2,
-            )
-            previous._finish()
-        self._session = _Session(self.model, os.path.join(self.log_dir, "train"), self.every_n_steps)
-        _ATTACHED[optimizer] = self
+        self._attach(_Session(self.model, os.path.join(self.log_dir, "train"), self.every_n_steps))
         self.model.train_function = self._train_function()
 
-    def on_train_batch_begin(self, batch, logs=None):
-        self._in_batch = True
-
-    def on_train_end(self, logs=None):
-        self._finish()
-
     def _train_function(self):
-        """Keras' ``train_function(state, iterator)``, stepping the monitor beside the training state.
+        """Keras' ``train_function(state, iterator)``, stepping the monitor beside the training state."""
+        steps_per_execution = self.model.steps_per_execution
 
-        Called outside a batch of this callback's fit (one that raised left
-        it in ``model.train_function``), it detaches and runs a clean one.
-        """
-        callback, model = self, self.model
-
-        def train_function(state, iterator):
-            session = callback._session
-            if not callback._in_batch or session is None:
-                callback._finish()
-                model.make_train_function(force=True)
-                return model.train_function(state, iterator)
-            callback._in_batch = False
-            try:
-                # As Keras' own loop (JAXTrainer._make_function): the first
-                # batch's StopIteration ends the epoch, a later one the call.
-                logs, state = session.step(state, next(iterator))
-                for _ in range(model.steps_per_execution - 1):
-                    try:
-                        data = next(iterator)
-                    except StopIteration:
-                        break
-                    logs, state = session.step(state, data)
-            except StopIteration:
-                raise
-            except BaseException:
-                callback._finish()
-                raise
+        def step(session, state, iterator):
+            # As Keras' own loop (JAXTrainer._make_function): the first
+            # batch's StopIteration ends the epoch, a later one the call.
+            logs, state = session.step(state, next(iterator))
+            for _ in range(steps_per_execution - 1):
+                try:
+                    data = next(iterator)
+                except StopIteration:
+                    break
+                logs, state = session.step(state, data)
             return logs, state
 
-        return train_function
+        return self._guard(step, (StopIteration,))
 
-    def _finish(self):
-        """Detaches from the optimizer, drops the train function and writes the partial window."""
-        session, self._session = self._session, None
-        if session is None:
-            return
-        try:
-            session.detach()
-        finally:
-            if _ATTACHED.get(session.optimizer) is self:
-                del _ATTACHED[session.optimizer]
-            self.model.train_function = None  # the next fit builds Keras' own
-            session.writer.close(session.weights())
+    def _close(self, session):
+        session.writer.close(session.weights())
 
 
 def _why_not(model):
