@@ -252,6 +252,32 @@ def test_cpu_norms_match_float64_at_every_magnitude(scale):
     np.testing.assert_array_equal(largest, [np.abs(g.numpy().astype(np.float64)).max() for g in grads])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_and_the_gpu_ways_to_dead_units_agree(tmp_path, dtype):
+    # A CPU takes each unit's largest |g|, a GPU counts its nonzeros (reductions.extras): the same dead
+    # units, nonzero counts and max |g| from either, whatever the units' axes, with NaN and zeroed units.
+    model = Zoo()
+    writer = GradientWriter(tmp_path, model)
+    _backward(model)
+    rows = writer._structure()
+    where = [i for i, p in enumerate(rows.params) if p.grad is not None]
+    tensors, specs = [rows.params[i].grad.to(dtype) for i in where], [rows.specs[i] for i in where]
+    for k, (g, spec) in enumerate(zip(tensors, specs)):
+        units = g.reshape(spec.view)
+        dims = [d for d in range(units.dim()) if d not in spec.dims]
+        units.select(dims[0], k % units.shape[dims[0]]).zero_()  # one unit of each gradient off
+    tensors[1].reshape(-1)[2] = float("nan")
+    cpu = reductions.extras(tensors, specs, reductions.Constants())
+    counts = reductions.unit_nonzeros(tensors, specs, [None] * len(tensors), reductions.Constants())
+    writer.close()
+    np.testing.assert_array_equal(cpu["unit_nonzero"].numpy() == 0, counts.numpy() == 0)
+    assert (counts.numpy() == 0).sum() >= len(tensors)
+    owner = np.repeat(np.arange(len(specs)), [s.units for s in specs])
+    np.testing.assert_array_equal(cpu["nonzero"].numpy(), np.bincount(owner, counts.numpy(), len(specs)))
+    np.testing.assert_array_equal(cpu["max_abs"].numpy(), reductions.max_abs(tensors).numpy())
+    assert np.isnan(cpu["max_abs"][1]) and not np.isnan(cpu["max_abs"][0])
+
+
 def test_sparse_embedding_gradient_is_its_dense_sum(tmp_path):
     torch.manual_seed(0)
     sparse = nn.Sequential(nn.Embedding(12, 5, sparse=True), nn.Linear(5, 2))
