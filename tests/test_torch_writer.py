@@ -252,6 +252,16 @@ def test_cpu_norms_match_float64_at_every_magnitude(scale):
     np.testing.assert_array_equal(largest, [np.abs(g.numpy().astype(np.float64)).max() for g in grads])
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e-30, 1e25])
+def test_cpu_norms_of_long_tensors_match_float64(scale):
+    # A CPU's float32 sum of 5 million elements rounds by ~1e-4 relative; the norms must not.
+    values = (np.random.default_rng(0).normal(size=5_000_003) * scale).astype(np.float32)
+    grads = [torch.from_numpy(values), torch.from_numpy(values[:70_000].copy())]
+    norms = torch.stack(reductions.norms(grads)).numpy()
+    expected = [np.linalg.norm(g.numpy().astype(np.float64)) for g in grads]
+    np.testing.assert_allclose(norms, expected, rtol=1e-7)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_cpu_and_the_gpu_ways_to_dead_units_agree(tmp_path, dtype):
     # A CPU takes each unit's largest |g|, a GPU counts its nonzeros (reductions.extras): the same dead

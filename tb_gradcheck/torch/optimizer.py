@@ -29,6 +29,8 @@ from tb_gradcheck.rowstats import MISSING
 from tb_gradcheck.torch import reductions
 
 F64 = torch.float64
+# Weights whose update is taken in a wider type (Follower._copy).
+_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 class Follower:
@@ -82,11 +84,19 @@ class Follower:
         A CPU pays page faults for every fresh copy of the weights (more
         than the copy itself), a GPU's caching allocator does not, and
         there the copy should not hold memory between written steps.
+        float16 and bfloat16 weights are copied to float32: the difference
+        of two bfloat16 numbers rounded back to bfloat16 would be off by up
+        to 1e-2 of the update; in float32 it is exact.
         """
+        dtypes = [_WIDE.get(w.dtype, w.dtype) for w in weights]
         if weights[0].device.type != "cpu":
-            return torch._foreach_mul(weights, 1.0)
-        if self._buffers is None or [b.shape for b in self._buffers] != [w.shape for w in weights]:
-            self._buffers = [torch.empty_like(w) for w in weights]
+            if all(d == w.dtype for d, w in zip(dtypes, weights)):
+                return torch._foreach_mul(weights, 1.0)
+            return [w.to(d, copy=True) for w, d in zip(weights, dtypes)]
+        if self._buffers is None or [(b.shape, b.dtype) for b in self._buffers] != [
+            (w.shape, d) for w, d in zip(weights, dtypes)
+        ]:
+            self._buffers = [torch.empty(w.shape, dtype=d) for w, d in zip(weights, dtypes)]
         torch._foreach_copy_(self._buffers, weights)
         return self._buffers
 
