@@ -117,6 +117,9 @@ class GradientCheckReport:
       evaluations: Loss evaluations made (the backward pass not counted).
       thorough: Whether blind-spot probes over blocks of every row were made
         (``check_gradients(thorough=True)``).
+      notes: Lines on what the check did not do and why (e.g. a float64
+        twin whose loss is not the model's, so the model's own gradient was
+        not held against it: ``twin_gap``); empty when it did all of it.
     """
 
     layers: tuple
@@ -129,6 +132,7 @@ class GradientCheckReport:
     tolerance: float
     evaluations: int
     thorough: bool = False
+    notes: tuple = ()
 
     @property
     def rows(self):
@@ -161,6 +165,7 @@ class GradientCheckReport:
             "tolerance": self.tolerance,
             "evaluations": self.evaluations,
             "thorough": self.thorough,
+            "notes": list(self.notes),
             "ok": self.ok,
             "layers": [r.to_dict() for r in self.layers],
             "variables": None if self.variables is None else [r.to_dict() for r in self.variables],
@@ -177,6 +182,7 @@ class GradientCheckReport:
             f"{self.probes} probes per row{', thorough' if self.thorough else ''}, tolerance {self.tolerance:g}, "
             f"seed {self.seed}: {verdict}"
         ]
+        lines += [f"Note: {note}" for note in self.notes]
         for title, rows in groups:
             width = max([len(title)] + [len(r.name) for r in rows])
             lines.append("")

@@ -12,9 +12,23 @@ A row whose float32 gradient is further from the float64 one than the
 float32 check's own tolerance (1%) is a mismatch, as the float32 check of the
 model would have made it.
 
-``gap`` is that comparison on gradients already computed, for any framework
-(no TensorFlow import); ``float32_gap`` computes them with TensorFlow, which
-it imports when called.
+That holds only while the twin computes the model's function. A loss that
+draws random numbers from a fixed key or seed may draw other ones in float64
+(JAX's ``random.bernoulli`` under ``jax_enable_x64`` gives another dropout
+mask from the same key; torch's ``randn`` other noise from the same seed):
+the twin is then another function, its gradient is no reference for the
+model's, and every row would be convicted of a precision bug it does not
+have. ``own_gap`` therefore first holds the model's loss against the twin's
+at the same parameters; when they differ by more than float32 rounding can
+explain, it compares no gradients and says so in the report's notes. The
+twin's own check stays valid either way: it differences the twin's loss,
+which draws the same numbers at every evaluation.
+
+``gap`` is the gradient comparison on gradients already computed;
+``own_gap`` computes the model's loss, noise and gradient through a
+``check_evaluator.Evaluator`` (any framework, no TensorFlow import) and
+applies the rule above; ``float32_gap`` does it with TensorFlow, which it
+imports when called.
 """
 
 import dataclasses
@@ -22,6 +36,8 @@ import math
 
 import numpy as np
 
+from tb_gradcheck import check_evaluator
+from tb_gradcheck import check_probes
 from tb_gradcheck import check_run
 from tb_gradcheck.check_report import MISMATCH
 
@@ -44,8 +60,9 @@ def float32_gap(report, loss_fn, variables, twin_loss_fn, twin_variables, tolera
         is a mismatch.
 
     Returns:
-      The report, with every row that the twin's check did not already
-      convict and whose gradient is more than ``tolerance`` off the float64
+      The report (``own_gap``'s: unchanged but for a note when the two
+      losses differ by more than float32 rounding), with every row that the
+      twin's check did not already convict and whose gradient is more than ``tolerance`` off the float64
       one, or not finite where that one is, made a mismatch; its reason
       says so, its ``analytic`` and ``numeric`` are the two gradients along
       the float64 one and its ``relative_error`` the gap.
@@ -61,11 +78,84 @@ def float32_gap(report, loss_fn, variables, twin_loss_fn, twin_variables, tolera
             "Expected the model's variables and the twin's, in the same order and shapes. Received: "
             f"{len(variables)} and {len(twin_variables)} variables"
         )
+    from tb_gradcheck import check_state
     from tb_gradcheck import grouping
 
-    model = _gradients(loss_fn, variables)
     twin = _gradients(twin_loss_fn, twin_variables)
-    return gap(report, model, twin, grouping.Rows(twin_variables), tolerance)
+    evaluator = check_state.Evaluator(loss_fn, [check_state.tf_variable(v) for v in variables])
+    try:
+        return own_gap(report, evaluator, twin, grouping.Rows(twin_variables), tolerance)
+    finally:
+        evaluator.restore_all()
+
+
+def own_gap(report, evaluator, references, rows, tolerance=FLOAT32_TOLERANCE):
+    """``report`` with the model's own gradient held against the twin's, if the twin computes the model's loss.
+
+    Args:
+      report: The twin's ``GradientCheckReport`` (its ``loss`` is the twin's
+        loss at the parameters both share).
+      evaluator: A ``check_evaluator.Evaluator`` of the model's own loss
+        over its checked parameters, in the twin's variable order; it
+        evaluates and writes them, and the caller restores them after.
+      references: The twin's gradient per variable (numpy, or None).
+      rows: The twin's rows (``check_run.Layout`` or ``grouping.Rows``).
+      tolerance: The relative gap above which a row is a mismatch.
+
+    Returns:
+      ``gap``'s report when the two losses agree within float32 rounding
+      (or the model's is not finite: an overflow the twin cannot see, which
+      ``gap`` convicts); else ``report`` unchanged but for a note saying the
+      twin computes another function and only its own check's verdicts stand.
+    """
+    loss = evaluator.loss()
+    gradients = evaluator.gradients()
+    if math.isfinite(loss) and math.isfinite(report.loss):
+        difference, allowed = _loss_difference(evaluator, loss, report.loss, gradients, report.seed)
+        if difference > allowed:
+            note = (
+                f"the float64 twin's loss ({report.loss:.9g}) is not the model's ({loss:.9g}; they differ by "
+                f"{difference:.2g}, more than the {allowed:.2g} float32 rounding explains): the twin draws other "
+                "random numbers (dropout masks, noise from the same key or seed) or the model's forward pass loses "
+                "precision in its dtype. The model's own gradient was not held against the twin's; the verdicts "
+                "are those of the twin's own check, of the twin's loss."
+            )
+            return dataclasses.replace(report, notes=report.notes + (note,))
+    return gap(report, gradients, references, rows, tolerance)
+
+
+def _loss_difference(evaluator, loss, twin_loss, gradients, seed):
+    """``(|loss - twin_loss|, the most float32 rounding explains)`` at the parameters both share.
+
+    The twin holds the model's parameters exactly (widening to float64 is
+    exact) and the same batch, so if it computes the same function the two
+    losses differ only by the rounding of the model's forward pass: the
+    exact loss plus one rounding error e. Two bounds on |e|:
+
+    - sigma, the measured noise of one evaluation in the model's dtype
+      (``check_probes.measure_noise``, 8 evaluations): e is one draw of it,
+      and |e| > 100 sigma has probability below 1e-4 whatever its
+      distribution (Chebyshev). This is what covers a loss far smaller than
+      its terms (a well-fitted regression), whose rounding is large against
+      the loss itself.
+    - sqrt(u) |loss| (u: the model's unit roundoff; 2.4e-4 in float32):
+      4000 roundings of the loss, for rounding the noise does not show
+      because it is the same at every nearby point (a constant in the loss
+      rounded once to float32). A healthy float32 forward pass is off by
+      1e-7 to 1e-5 of the loss.
+
+    A different random draw (another dropout mask or noise over a share p
+    of the units) moves the loss by a share of order p: percents, two
+    orders above both bounds.
+    """
+    unit = check_evaluator.unit_roundoff(evaluator.loss_dtype or "float32")
+    checked = evaluator.checked
+    theta = [evaluator.saved64(v) for v in checked]
+    units = [evaluator.unit(v) for v in checked]
+    grads = [None if g is None else np.asarray(g, np.float64) for g in gradients]
+    sigma = check_probes.measure_noise(evaluator, checked, theta, grads, units, loss, np.random.default_rng(seed))
+    allowed = max(100.0 * sigma, math.sqrt(unit) * max(abs(loss), abs(twin_loss)))
+    return abs(loss - twin_loss), allowed
 
 
 def gap(report, gradients, references, rows, tolerance=FLOAT32_TOLERANCE):

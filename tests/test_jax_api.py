@@ -156,6 +156,23 @@ def test_a_step_that_is_not_the_monitors_count_is_refused_at_a_write(tmp_path):
     writer.close()  # twice is fine
 
 
+def test_a_pmap_replicated_state_is_refused_with_the_way_to_pass_one_replica(tmp_path):
+    # What pmap returns: every leaf with a leading device axis (two devices
+    # here, stacked by hand: the shape is what the writer sees).
+    params = {"a": {"kernel": jnp.ones((3, 4)), "bias": jnp.zeros(4)}}
+    tx = tj.monitor(optax.sgd(0.1), every_n_steps=2)
+    state = tx.init(params)
+    _, state = jax.jit(tx.update)(params, state)
+    replicated = jax.tree.map(lambda x: jnp.stack([x, x]), state)
+    with tj.GradientWriter(tmp_path) as writer:
+        for step in (0, 1):  # a written step, and one that reads nothing (close() would read its window)
+            with pytest.raises(ValueError, match=r"shape \(2,\): a pmap-replicated state.*x\[0\]"):
+                writer.write(replicated, step)
+        writer.write(jax.tree.map(lambda x: x[0], replicated), 0)  # one replica is the state
+    ((step, _, _),) = read_events(tmp_path)
+    assert step == 0
+
+
 def test_arguments_are_checked_where_they_are_given():
     with pytest.raises(ValueError, match="every_n_steps"):
         tj.monitor(every_n_steps=0)

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 from flax import nnx
 
 import tb_gradcheck.jax as tj
@@ -63,6 +64,7 @@ def test_a_correct_model_is_ok_in_its_own_dtype_and_in_a_float64_twin(dtype):
     assert [r.name for r in report.layers] == [f"Dense_{i}" for i in range(DEPTH)]  # the writer's row names
     assert report.ok, report
     assert report.dtype == ("float64" if dtype else "float32")
+    assert report.notes == ()  # the twin computes the model's loss: its gradient was compared
 
 
 def test_a_wrong_custom_vjp_is_a_mismatch_on_its_layer_and_the_layers_before_it_not_after():
@@ -105,6 +107,50 @@ def test_a_float32_model_with_a_float32_only_bug_is_caught_against_its_float64_t
     report = tj.check_gradients(loss, params, batch, dtype="float64", seed=0)
     assert not report.ok
     assert any("float64 twin" in r.reason for r in report.layers if r.status == "mismatch"), report
+
+
+def dropout_mlp(scale=1.0):
+    """A Linen MLP with ``nn.Dropout`` whose loss closes over a fixed key; its tanh's VJP is ``scale`` times right."""
+    bad = wrong_tanh(scale)
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = bad(nn.Dense(8)(x))
+            return nn.Dense(1)(nn.Dropout(0.3, deterministic=False)(h))
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(16, 4)), jnp.float32)
+    y = jnp.asarray(rng.normal(size=(16, 1)), jnp.float32)
+    model = Model()
+    params = model.init(jax.random.PRNGKey(0), x)["params"]
+    key = jax.random.PRNGKey(3)
+
+    def loss(p, batch):
+        return jnp.mean((model.apply({"params": p}, batch[0], rngs={"dropout": key}) - batch[1]) ** 2)
+
+    return loss, params, (x, y)
+
+
+def test_a_dropout_model_with_a_fixed_key_is_ok_in_a_float64_twin_that_draws_another_mask():
+    # Under jax_enable_x64 the same key draws another dropout mask: the twin
+    # is another function, and its gradient no reference for the model's.
+    # Its own check is still right (every evaluation draws its one mask).
+    loss, params, batch = dropout_mlp()
+    report = tj.check_gradients(loss, params, batch, dtype="float64", seed=0)
+    assert report.ok and all(r.status == "ok" for r in report.layers), report
+    (note,) = report.notes
+    assert "not the model's" in note and "dropout masks" in note and "not held against" in note, note
+    assert "Note: " + note in str(report) and report.to_dict()["notes"] == [note]
+
+
+def test_a_wrong_custom_vjp_under_dropout_is_still_a_mismatch_in_the_float64_twin():
+    loss, params, batch = dropout_mlp(scale=1.05)
+    report = tj.check_gradients(loss, params, batch, dtype="float64", seed=0)
+    # The wrong VJP is after Dense_0: its gradient is 5% off, Dense_1's is not.
+    assert {r.name: r.status for r in report.layers} == {"Dense_0": "mismatch", "Dense_1": "ok"}, report
+    assert "float64 twin" not in report.layers[0].reason  # convicted by the twin's own check
+    assert report.notes  # and the gradients were still not compared
 
 
 def test_an_nnx_module_is_checked_with_its_rows_named_as_the_writer_names_them(tmp_path):

@@ -120,6 +120,33 @@ def test_depth_order_finds_the_scanned_stacks_and_their_direction():
     assert tj.depth_order(Unrolled().apply, params, data()[0]).stacked == {}
 
 
+def test_a_whole_models_depth_order_serves_a_monitor_inside_masked_or_multi_transform(tmp_path):
+    # The monitor sees the subtree optax.masked hands it; the order (and the
+    # stack it found) is the whole model's. Names it lists and the monitor
+    # does not see are passed over; the rows it sees keep its depth order
+    # (ScanBlock_0 before Dense_1, which natural order would swap).
+    params = scanned_params()
+    x, y = data()
+    order = tj.depth_order(Scanned().apply, params, x)
+    scanned = [f"ScanBlock_0/{i}/Dense_0" for i in range(DEPTH)]
+    trained = {"params": {"Dense_0": False, "ScanBlock_0": True, "Dense_1": True}}
+    labels = jax.tree.map(lambda t: "train" if t else "frozen", trained)
+    runs = {
+        "masked": optax.masked(tj.monitor(optax.adam(1e-2), order=order), jax.tree.map(lambda t: not t, trained)),
+        "multi": optax.multi_transform(
+            {"train": tj.monitor(optax.adam(1e-2), order=order), "frozen": optax.set_to_zero()}, labels
+        ),
+    }
+    expected = {"masked": ["Dense_0"], "multi": scanned + ["Dense_1"]}
+    for name, tx in runs.items():
+        run_steps(tx, params, lambda p: jnp.mean((Scanned().apply(p, x) - y) ** 2), 2, tmp_path / name)
+        assert stats_content(tmp_path / name)["layer"]["rows"] == expected[name], name
+    # An order of other names that misses names the monitor sees is another model's: refused.
+    other = ["Encoder_0/kernel", "Dense_1/kernel", "Dense_1/bias"]
+    with pytest.raises(ValueError, match=r"without \['ScanBlock_0/Dense_0/bias'.*unknown names \['Encoder_0/kernel'\]"):
+        optax.masked(tj.monitor(order=other), trained).init(params)
+
+
 class Inner(nn.Module):
     @nn.compact
     def __call__(self, x, _):

@@ -154,10 +154,27 @@ def test_a_backward_pass_wrong_only_in_training_mode_is_caught_in_training_mode(
 def test_twin_does_not_compare_gradients_of_a_loss_that_draws_random_numbers():
     # torch.randn draws other numbers in float64 than in float32 at the same
     # seed: the twin's noise is not the model's, and their gradients differ
-    # by far more than precision on a correct model.
+    # by far more than precision on a correct model. The losses say so first.
     case = models.clean("noise", 0)
     report = check(case, 0, dtype="float64")
     assert report.ok and all(r.status == "ok" for r in report.layers), str(report)
+    (note,) = report.notes
+    assert "not the model's" in note and "not held against" in note, note
+
+
+def test_twin_compares_gradients_of_a_dropout_model_whose_float64_mask_is_the_models():
+    # On a CPU torch's dropout draws the same mask in float64 as in float32
+    # from the same seed: the twin computes the model's loss, so the model's
+    # own gradient is still held against it (no note).
+    case = models.forgetful_dropout(0, dropout=torch.nn.Dropout)
+    report = check(case, 0, dtype="float64")
+    assert report.ok and all(r.status == "ok" for r in report.layers), str(report)
+    assert report.notes == (), report.notes
+
+
+def test_a_backward_pass_wrong_only_in_training_mode_is_caught_by_the_float64_twin():
+    case = models.forgetful_dropout(0)
+    assert_found(check(case, 0, dtype="float64"), case.wrong)
 
 
 def test_same_seed_same_training_mode_report_whatever_the_callers_random_state():

@@ -331,11 +331,14 @@ def clean(kind, seed=0):
 CLEAN_KINDS = ("mlp", "cnn", "layer_norm", "attention", "embedding", "relu_padded", "relu", "train_mode", "noise")
 
 
-def forgetful_dropout(seed=0):
-    """An MLP whose dropout forgets its mask in the backward pass: ``body.0`` (below it) is wrong in training mode."""
+def forgetful_dropout(seed=0, dropout=ForgetfulDropout):
+    """An MLP whose dropout forgets its mask in the backward pass: ``body.0`` (below it) is wrong in training mode.
+
+    With ``dropout=nn.Dropout`` the same MLP, correct.
+    """
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed + 1000)
     model = nn.Sequential()
-    model.body = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), ForgetfulDropout(0.3))
+    model.body = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), dropout(0.3))
     model.head = nn.Linear(16, 1)
     return Case(model.train(), _mlp_batch(generator), mse, ("body.0",))

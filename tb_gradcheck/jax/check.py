@@ -66,7 +66,12 @@ def check_gradients(
         ``jax.enable_x64``. Its error bar is ~1e-7 of the derivative instead
         of ~3e-3. A float32 model also has its own gradient held against the
         twin's (``twin_gap``): a row more than 1% off, or not finite where
-        the twin's is, is a mismatch (float32 arithmetic the twin cannot see).
+        the twin's is, is a mismatch (float32 arithmetic the twin cannot see);
+        not when the twin's loss is not the model's (more than float32
+        rounding apart): under ``jax_enable_x64`` the same key can draw other
+        random numbers (``nn.Dropout``'s mask), and the report's ``notes``
+        say the gradients were not compared. The twin's own check is valid
+        either way: every evaluation draws the same numbers from the key.
       probes, epsilon, seed, granularity, tolerance, thorough: As for
         ``tb_gradcheck.check_gradients`` (TensorFlow).
 
@@ -98,8 +103,11 @@ def check_gradients(
             reference = _gradient(fn64, tree64, checked)
         if any(jax.tree_util.tree_leaves(tree)[i].dtype != jnp.float32 for i in checked):
             return report  # float16 or bfloat16 arithmetic is inexact by design; float64 is the twin's own
-        own = _gradient(fn, tree, checked)
-    return twin_gap.gap(report, own, reference, check_run.Layout(names, owners))
+        # Under jax_enable_x64 the same key can draw other random numbers
+        # (dropout masks): own_gap holds the two losses first, and compares
+        # the gradients only when the twin computes the model's function.
+        own = Evaluator(fn, tree, checked)
+        return twin_gap.own_gap(report, own, reference, check_run.Layout(names, owners))
 
 
 class _Leaf:

@@ -119,7 +119,7 @@ def natural_key(parts):
     return tuple(tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", p) if t) for p in parts)
 
 
-def make(params, every_n_steps, updates=False, order=None, unit_axes=None, stacked=None):
+def make(params, every_n_steps, updates=False, order=None, unit_axes=None, stacked=None, found=None):
     """The ``Layout`` of a parameter pytree.
 
     Args:
@@ -127,14 +127,22 @@ def make(params, every_n_steps, updates=False, order=None, unit_axes=None, stack
       every_n_steps: Steps per write.
       updates: Whether the monitor measures an optimizer's updates.
       order: None (natural order of the paths), or the parameter names in
-        depth order (``depth_order``); names it does not list follow in
-        natural order.
+        depth order (``depth_order``): a part of the pytree's names (those
+        it does not list follow in natural order), or all of them and
+        others (the order of a whole model, for a monitor inside
+        ``optax.masked`` or ``optax.multi_transform`` that sees part of it:
+        the others are passed over).
       unit_axes: ``{name: axes}`` overrides of the unit axes, or None.
       stacked: ``{name prefix: axes}`` of the leaves stacked for ``lax.scan``
         (``stacks``): a row per slice. None: every leaf is one row.
+      found: ``{name prefix: axes}`` of the stacks ``depth_order`` found, or
+        None; those under which no leaf of this pytree lies are passed over
+        (a whole model's, as ``order``).
 
     Raises:
-      ValueError: An empty pytree, or ``order``/``unit_axes``/``stacked`` naming no parameter.
+      ValueError: An empty pytree; ``order`` listing names the pytree does
+        not have without listing all those it has; ``unit_axes``/``stacked``
+        naming no parameter.
     """
     leaves = jax.tree_util.tree_leaves(params)
     if not leaves:
@@ -144,13 +152,21 @@ def make(params, every_n_steps, updates=False, order=None, unit_axes=None, stack
     index = sorted(range(len(parts)), key=lambda i: natural_key(parts[i]))
     if order is not None:
         order = list(order)
-        unknown = sorted(set(order) - set(names))
-        if unknown:
+        present = set(names)
+        unknown = sorted(set(order) - present)
+        missing = sorted(present - set(order))
+        if unknown and missing:
+            # Names it has and names it lacks: the order of another pytree
+            # (renamed modules, another model), not of a whole model this
+            # one is part of, and the rows would not be in depth order.
             raise ValueError(
-                f"Expected `order` to list parameter names of the pytree. Received: unknown names {unknown[:5]}; "
-                f"the pytree's names are {names[:5]}{'...' if len(names) > 5 else ''}"
+                "Expected `order` to list parameter names of the pytree: some of them, or all of them and others "
+                "(a whole model's depth_order, for a monitor inside optax.masked or optax.multi_transform). "
+                f"Received: an order without {missing[:5]}{'...' if len(missing) > 5 else ''} and with unknown "
+                f"names {unknown[:5]}{'...' if len(unknown) > 5 else ''}; the pytree's names are "
+                f"{names[:5]}{'...' if len(names) > 5 else ''}"
             )
-        rank = {n: k for k, n in enumerate(order)}
+        rank = {n: k for k, n in enumerate(n for n in order if n in present)}
         index = sorted(index, key=lambda i: (0, rank[names[i]]) if names[i] in rank else (1, 0))
     unit_axes = dict(unit_axes or {})
     unknown = sorted(set(unit_axes) - set(names))
@@ -158,8 +174,12 @@ def make(params, every_n_steps, updates=False, order=None, unit_axes=None, stack
         raise ValueError(
             f"Expected `unit_axes` to name parameters of the pytree. Received: unknown names {unknown[:5]}"
         )
+    stacked = stacks.normalise(stacked)
+    if found:
+        here = {p: flags for p, flags in found.items() if any(stacks.matched({p: flags}, x) for x in parts)}
+        stacked = {**here, **stacked}
     shapes = [tuple(int(d) for d in x.shape) for x in leaves]
-    rows = stacks.expand(parts, shapes, index, stacks.normalise(stacked))
+    rows = stacks.expand(parts, shapes, index, stacked)
     return Layout(
         names=tuple("/".join(name) for _, _, name, _, _ in rows),
         owners=tuple("/".join(owner) for _, _, _, owner, _ in rows),

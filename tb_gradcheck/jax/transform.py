@@ -114,7 +114,10 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
         the last, mean, max, min and sum of the gradient norm and NaN/Inf
         count over the N steps, as ``tb_gradcheck.GradientWriter`` does.
       order: Parameter names in depth order (``depth_order``), or None for
-        the natural order of their paths (``layout``).
+        the natural order of their paths (``layout``). A whole model's
+        order serves a monitor that sees part of it (inside
+        ``optax.masked`` or ``optax.multi_transform``): the names it does
+        not see are passed over.
       unit_axes: ``{parameter name: 2}`` for parameters whose units are
         their last two axes (depthwise kernels), or None.
       stacked: ``{name prefix: axes}``: the parameters under each prefix
@@ -140,12 +143,16 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
             "Expected `optimizer` to be an optax.GradientTransformation (with init and update) or None. "
             f"Received: {type(optimizer).__name__}"
         )
-    stacked = stacks.normalise(getattr(order, "stacked", None) if stacked is None else stacked)
+    # What depth_order found may be of a whole model the monitor sees part
+    # of (optax.masked): make passes over stacks not in this pytree. What
+    # the caller names must be there.
+    found = stacks.normalise(getattr(order, "stacked", None)) if stacked is None else {}
+    stacked = stacks.normalise(stacked)
     order = None if order is None else tuple(order)
     unit_axes = dict(unit_axes or {})
 
     def init(params):
-        lay = layouts.make(params, every_n_steps, optimizer is not None, order, unit_axes, stacked)
+        lay = layouts.make(params, every_n_steps, optimizer is not None, order, unit_axes, stacked, found)
         inner = optimizer.init(params) if optimizer is not None else optax.EmptyState()
         return initial_state(lay, _float_dtype(jax.tree_util.tree_leaves(params)), inner=inner)
 

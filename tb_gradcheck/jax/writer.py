@@ -80,8 +80,10 @@ class GradientWriter:
 
         Raises:
           TypeError: ``step`` is not an int.
-          ValueError: No monitor in ``opt_state``; a written step whose
-            monitor counted another step; a closed writer.
+          ValueError: No monitor in ``opt_state``; a monitor whose step
+            counter is not a scalar (a pmap-replicated state: pass one
+            replica); a written step whose monitor counted another step; a
+            closed writer.
         """
         self._check_open()
         step = _step(step)
@@ -94,6 +96,10 @@ class GradientWriter:
             self._latest[structure] = (tree, step)
             return
         states = find_states(tree)
+        for state in states:
+            # Here, not only where a written step reads it: a state refused
+            # now is not kept for close() to trip on.
+            _check_scalar_count(jax.tree_util.tree_leaves(state)[0])
         self._periods[structure] = {state.layout.every_n_steps for state in states}
         self._latest[structure] = (tree, step)
         for state in states:
@@ -241,17 +247,38 @@ def fetch(state, held=True):
     Reads the state's leaves whatever wraps them (``nnx.Optimizer`` keeps
     each array in a Variable, which flattens to the array): the count, the
     held step's leaves and the window's come first in its flattening.
+
+    Raises:
+      ValueError: The count is not a scalar (a pmap-replicated state).
     """
     windowed = state.layout.every_n_steps > 1
     window = running.State(*[0] * len(running.State._fields)) if windowed else None
     template = (0, Held(*[0] * (len(Held._fields) - 1), window=window), window)
     treedef = jax.tree_util.tree_structure(template)
     leaves = jax.tree_util.tree_leaves(state)[: treedef.num_leaves]
+    _check_scalar_count(leaves[0])
     start, stop = (0, 1 + treedef.children()[1].num_leaves) if held else (treedef.num_leaves - len(window), None)
     values = [np.asarray(x) for x in jax.device_get(leaves[start:stop])]
     if held:
         return values[0], jax.tree_util.tree_unflatten(treedef.children()[1], values[1:])
     return running.State(*values)
+
+
+def _check_scalar_count(count):
+    """Refuses a state with a counter per device: its reductions would be read as one model's."""
+    shape = np.shape(count)  # the array's shape, read without a transfer
+    if not shape:
+        return
+    hint = (
+        ": a pmap-replicated state (a leading device axis). Pass one replica, jax.tree.map(lambda x: x[0], state), "
+        "or replicate with jax.jit and jax.sharding instead of pmap"
+        if len(shape) == 1
+        else ""
+    )
+    raise ValueError(
+        "Expected an optax state whose monitor's step counter is a scalar (one state for the whole model). "
+        f"Received: a counter of shape {shape}{hint}"
+    )
 
 
 def _window_steps(window, step):

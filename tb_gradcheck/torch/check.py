@@ -82,9 +82,11 @@ def check_gradients(
         cost. A float32 model also has its own gradient held against the
         twin's (one backward pass of each): a row more than 1% off, or not
         finite where the twin's is, is a mismatch (float32 arithmetic the
-        twin cannot see; ``twin_gap``); not when the loss draws random
-        numbers (dropout or noise in training mode): float64 draws other
-        ones than float32 from the same seed.
+        twin cannot see; ``twin_gap``); not when the twin's loss is not the
+        model's (more than float32 rounding apart): from the same seed,
+        float64 noise (``torch.randn``) is other numbers than float32's, and
+        the report's ``notes`` say the gradients were not compared. The
+        twin's own check is valid either way.
         Needs ``batch``.
       probes, epsilon, seed, granularity, tolerance, thorough: As for
         ``tb_gradcheck.check_gradients`` (TensorFlow): probes per row
@@ -141,16 +143,19 @@ def check_gradients(
     if any(p.dtype != torch.float32 for p in checked):
         return report  # float16 or bfloat16 arithmetic is inexact by design; float64 is the twin's own
     own_fn = lambda: loss_fn(model, batch)  # noqa: E731
+    layout = check_run.Layout(names, [modules.owner_path(n) for n in names])
     with _ieee_float32():
-        # A loss that draws random numbers is not compared: from the same
-        # seed, torch.rand and torch.randn draw other numbers in float64 than
-        # in float32, and the two gradients would then differ by far more
-        # than precision (dropout's masks happen to agree; noise does not).
-        if check_state.draws_random_numbers(own_fn, model, opts.seed):
-            return report
-        own = check_state.gradients(own_fn, model, opts.seed)
         reference = check_state.gradients(twin_fn, twin, opts.seed)
-    return twin_gap.gap(report, own, reference, check_run.Layout(names, [modules.owner_path(n) for n in names]))
+        # From the same seed torch.randn draws other numbers in float64 than
+        # in float32 (dropout's masks happen to agree on a CPU): own_gap holds
+        # the two losses first, and compares the gradients only when the
+        # twin computes the model's function.
+        _, checked, state = check_state.parameters(model)
+        own = check_state.Evaluator(own_fn, checked, state, opts.seed)
+        try:
+            return twin_gap.own_gap(report, own, reference, layout)
+        finally:
+            own.restore_all()
 
 
 def float64_twin(model):

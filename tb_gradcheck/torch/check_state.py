@@ -203,19 +203,6 @@ def gradients(loss_fn, model, seed):
         evaluator.restore_all()
 
 
-def draws_random_numbers(loss_fn, model, seed):
-    """Whether the loss reads the random number generators (dropout in training mode): its value from two seeds differs."""
-    values = []
-    for s in (seed, seed + 1):
-        _, checked, state = parameters(model)
-        evaluator = Evaluator(loss_fn, checked, state, s)
-        try:
-            values.append(evaluator.loss())
-        finally:
-            evaluator.restore_all()
-    return values[0] != values[1]
-
-
 def _scalar(value):
     if not isinstance(value, torch.Tensor):
         raise TypeError(
