@@ -6,6 +6,8 @@ read; the writer's events are read back with TensorBoard's own event file
 loader (conftest.read_events).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -540,3 +542,24 @@ def test_write_check_writes_the_reports_rows_as_the_tab_reads_them(tmp_path):
     assert step == 12 and layer.shape == (2, len(metadata.CHECK_COLUMNS))
     assert list(layer[:, status]) == [0.0, 2.0] and list(variable[:, status]) == [0.0, 2.0]
     assert layer[1, metadata.CHECK_COLUMNS.index("relative_error")] == pytest.approx(0.05)
+
+
+def test_a_layer_unfrozen_after_the_first_write_is_named_in_a_warning(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    model[0].requires_grad_(False)
+    writer = GradientWriter(tmp_path, model, every_n_steps=2)
+    x = torch.randn(5, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to say while the rows are all there is
+        for step in range(2):
+            model(x).sum().backward()
+            writer.write(step)
+    model[0].requires_grad_(True)  # gradual unfreezing
+    model(x).sum().backward()
+    writer.write(3)  # not written: nothing checked
+    model(x).sum().backward()
+    with pytest.warns(UserWarning, match=r"0\.weight, 0\.bias need a gradient but are not recorded") as caught:
+        writer.write(4)
+    assert caught[0].filename == __file__  # the user's line, through torch.compiler.disable
+    writer.close()
+    assert stats_content(tmp_path)["variable"]["rows"] == ["2.weight", "2.bias"]

@@ -143,6 +143,7 @@ class GradientWriter:
         self._follower = None if optimizer is None else optim.Follower(self, optimizer)
         self._scale = None if scaler is None else optim.ScaleReader(scaler, optimizer)
         self._called = False  # write() was called at least once
+        self._unrecorded_warned = False
         self.closed = False
         _open.add(self)
 
@@ -199,6 +200,7 @@ class GradientWriter:
             self._window.add(present, step)
         if not due:
             return
+        self._warn_unrecorded()
         pack = reductions.Pack()
         reduced = self._written(rows, tensors, where, device, coalesced)
         if scale is not None and "max_abs" in reduced:
@@ -312,6 +314,25 @@ class GradientWriter:
             self._group.check(self._rows)
             self._dense = (False,) * len(self._rows.params)
         return self._rows
+
+    def _warn_unrecorded(self):
+        """Warns once, at a written step, of parameters that need a gradient but are not rows.
+
+        The rows are fixed at the first write: a layer unfrozen later (gradual
+        unfreezing) or a parameter added after it would be left out without a word.
+        """
+        if self._unrecorded_warned:
+            return
+        rows = {id(p) for p in self._rows.params}
+        missing = [n for n, p in self._model.named_parameters() if p.requires_grad and id(p) not in rows]
+        if missing:
+            self._unrecorded_warned = True
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            warnings.warn(
+                f"tb_gradcheck: {shown} need a gradient but are not recorded: the rows are the parameters that "
+                "required one at the first write. Create a new GradientWriter after unfreezing or adding parameters.",
+                stacklevel=4,  # the user's write(): past write() and torch.compiler.disable's wrapper
+            )
 
     def _device(self, tensors):
         if tensors:
