@@ -71,11 +71,8 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
         largest norm among the layers after it (toward the output) before it
         is vanishing. 3: healthy deep nets keep layer norms within one or two
         orders; a thousandfold drop means the input side barely learns.
-      vanishing_ratio: A layer whose ||g|| / ||W|| is below this is vanishing
-        whatever the other layers do. 6e-8, float32's half-ulp (2**-24): an
-        SGD step lr * g with lr <= 1 then changes the weights by less than
-        float32 can represent, so they do not move at all. Relative to the
-        weights, so it holds at any weight scale.
+      vanishing_ratio: See ``optimizer_findings.OptimizerThresholds``, which
+        reads it too.
       dead_units: A layer's ``dead_unit_fraction`` (units whose every
         parameter gets exactly zero gradient over the whole batch) of at
         least this in every write of the trailing window is shown, as
@@ -138,7 +135,6 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
     persistence: float = 0.5
     min_writes: int = 5
     vanishing_orders: float = 3.0
-    vanishing_ratio: float = 6e-8
     dead_units: float = 0.25
     dying_share: float = 0.4
     dead_silent: float = 0.9
