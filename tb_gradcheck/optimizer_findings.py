@@ -68,7 +68,10 @@ class OptimizerThresholds:
         whatever the other layers do. 6e-8, float32's half-ulp (2**-24): an
         SGD step lr * g with lr <= 1 then changes the weights by less than
         float32 can represent, so they do not move at all. Relative to the
-        weights, so it holds at any weight scale. Read here
+        weights, so it holds at any weight scale. Where the run records the
+        update it made (``update_to_weight``), that premise is measured
+        instead: an update at or above ``not_learning_floor`` moved them
+        (Adam's step is about lr per element whatever |g| is). Read here
         too: an update of exactly 0 is float32's only where the gradient
         is under this (``_frozen``).
       slow_pace_spread: A layer shares the slow network's verdict only

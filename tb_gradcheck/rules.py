@@ -77,6 +77,8 @@ class StatsView:
         self.ratio, _, _ = self._pick("grad_to_weight", ("mean", "last"))
         self.dead, _, _ = self._pick(DEAD_UNITS, ("last",))
         self.weight_norm, _, _ = self._pick("weight_norm", ("last",))
+        # ||w_after - w_before|| / ||w_before|| at the write step, when the writer bracketed the update.
+        self.update, _, _ = self._pick("update_to_weight", ("last",))
         self.onset_offset, _, _ = self._pick(ONSET_OFFSET, ("last",))
         # The dynamic loss scale of a mixed-precision fit, at each write step.
         self.loss_scale, _, _ = self._pick(LOSS_SCALE, ("last",))
@@ -285,8 +287,9 @@ def vanishing(v, t, exclude=()):
     A layer is vanishing at a write when its norm is ``vanishing_orders``
     below the largest norm among the layers after it (toward the output) and
     so is every layer before it, or its ``grad_to_weight`` is below
-    ``vanishing_ratio``; and that held in at least ``persistence`` of the
-    trailing window's writes.
+    ``vanishing_ratio`` and its measured update (``update_to_weight``, where
+    the run has it) is below ``not_learning_floor``; and that held in at
+    least ``persistence`` of the trailing window's writes.
     """
     s, n_rows = v.norm.shape
     # A gradient of exactly 0 is not a small one: no unit gets any (the dead
@@ -312,6 +315,15 @@ def vanishing(v, t, exclude=()):
     decayed[:, 1:] &= ~broken[:, :-1]
     with np.errstate(invalid="ignore"):
         tiny = finite & (v.ratio < t.vanishing_ratio) if v.ratio is not None else np.zeros((s, n_rows), bool)
+        if v.update is not None:
+            # "Too small to move its weights" is a claim about an SGD step,
+            # lr * g. Where the run measured the step the optimizer took,
+            # that claim is tested directly: an adaptive optimizer (Adam)
+            # scales the step to about lr per element whatever |g| is, so a
+            # gradient under float32's half-ulp of the weights can still move
+            # them. A measured update at or above not_learning_floor (what
+            # moves float32 weights) refutes it at that write.
+            tiny &= ~(v.update >= t.not_learning_floor)
     excluded = np.array([name in exclude for name in v.rows])
     flags = trailing.persistent((decayed | tiny) & ~excluded[None, :], finite, t)
     evidence = {}

@@ -77,3 +77,58 @@ def test_a_layer_well_above_the_slow_pace_is_not_told_its_learning_rate_is_too_s
     stuck = {f.kind: f for f in torch_fit(tmp_path, groups)}["not_learning"]
     assert stuck.severity == "warning" and "6" not in stuck.layers
     assert any("the whole network" in e["reason"] for e in stuck.evidence.values())
+
+
+class LayerScaled(nn.Module):
+    """A residual MLP whose branch is scaled by a fixed 1e-7: the branch's gradient is 1e-7 of an unscaled one.
+
+    A LayerScale (CaiT, ConvNeXt) starts at 1e-6 the same way, but Adam grows a
+    trained scale by about its learning rate per step; a fixed scale keeps the
+    branch's gradient under float32's half-ulp of its weights for the whole run.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(16, 64)
+        self.branch = nn.Linear(64, 64)
+        self.register_buffer("gamma", torch.full((64,), 1e-7))
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.stem(x))
+        return self.head(h + self.gamma * torch.tanh(self.branch(h)))
+
+
+def layer_scaled_fit(logdir, make_optimizer, steps=30):
+    """``LayerScaled`` trained by ``make_optimizer(params)``; (its findings, the branch's grad_to_weight and update)."""
+    torch.manual_seed(0)
+    model = LayerScaled()
+    optimizer = make_optimizer(model.parameters())
+    target = torch.randn(16, 4)
+    with GradientWriter(logdir, model, optimizer=optimizer) as writer:
+        for step in range(steps):
+            x = torch.randn(64, 16)
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), torch.tanh(x @ target)).backward()
+            writer.write(step)
+            optimizer.step()
+    st, ctx, eid = store.local_store(logdir)
+    run = next(iter(st.runs(ctx, eid)))
+    matrix = queries.matrix(st, ctx, eid, st.run(ctx, eid, run), "stats", "layer")
+    j = matrix.rows.index("branch")
+    ratio = matrix.slab("grad_to_weight", "last")[0][:, j]
+    update = matrix.slab("update_to_weight", "last")[0][:, j]
+    return queries.findings(st, ctx, eid, run), ratio, update
+
+
+def test_a_gradient_under_float32s_half_ulp_that_adam_still_moves_is_not_vanishing(tmp_path):
+    found, ratio, update = layer_scaled_fit(tmp_path, lambda p: torch.optim.Adam(p, 1e-3))
+    assert (ratio < 6e-8).all() and (update > 1e-5).all()  # the premise: a tiny gradient, weights that move
+    assert not [f for f in found if f.kind == "vanishing"], [f.message for f in found]
+
+
+def test_a_gradient_under_float32s_half_ulp_that_sgd_cannot_move_is_vanishing(tmp_path):
+    found, ratio, update = layer_scaled_fit(tmp_path, lambda p: torch.optim.SGD(p, 0.1))
+    assert (ratio < 6e-8).all() and (update < 1e-7).all()  # the premise: a tiny gradient, a tiny SGD step
+    vanishing = {f.kind: f for f in found}["vanishing"]
+    assert "branch" in vanishing.layers and "in float32" in vanishing.message
