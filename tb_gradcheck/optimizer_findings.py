@@ -64,6 +64,15 @@ class OptimizerThresholds:
       slow_pace_writes: Writes the pace is a median over, and the least a
         run must have before it is called slow. 20: the trailing window the
         other slow rules use; one large first step moves no median of 20.
+      slow_pace_spread: A layer shares the slow network's verdict only
+        while its own pace (the same trailing median, of its own
+        update_to_weight) has never reached ``slow_pace`` times 10 to this
+        power. 1 order: layers that share one learning rate spread around
+        the network's pace by factors of a few (those of one healthy network
+        stay within one or two orders of each other), so a layer within an
+        order of the bound is at the network's pace; one that moves ten
+        times the bound or more is not held back by the learning rate, and
+        "a learning rate too small" would be false of it.
       vanishing_ratio: A layer whose ||g|| / ||W|| is below this is vanishing
         whatever the other layers do. 6e-8, float32's half-ulp (2**-24): an
         SGD step lr * g with lr <= 1 then changes the weights by less than
@@ -74,15 +83,6 @@ class OptimizerThresholds:
         (Adam's step is about lr per element whatever |g| is). Read here
         too: an update of exactly 0 is float32's only where the gradient
         is under this (``_frozen``).
-      slow_pace_spread: A layer shares the slow network's verdict only
-        while its own pace (the same trailing median, of its own
-        update_to_weight) has never reached ``slow_pace`` times 10 to this
-        power. 1 order: layers that share one learning rate spread around
-        the network's pace by factors of a few (those of one healthy network
-        stay within one or two orders of each other), so a layer within an
-        order of the bound is at the network's pace; one that moves ten
-        times the bound or more is not held back by the learning rate, and
-        "a learning rate too small" would be false of it.
     """
 
     clip_tolerance: float = 1e-3
