@@ -126,7 +126,7 @@ const EVIDENCE_FIELDS = {
   fraction_of_steps: ['steps affected', percent],
   median_zero_fraction: ['zero fraction (median)', percent],
   steps_over: ['steps over', formatNumber],
-  steps_with_nonfinite: ['steps with NaN/Inf', formatNumber],
+  writes_with_nonfinite: ['writes with NaN/Inf', formatNumber],
   nonfinite_elements: ['non-finite elements', formatNumber],
   max_relative_error: ['max relative error', percent],
   checks_failed: ['checks failed', formatNumber],
@@ -176,7 +176,7 @@ export function layerHeadline(f, layer) {
     case 'dead':
       return e.median_dead_unit_fraction != null ? `${percent(e.median_dead_unit_fraction)} ${e.state === 'idle' ? 'idle' : 'dead'}` : '';
     case 'non_finite':
-      return e.steps_with_nonfinite != null ? `${formatNumber(e.steps_with_nonfinite)} step${e.steps_with_nonfinite === 1 ? '' : 's'}` : '';
+      return e.writes_with_nonfinite != null ? `${formatNumber(e.writes_with_nonfinite)} write${e.writes_with_nonfinite === 1 ? '' : 's'}` : '';
     default:
       return '';
   }

@@ -71,11 +71,8 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
         largest norm among the layers after it (toward the output) before it
         is vanishing. 3: healthy deep nets keep layer norms within one or two
         orders; a thousandfold drop means the input side barely learns.
-      vanishing_ratio: A layer whose ||g|| / ||W|| is below this is vanishing
-        whatever the other layers do. 6e-8, float32's half-ulp (2**-24): an
-        SGD step lr * g with lr <= 1 then changes the weights by less than
-        float32 can represent, so they do not move at all. Relative to the
-        weights, so it holds at any weight scale.
+      vanishing_ratio: See ``optimizer_findings.OptimizerThresholds``, which
+        reads it too.
       dead_units: A layer's ``dead_unit_fraction`` (units whose every
         parameter gets exactly zero gradient over the whole batch) of at
         least this in every write of the trailing window is shown, as
@@ -138,7 +135,6 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
     persistence: float = 0.5
     min_writes: int = 5
     vanishing_orders: float = 3.0
-    vanishing_ratio: float = 6e-8
     dead_units: float = 0.25
     dying_share: float = 0.4
     dead_silent: float = 0.9
@@ -276,7 +272,7 @@ def _sentence(found, quote):
         where = "" if len(firsts) == len(f.layers) else f" in {finding.name_list(firsts, quote)}"
         text = (
             f"NaN/Inf gradients in {names}, first at step {first}{where} "
-            f"({sum(x['steps_with_nonfinite'] for x in e.values())} layer-steps affected)"
+            f"({_count(sum(x['writes_with_nonfinite'] for x in e.values()), 'layer-write')} affected)"
         )
         if before:
             text += f"; the largest finite norm before it was {max(before):.3g}"
@@ -326,6 +322,10 @@ def _sentence(found, quote):
     return f"Gradient check failed for {names}: analytic and numeric gradients differ by up to {worst:.2%}."
 
 
+def _count(n, noun):
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _dead_sentence(f, names, quote):
     e = f.evidence
     first, last = f.steps
@@ -358,6 +358,16 @@ def _dead_sentence(f, names, quote):
         )
     behind = max(x.get("layers_cut_off_behind", 0) for x in e.values())
     dying = [n for n in f.layers if e[n]["state"] == dead_units.DYING]
+    after = f"; no gradient reaches the {behind} layer{'s' if behind > 1 else ''} before it." if behind else "."
+    if not dying and all(x.get("lowest_dead_unit_fraction") == 1 for x in e.values()):
+        # Every unit, every write: the stored numbers cannot say why. Units
+        # dead behind a ReLU look the same as a path after the layer that
+        # multiplies its gradient by 0 (a zero gate, a branch scaled by 0,
+        # a saturated tanh), so the sentence names both.
+        return (
+            f"No gradient through {names}: every unit gets an exactly zero gradient on whole batches, "
+            f"steps {first}-{last} (dead units, or a path after it that multiplies the gradient by 0){after}"
+        )
     how = (
         f"up from {shares('start_dead_unit_fraction')} in the first writes"
         if dying
@@ -365,6 +375,5 @@ def _dead_sentence(f, names, quote):
     )
     return (
         f"Dead units in {names}: {shares('median_dead_unit_fraction')} of the units get an exactly zero "
-        f"gradient on whole batches ({how}), steps {first}-{last}"
-        + (f"; no gradient reaches the {behind} layer{'s' if behind > 1 else ''} before it." if behind else ".")
+        f"gradient on whole batches ({how}), steps {first}-{last}" + after
     )

@@ -64,6 +64,25 @@ class OptimizerThresholds:
       slow_pace_writes: Writes the pace is a median over, and the least a
         run must have before it is called slow. 20: the trailing window the
         other slow rules use; one large first step moves no median of 20.
+      slow_pace_spread: A layer shares the slow network's verdict only
+        while its own pace (the same trailing median, of its own
+        update_to_weight) has never reached ``slow_pace`` times 10 to this
+        power. 1 order: layers that share one learning rate spread around
+        the network's pace by factors of a few (those of one healthy network
+        stay within one or two orders of each other), so a layer within an
+        order of the bound is at the network's pace; one that moves ten
+        times the bound or more is not held back by the learning rate, and
+        "a learning rate too small" would be false of it.
+      vanishing_ratio: A layer whose ||g|| / ||W|| is below this is vanishing
+        whatever the other layers do. 6e-8, float32's half-ulp (2**-24): an
+        SGD step lr * g with lr <= 1 then changes the weights by less than
+        float32 can represent, so they do not move at all. Relative to the
+        weights, so it holds at any weight scale. Where the run records the
+        update it made (``update_to_weight``), that premise is measured
+        instead: an update at or above ``not_learning_floor`` moved them
+        (Adam's step is about lr per element whatever |g| is). Read here
+        too: an update of exactly 0 is float32's only where the gradient
+        is under this (``_frozen``).
     """
 
     clip_tolerance: float = 1e-3
@@ -74,6 +93,8 @@ class OptimizerThresholds:
     not_learning_persistence: float = 0.5
     slow_pace: float = 1e-6
     slow_pace_writes: int = 20
+    slow_pace_spread: float = 1.0
+    vanishing_ratio: float = 6e-8
 
 
 def find(run, stats, thresholds=None, dead=()):
@@ -163,7 +184,7 @@ def _not_learning(run, stats, t, dead):
     if ratio is None:
         return []
     here = ~missing & np.isfinite(ratio)
-    _, no_gradient = _column(stats, "grad_norm")
+    grad, no_gradient = _column(stats, "grad_norm")
     if no_gradient is not None:
         # A layer the loss does not reach (a head without a loss, a branch
         # not in use) gets no gradient, so it moves 0. That is no finding,
@@ -173,14 +194,26 @@ def _not_learning(run, stats, t, dead):
     # learning rate) says nothing about any one layer.
     moving = (here & (ratio > 0)).any(axis=1)
     here &= moving[:, None]
+    to_weight, _ = _column(stats, "grad_to_weight")
+    frozen = _frozen(ratio, here, grad, no_gradient, to_weight, t)
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratio = np.where(here, np.log10(ratio), np.nan)  # 0 -> -inf: no update at all
     slow, pace = _slow_network(ratio, here, t)
-    evidence = {}
+    evidence, held = {}, {}
     n = len(stats.rows)
     for j, name in enumerate(stats.rows):
         present = here[:, j]
         if not present.any() or name in dead:
+            continue
+        if frozen[j]:
+            steps = stats.steps[present]
+            held[name] = {
+                "median_update_to_weight": 0.0,
+                "median_grad_norm": float(np.median(grad[present, j])),
+                "first_step": int(steps[0]),
+                "last_step": int(steps[-1]),
+                "reason": FROZEN,
+            }
             continue
         network = _slow_evidence(ratio[:, j], present, slow, pace, stats.steps, t)
         below_floor = present & (ratio[:, j] < t.not_learning_floor)
@@ -212,24 +245,65 @@ def _not_learning(run, stats, t, dead):
             if below_floor.sum() >= behind.sum()
             else "orders of magnitude below the other layers",
         }
-    if not evidence:
-        return []
-    names = list(evidence)
-    steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
-    f = finding.Finding("not_learning", "warning", run, names, steps, "update_to_weight", "last", "", evidence)
-    f.message = describe(f)
-    return [f]
+    out = []
+    for severity, found in (("warning", evidence), ("info", held)):
+        if not found:
+            continue
+        steps = [min(e["first_step"] for e in found.values()), max(e["last_step"] for e in found.values())]
+        f = finding.Finding("not_learning", severity, run, list(found), steps, "update_to_weight", "last", "", found)
+        f.message = describe(f)
+        out.append(f)
+    return out
+
+
+# The reason of a layer the optimizer does not update (``_frozen``).
+FROZEN = "frozen by the optimizer"
+
+
+def _frozen(ratio, here, grad, no_gradient, to_weight, t):
+    """bool ``[L]``: layers the optimizer does not update: a gradient float32 resolves, an update of exactly 0 at every write.
+
+    Not a precision problem: float32 rounds a step away element by element,
+    each against its own weight's ulp, and a trained or freshly initialised
+    tensor holds elements near 0 whose ulp is far below any nonzero step, so
+    a step that is not 0 moves some element and its update is not exactly 0.
+    An update of exactly 0 in every write while the gradient is not 0 means
+    the optimizer applied no step to the layer: a freeze (``optax.set_to_zero``,
+    a learning rate of 0 for its group) or a parameter group that misses it.
+    The numbers cannot tell those apart. A layer with a gradient of exactly 0
+    is no part of this: no gradient moves nothing (the dead rule's case).
+
+    A gradient under float32's resolution of the weights
+    (``grad_to_weight`` below ``vanishing_ratio``) can round away whole: no
+    SGD step with a learning rate up to 1 moves even the smallest elements
+    by much. There the 0 may be float32's, so such a layer is left to the
+    float32 reason (and to vanishing). One step that is not 0 can round away
+    whole on a tensor whose elements all equal one constant (a norm's scale
+    of 1) too; the learning rate that does it moves the other layers under
+    the float32 floor or the slow pace, and those findings say so.
+    """
+    if grad is None or to_weight is None:
+        return np.zeros(ratio.shape[1], bool)
+    with np.errstate(invalid="ignore"):
+        live = here & ~no_gradient & np.isfinite(grad) & (grad > 0) & (to_weight >= t.vanishing_ratio)
+    still = np.where(live, ratio == 0, True)
+    return live.any(axis=0) & still.all(axis=0) & (live == here).all(axis=0)
 
 
 def _slow_network(ratio, here, t):
     """``(slow [S] bool, pace [S])``: the writes at which the whole network has never learned at ``slow_pace``.
 
-    The pace at a write is the median layer's update_to_weight there, as a
-    median over the ``slow_pace_writes`` writes that end at it. It is judged
-    once that many writes have moved, against the largest pace so far, so
-    the slow writes are the run's first ones, up to where it speeds up.
+    The pace at a write is the median update_to_weight of the layers that
+    move there (an update above 0), as a median over the ``slow_pace_writes``
+    writes that end at it. Layers that do not move at all (frozen by the
+    optimizer, dead, cut off from the loss) are left out: the rule is about
+    a learning rate too small for layers that are trained, and a network
+    whose frozen backbone outnumbers its trained head would otherwise have a
+    pace of 0. It is judged once that many writes have moved, against the
+    largest pace so far, so the slow writes are the run's first ones, up to
+    where it speeds up.
     """
-    per_write = trailing.nanmedian(np.where(here, ratio, np.nan), axis=1)  # [S], NaN where nothing moved
+    per_write = trailing.nanmedian(np.where(here & (ratio > 0), ratio, np.nan), axis=1)  # [S], NaN where none moved
     pace = trailing.through(per_write[:, None], t.slow_pace_writes, trailing.nanmedian)[:, 0]
     best = np.maximum.accumulate(np.where(np.isnan(pace), -np.inf, pace))
     seen = np.cumsum(np.isfinite(per_write)) >= t.slow_pace_writes
@@ -237,8 +311,14 @@ def _slow_network(ratio, here, t):
 
 
 def _slow_evidence(ratio, present, slow, pace, steps, t):
-    """A layer's evidence of the whole network's slow pace, or None when the network is not slow."""
-    flagged = slow & present
+    """A layer's evidence of the whole network's slow pace, or None when the network is not slow or the layer is not.
+
+    The layer must be slow itself: its own pace, measured as the network's,
+    never reached ``slow_pace_spread`` orders above ``slow_pace``.
+    """
+    own = trailing.through(np.where(present, ratio, np.nan)[:, None], t.slow_pace_writes, trailing.nanmedian)[:, 0]
+    best = np.maximum.accumulate(np.where(np.isnan(own), -np.inf, own))
+    flagged = slow & present & (best < t.slow_pace * 10.0**t.slow_pace_spread)
     if not flagged.any():
         return None
     return {
@@ -267,9 +347,21 @@ def describe(found, quote=None):
             f"{first['run_steps_written']}); {names} drove the norm over the bound (applied/before median "
             f"{min(x['median_applied_over_before'] for x in e.values()):.2g})."
         )
+    if found.severity == "info":
+        return (
+            f"{names} frozen by the optimizer: gradient norm {_span([x['median_grad_norm'] for x in e.values()])} "
+            f"but an update of exactly 0 at every step, steps {found.steps[0]}-{found.steps[1]}: an intended freeze "
+            "(a learning rate of 0, optax.set_to_zero), or a parameter group that misses it "
+            "(information, not a problem if meant)."
+        )
     medians = [x["median_update_to_weight"] for x in e.values()]
     return (
         f"{names} not learning: ||update|| / ||weights|| {min(medians):.2g}"
         + (f"-{max(medians):.2g}" if len(medians) > 1 else "")
         + f" in most steps ({'; '.join(sorted({x['reason'] for x in e.values()}))})."
     )
+
+
+def _span(values):
+    lo, hi = f"{min(values):.2g}", f"{max(values):.2g}"
+    return lo if lo == hi else f"{lo}-{hi}"

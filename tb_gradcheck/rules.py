@@ -77,6 +77,8 @@ class StatsView:
         self.ratio, _, _ = self._pick("grad_to_weight", ("mean", "last"))
         self.dead, _, _ = self._pick(DEAD_UNITS, ("last",))
         self.weight_norm, _, _ = self._pick("weight_norm", ("last",))
+        # ||w_after - w_before|| / ||w_before|| at the write step, when the writer bracketed the update.
+        self.update, _, _ = self._pick("update_to_weight", ("last",))
         self.onset_offset, _, _ = self._pick(ONSET_OFFSET, ("last",))
         # The dynamic loss scale of a mixed-precision fit, at each write step.
         self.loss_scale, _, _ = self._pick(LOSS_SCALE, ("last",))
@@ -136,7 +138,7 @@ def non_finite(v):
         onset = int(v.steps[first] - offset) if np.isfinite(offset) else int(v.steps[first])
         count = v.nonfinite[flags[:, j], j] if v.nonfinite is not None else np.zeros(0)
         evidence[name] = {
-            "steps_with_nonfinite": len(steps),
+            "writes_with_nonfinite": len(steps),  # writes, not steps: with every_n_steps a write is a window
             "nonfinite_elements": float(np.nansum(count)),
             # The explosion before the first NaN, if any: the largest finite
             # norm up to that write, against the first norm the layer had.
@@ -285,8 +287,11 @@ def vanishing(v, t, exclude=()):
     A layer is vanishing at a write when its norm is ``vanishing_orders``
     below the largest norm among the layers after it (toward the output) and
     so is every layer before it, or its ``grad_to_weight`` is below
-    ``vanishing_ratio``; and that held in at least ``persistence`` of the
-    trailing window's writes.
+    ``vanishing_ratio`` and its measured update (``update_to_weight``, where
+    the run has it) is below ``not_learning_floor``; and that held in at
+    least ``persistence`` of the trailing window's writes. The finding
+    starts where the unbroken run of such writes that made it sure began
+    (``first_step``; ``confirmed_at_step`` where the window made it sure).
     """
     s, n_rows = v.norm.shape
     # A gradient of exactly 0 is not a small one: no unit gets any (the dead
@@ -312,20 +317,37 @@ def vanishing(v, t, exclude=()):
     decayed[:, 1:] &= ~broken[:, :-1]
     with np.errstate(invalid="ignore"):
         tiny = finite & (v.ratio < t.vanishing_ratio) if v.ratio is not None else np.zeros((s, n_rows), bool)
+        if v.update is not None:
+            # "Too small to move its weights" is a claim about an SGD step,
+            # lr * g. Where the run measured the step the optimizer took,
+            # that claim is tested directly: an adaptive optimizer (Adam)
+            # scales the step to about lr per element whatever |g| is, so a
+            # gradient under float32's half-ulp of the weights can still move
+            # them. A measured update at or above not_learning_floor (what
+            # moves float32 weights) refutes it at that write.
+            tiny &= ~(v.update >= t.not_learning_floor)
     excluded = np.array([name in exclude for name in v.rows])
-    flags = trailing.persistent((decayed | tiny) & ~excluded[None, :], finite, t)
+    sick = (decayed | tiny) & ~excluded[None, :]
+    flags = trailing.persistent(sick, finite, t)
     evidence = {}
     for j in flagged_columns(flags):
         name = v.rows[j]
         f = flags[:, j]
         steps = v.steps[f]
+        # The rule is sure once the trailing window holds enough sick writes;
+        # the finding starts where that unbroken run of sick writes began, as
+        # dead's does (writes without a gradient are passed over, not breaks).
+        confirmed = int(np.argmax(f))
+        onset = trailing.run_start(sick[:, j] | ~finite[:, j], confirmed)
+        onset += int(np.argmax(finite[onset : confirmed + 1, j]))  # the first of them with a gradient
         d = decay[f & decayed[:, j], j]
         d = d[np.isfinite(d)]
         evidence[name] = {
             "median_norm": float(np.median(norm[f, j])),
             "median_orders_below_later_layers": float(np.median(d)) if len(d) else None,
             "fraction_of_steps": float(f.sum() / finite[:, j].sum()),
-            "first_step": int(steps[0]),
+            "first_step": int(v.steps[onset]),
+            "confirmed_at_step": int(steps[0]),
             "last_step": int(steps[-1]),
             "reason": "decays across depth"
             if (f & decayed[:, j]).sum() >= (f & tiny[:, j]).sum()

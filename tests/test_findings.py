@@ -79,6 +79,9 @@ def test_findings_route_names_the_right_layers_and_steps(logdir, data_path):
     assert vanishing["layers"][0] == "mlp/dense_0" and "mlp/logits" not in vanishing["layers"]
     assert len(vanishing["layers"]) >= 4
     assert vanishing["evidence"]["mlp/dense_0"]["median_orders_below_later_layers"] > 3
+    # From where its run of vanishing writes began, not from where the trailing window first made it sure.
+    first = vanishing["evidence"]["mlp/dense_0"]
+    assert first["first_step"] < first["confirmed_at_step"] and vanishing["steps"][0] == first["first_step"]
     assert get_json(client, "/data/plugin/gradients/findings?run=relu_he")["findings"] == []
 
     spike = by_kind(get_json(client, "/data/plugin/gradients/findings?run=spike")["findings"])
@@ -456,6 +459,14 @@ def test_an_almost_silent_layer_is_a_warning_whatever_it_had_at_the_start(tmp_pa
     # 15 of 16 units silent, every one of them on every other batch.
     (f,) = _findings_of_units(tmp_path / "r", lambda step: range(16) if step % 2 else range(15), units=16)["dead"]
     assert f.severity == "warning" and f.evidence["layer"]["state"] == "silent" and f.steps[0] == 0
+    assert f.message.startswith("Dead units in")  # one unit passed some gradient: units, not the whole path
+
+
+def test_a_layer_no_gradient_passes_is_worded_for_either_cause(tmp_path):
+    """Every unit without gradient at every write: dead ReLUs, or a path after the layer that multiplies by 0."""
+    (f,) = _findings_of_units(tmp_path / "r", lambda step: range(16), units=16)["dead"]
+    assert f.severity == "warning" and f.evidence["layer"]["state"] == "silent"
+    assert f.message.startswith("No gradient through") and "multiplies the gradient by 0" in f.message
 
 
 def test_an_explosion_from_the_first_step_is_found_without_a_past(tmp_path):

@@ -332,6 +332,25 @@ def test_window_keeps_first_nonfinite_step_and_largest_finite_norm(tmp_path):
     assert (rows(content, first, "variable")[:, 0, COL["first_nonfinite_offset"]] == stats.MISSING).all()
 
 
+def test_non_finite_finding_in_a_window_counts_writes_not_steps(tmp_path):
+    # NaN at steps 14-17, written every 10 steps: one write holds them all.
+    from tb_gradcheck import diagnose
+    from tb_gradcheck import queries
+    from tb_gradcheck import store
+
+    v = tf.Variable(np.ones(4, np.float32), name="v")
+    with GradientWriter(tmp_path / "run", every_n_steps=10) as writer:
+        for step in range(10, 21):
+            scale = np.nan if 14 <= step <= 17 else 1.0
+            writer.write([tf.constant(np.full(4, scale / 2), tf.float32)], [v], step)
+    s, ctx, eid = store.local_store(str(tmp_path))
+    matrix = queries.matrix(s, ctx, eid, s.run(ctx, eid, "run"), metadata.KIND_STATS, "layer")
+    (finding,) = [f for f in diagnose.find("run", matrix) if f.kind == "non_finite"]
+    evidence = finding.evidence["v"]
+    assert evidence["first_step"] == 14 and evidence["writes_with_nonfinite"] == 1
+    assert "(1 layer-write affected)" in finding.message
+
+
 def test_every_step_writes_leave_the_onset_to_the_reader_with_the_same_findings(tmp_path):
     # Written every step, the onset columns are not stored: the findings fall
     # back to the write step itself and to grad_norm, which is exactly what

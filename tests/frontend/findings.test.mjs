@@ -61,7 +61,7 @@ test('layer_headlines_name_the_number_that_matters', () => {
   assert.equal(layerHeadline(VANISHING, 'm/d0'), '6.61 orders below');
   assert.equal(layerHeadline(VANISHING, 'm/d1'), 'median norm 1e-6');
   assert.equal(layerHeadline({kind: 'exploding', evidence: {a: {max_norm: 954761.6875}}}, 'a'), 'max norm 9.55e5');
-  assert.equal(layerHeadline({kind: 'non_finite', evidence: {a: {steps_with_nonfinite: 1}}}, 'a'), '1 step');
+  assert.equal(layerHeadline({kind: 'non_finite', evidence: {a: {writes_with_nonfinite: 1}}}, 'a'), '1 write');
   assert.equal(layerHeadline(CHECK, 'missing'), '');
 });
 
