@@ -33,7 +33,8 @@ class OptimizerThresholds:
         in a healthy run); binding in one step in ten or more means the
         bound sits inside the ordinary range of norms, where it silently
         lowers the learning rate and hides a growing gradient as the clip
-        norm.
+        norm. Information only when it bound in none of the latter half of
+        the writes: an early transient that has ended.
       clip_drivers: The layers named as driving the norm over the bound are
         the fewest whose squared norms before clipping make up this share of
         the total over the bound steps. 0.5: those layers alone put the
@@ -170,11 +171,20 @@ def _clipping(run, stats, t):
     if not evidence:
         return []
     names = list(evidence)
+    # Clipping that bound only while the network left its initialisation
+    # (a run's largest gradients are usually its first) and not once in the
+    # latter half of the run's writes no longer shapes training: the finding
+    # is history, information. Binding that goes on is a warning.
+    written = np.flatnonzero(steps_here)
+    latter = written[len(written) // 2 :]
+    stopped = len(written) >= 2 and not steps_bound[latter].any()
     for e in evidence.values():
         e["run_steps_bound"] = int(steps_bound.sum())
         e["run_steps_written"] = int(steps_here.sum())
+        e["stopped_binding"] = bool(stopped)
     steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
-    f = finding.Finding("clipping", "warning", run, names, steps, "grad_norm_before_clip", "last", "", evidence)
+    severity = "info" if stopped else "warning"
+    f = finding.Finding("clipping", severity, run, names, steps, "grad_norm_before_clip", "last", "", evidence)
     f.message = describe(f)
     return [f]
 
@@ -345,7 +355,13 @@ def describe(found, quote=None):
         return (
             f"Clipping bound in {first['fraction_of_steps']:.0%} of steps ({first['run_steps_bound']} of "
             f"{first['run_steps_written']}); {names} drove the norm over the bound (applied/before median "
-            f"{min(x['median_applied_over_before'] for x in e.values()):.2g})."
+            f"{min(x['median_applied_over_before'] for x in e.values()):.2g})"
+            + (
+                f"; it has not bound since step {found.steps[1]}, in the latter half of the run "
+                "(information: an early transient)."
+                if first.get("stopped_binding")
+                else "."
+            )
         )
     if found.severity == "info":
         return (
