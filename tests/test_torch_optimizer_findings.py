@@ -16,6 +16,20 @@ from tb_gradcheck.torch import GradientWriter
 torch.set_num_threads(1)
 
 
+def train(logdir, model, optimizer, steps):
+    """Trains ``model`` on ``tanh(x @ target)`` with fresh batches, written every step; ``(store, ctx, eid, run)``."""
+    target = torch.randn(16, 4)
+    with GradientWriter(logdir, model, optimizer=optimizer) as writer:
+        for step in range(steps):
+            x = torch.randn(64, 16)
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), torch.tanh(x @ target)).backward()
+            writer.write(step)
+            optimizer.step()
+    st, ctx, eid = store.local_store(logdir)
+    return st, ctx, eid, next(iter(st.runs(ctx, eid)))
+
+
 def torch_fit(logdir, groups, steps=60):
     """A PyTorch 16-64-64-64-4 tanh MLP (layers ``0``, ``2``, ``4``, ``6``) trained on ``groups(model)``; its findings.
 
@@ -27,17 +41,8 @@ def torch_fit(logdir, groups, steps=60):
     model = nn.Sequential(
         nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4)
     )
-    optimizer = groups(model)
-    target = torch.randn(16, 4)
-    with GradientWriter(logdir, model, optimizer=optimizer) as writer:
-        for step in range(steps):
-            x = torch.randn(64, 16)
-            optimizer.zero_grad()
-            nn.functional.mse_loss(model(x), torch.tanh(x @ target)).backward()
-            writer.write(step)
-            optimizer.step()
-    st, ctx, eid = store.local_store(logdir)
-    return queries.findings(st, ctx, eid, next(iter(st.runs(ctx, eid))))
+    st, ctx, eid, run = train(logdir, model, groups(model), steps)
+    return queries.findings(st, ctx, eid, run)
 
 
 def test_layers_the_optimizer_leaves_out_are_frozen_information_not_a_float32_warning(tmp_path):
@@ -103,17 +108,7 @@ def layer_scaled_fit(logdir, make_optimizer, steps=30):
     """``LayerScaled`` trained by ``make_optimizer(params)``; (its findings, the branch's grad_to_weight and update)."""
     torch.manual_seed(0)
     model = LayerScaled()
-    optimizer = make_optimizer(model.parameters())
-    target = torch.randn(16, 4)
-    with GradientWriter(logdir, model, optimizer=optimizer) as writer:
-        for step in range(steps):
-            x = torch.randn(64, 16)
-            optimizer.zero_grad()
-            nn.functional.mse_loss(model(x), torch.tanh(x @ target)).backward()
-            writer.write(step)
-            optimizer.step()
-    st, ctx, eid = store.local_store(logdir)
-    run = next(iter(st.runs(ctx, eid)))
+    st, ctx, eid, run = train(logdir, model, make_optimizer(model.parameters()), steps)
     matrix = queries.matrix(st, ctx, eid, st.run(ctx, eid, run), "stats", "layer")
     j = matrix.rows.index("branch")
     ratio = matrix.slab("grad_to_weight", "last")[0][:, j]
