@@ -23,7 +23,11 @@ setuptools.setup(
     # The frontend lives at the top level of the repository (frontend/) and
     # ships inside the package as tb_gradcheck/frontend, where plugin.py looks
     # first.
-    packages=["tb_gradcheck", "tb_gradcheck.torch", "tb_gradcheck.jax", "tb_gradcheck.frontend"],
+    packages=[
+        "tb_gradcheck",
+        *(f"tb_gradcheck.{sub}" for sub in ("core", "tensorflow", "torch", "jax", "check", "findings", "reader")),
+        "tb_gradcheck.frontend",
+    ],
     package_dir={"tb_gradcheck": "tb_gradcheck", "tb_gradcheck.frontend": "frontend"},
     package_data={"tb_gradcheck.frontend": ["*.js", "*.css"]},
     # TensorFlow is not a hard requirement: the plugin and the report command
@@ -45,7 +49,7 @@ setuptools.setup(
         "test": ["pytest", "pytest-xdist", "hypothesis", "playwright", "ruff==0.17.6", "transformers"],
     },
     entry_points={
-        "tensorboard_plugins": ["gradients = tb_gradcheck.plugin:GradientsLoader"],
+        "tensorboard_plugins": ["gradients = tb_gradcheck.reader.plugin:GradientsLoader"],
         "console_scripts": ["tb-gradcheck = tb_gradcheck.cli:main"],
     },
 )

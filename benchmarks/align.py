@@ -36,7 +36,7 @@ PARTS = {
 
 
 def _side(root, blocks, embed=False, drop_last_block=False):
-    from tb_gradcheck import align
+    from tb_gradcheck.reader import align
 
     rows = [(f"block_{b:03d}/{p}", s) for b in range(blocks) for p, s in PARTS.items()]
     if embed:
@@ -49,7 +49,7 @@ def _side(root, blocks, embed=False, drop_last_block=False):
 
 
 def _heatmap(run, names, rng):
-    from tb_gradcheck import queries
+    from tb_gradcheck.reader import queries
 
     values = rng.lognormal(size=(STEPS, len(names))).astype(np.float32)
     steps = np.arange(STEPS, dtype=np.int64)
@@ -57,8 +57,8 @@ def _heatmap(run, names, rng):
 
 
 def _case(case, a, b, expected, rng, quick):
-    from tb_gradcheck import align
-    from tb_gradcheck import wire
+    from tb_gradcheck.reader import align
+    from tb_gradcheck.reader import wire
 
     ha, hb = _heatmap("a", a.names, rng), _heatmap("b", b.names, rng)
     by_name = align.by_name(a.names, b.names)

@@ -188,8 +188,8 @@ def _provider(logdir, label):
     from tensorboard.data import server_ingester
     from tensorboard.util import grpc_util
 
-    from tb_gradcheck import metadata
-    from tb_gradcheck import store
+    from tb_gradcheck.core import metadata
+    from tb_gradcheck.reader import store
 
     if label == "python":
         st, _, _ = store.local_store(logdir)
@@ -219,8 +219,8 @@ def _floor(provider, tags=None):
     from tensorboard import context
     from tensorboard.data import provider as tb_provider
 
-    from tb_gradcheck import metadata
-    from tb_gradcheck import points
+    from tb_gradcheck.core import metadata
+    from tb_gradcheck.reader import points
 
     ctx = context.RequestContext()
     listing = provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
@@ -256,7 +256,7 @@ def _last_tags(provider):
     """The tags holding the newest step of each layout: its one tag, or its newest span."""
     from tensorboard import context
 
-    from tb_gradcheck import metadata
+    from tb_gradcheck.core import metadata
 
     listing = provider.list_tensors(context.RequestContext(), experiment_id="", plugin_name=metadata.PLUGIN_NAME)
     newest = max(ts.max_step for tags in listing.values() for ts in tags.values())
@@ -323,7 +323,7 @@ def _scale_rows(label, logdir, steps, spans, polls):
 def run_scale(quick=False, before=True):
     """The 2,000-row run (``benchmarks.frontend.write_transformer``): first look and polls, both data paths.
 
-    Written as GradientWriter writes it (span tags, ``metadata.tag_for``) and,
+    Written as GradientWriter writes it (span tags, ``tags.tag_for``) and,
     unless ``before`` is False, as writers before spans wrote it (one tag per
     layout), to compare.
     """

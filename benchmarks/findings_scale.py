@@ -26,8 +26,8 @@ PARTS = ("attn/q", "attn/k", "attn/v", "attn/o", "mlp/in", "mlp/out", "ln1", "ln
 
 def matrix(layers=LAYERS, steps=10_000, seed=0):
     """A stats ``merge.Matrix`` at layer granularity, every step written (``last`` only), pathologies planted."""
-    from tb_gradcheck import merge
-    from tb_gradcheck import metadata
+    from tb_gradcheck.core import metadata
+    from tb_gradcheck.reader import merge
 
     rng = np.random.default_rng(seed)
     columns = merge.stat_columns()
@@ -65,8 +65,8 @@ def matrix(layers=LAYERS, steps=10_000, seed=0):
 
 
 def run(quick=False):
-    from tb_gradcheck import diagnose
-    from tb_gradcheck import rules
+    from tb_gradcheck.findings import diagnose
+    from tb_gradcheck.findings import rules
 
     steps = 1_000 if quick else 10_000
     m = matrix(steps=steps)

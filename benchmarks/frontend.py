@@ -110,7 +110,7 @@ def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, fir
     run a training job grows while TensorBoard serves it.
 
     ``spans`` (default True) writes each layout's span tags, as GradientWriter
-    does (``metadata.tag_for(content, step)``, the layout on the first event
+    does (``tags.tag_for(content, step)``, the layout on the first event
     of each); False writes one tag per layout, as writers before spans did
     (``benchmarks.backend`` measures both).
 
@@ -125,7 +125,8 @@ def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, fir
     import numpy as np
     import tensorflow as tf
 
-    from tb_gradcheck import metadata
+    from tb_gradcheck.core import metadata
+    from tb_gradcheck.core import tags
     from tests.rawlogs import md_bytes
     from tests.rawlogs import stats_content
 
@@ -142,7 +143,7 @@ def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, fir
         # units, weights of norm 10; the norms are set per step.
         arr = np.zeros((1, 2 * len(part) + 1, len(columns)), np.float32)
         arr[..., column("weight_norm")] = 10
-        layouts.append((metadata.tag_for(content), md_bytes(content), slice(start, start + len(part)), arr, content))
+        layouts.append((tags.tag_for(content), md_bytes(content), slice(start, start + len(part)), arr, content))
     writer = tf.summary.create_file_writer(str(logdir + "/transformer"), max_queue=1000)
     last = {}  # layout tag -> the tag last written with its layout, as the writers keep it
     with writer.as_default():
@@ -154,7 +155,7 @@ def write_transformer(logdir, steps, rows=BIG_ROWS, layout_rows=LAYOUT_ROWS, fir
                     arr[0, :k, column(name)] = arr[0, k : 2 * k, column(name)] = share * wave[where]
                 arr[0, -1, :] = 0
                 arr[0, -1, 0] = step + 1
-                name = metadata.tag_for(content, step) if spans else tag
+                name = tags.tag_for(content, step) if spans else tag
                 opens, last[tag] = last.get(tag) != name, name
                 tf.summary.write(name, arr, step=step, metadata=md if opens else md_bytes(b""))
     writer.close()

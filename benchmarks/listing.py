@@ -51,7 +51,7 @@ def _app(logdir, data_path):
     from tensorboard.plugins.core import core_plugin
     from werkzeug import test as wtest
 
-    from tb_gradcheck.plugin import GradientsLoader
+    from tb_gradcheck.reader.plugin import GradientsLoader
 
     class KeepPlugin(GradientsLoader):
         """The real loader; it also keeps the plugin it made, so its cache can be weighed."""

@@ -186,7 +186,7 @@ def _gradcheck(torch, case, names, calls, fast):
     """torch.autograd.gradcheck of the loss over every parameter; the rows it blames ([] if it passes, None if unsaid)."""
     from torch.autograd.gradcheck import GradcheckError
 
-    from tb_gradcheck.torch.check_state import owner
+    from tb_gradcheck.torch.evaluator import owner
 
     inputs = tuple(p.detach().clone().requires_grad_(True) for p in case.model.parameters())
 

@@ -1,7 +1,7 @@
 // Comparing two runs (pure; tested under node): which rows of one run are
 // which rows of the other.
 //
-// The server decides (tb_gradcheck/align.py, through `GET align` for the
+// The server decides (tb_gradcheck/reader/align.py, through `GET align` for the
 // side-by-side view and the `compare` answer for the ratio), so the tab and
 // the ratio always pair the same rows. By structure, rows pair by what they
 // are: their order in depth and their variables' shapes, names breaking

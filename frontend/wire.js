@@ -1,6 +1,6 @@
 // The heatmap wire format, decoded once (pure; tested under node).
 //
-// The server (tb_gradcheck/wire.py) sends values[step][row]; the tab draws
+// The server (tb_gradcheck/reader/wire.py) sends values[step][row]; the tab draws
 // rows top to bottom and steps left to right, so a decoded grid is stored
 // row-major by row: index = row * cols + col. A grid is
 //   {rows, cols, values: Float64Array, missing: Uint8Array,

@@ -1,19 +1,19 @@
 """tb_gradcheck: per-layer gradient statistics and gradient checks for TensorBoard's Gradients tab.
 
-The TensorBoard plugin imports ``tb_gradcheck.plugin`` only, so this package
+The TensorBoard plugin imports ``tb_gradcheck.reader.plugin`` only, so this package
 imports TensorFlow lazily: ``import tb_gradcheck`` is cheap until a writer or
 check is used.
 """
 
-from tb_gradcheck import lazy
+from tb_gradcheck.core import lazy
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "GradientWriter": ("tb_gradcheck.summary", "GradientWriter"),
+    "GradientWriter": ("tb_gradcheck.tensorflow.writer", "GradientWriter"),
     "GradientCallback": ("tb_gradcheck.keras", "GradientCallback"),
-    "GradientCheckReport": ("tb_gradcheck.checks", "GradientCheckReport"),
-    "check_gradients": ("tb_gradcheck.checks", "check_gradients"),
+    "GradientCheckReport": ("tb_gradcheck.tensorflow.check", "GradientCheckReport"),
+    "check_gradients": ("tb_gradcheck.tensorflow.check", "check_gradients"),
 }
 # Submodules reachable as attributes without an import of their own
 # (``tb_gradcheck.keras.GradientCallback``, ``tb_gradcheck.torch.GradientWriter``);

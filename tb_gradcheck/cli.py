@@ -92,7 +92,7 @@ class _UsageError(Exception):
 
 
 def _open_store(logdir):
-    from tb_gradcheck import store
+    from tb_gradcheck.reader import store
 
     if not os.path.isdir(logdir):
         raise _UsageError(f"no such log directory: {logdir!r}")
@@ -104,7 +104,7 @@ def _open_store(logdir):
 
 
 def _thresholds(pairs):
-    from tb_gradcheck import diagnose
+    from tb_gradcheck.findings import diagnose
 
     fields = {f.name: f.type for f in dataclasses.fields(diagnose.Thresholds)}
     values = {}
@@ -120,7 +120,7 @@ def _thresholds(pairs):
 
 
 def _report(args):
-    from tb_gradcheck import queries
+    from tb_gradcheck.reader import queries
 
     thresholds = _thresholds(args.threshold)
     s, ctx, eid, runs = _open_store(args.logdir)
@@ -184,7 +184,7 @@ def _plain_finding(finding):
     in JSON those invisible marks break ``grep``. The report asks diagnose
     for plain names and escapes such characters visibly instead (``_visible``).
     """
-    from tb_gradcheck import diagnose
+    from tb_gradcheck.findings import diagnose
 
     plain = dict(finding.to_dict(), message=diagnose.describe(finding, str))
     plain["consequences"] = [_plain_finding(c) for c in finding.consequences]
@@ -222,8 +222,8 @@ def _visible(text, json_escape=False):
 
 
 def _export(args):
-    from tb_gradcheck import export
-    from tb_gradcheck import queries
+    from tb_gradcheck.reader import export
+    from tb_gradcheck.reader import queries
 
     s, ctx, eid, runs = _open_store(args.logdir)
     try:

@@ -54,7 +54,7 @@ def write_runs(logdir, steps=1000, seed=0, framework="tensorflow"):
         return _write_torch_runs(logdir, steps, seed)
     import tensorflow as tf
 
-    from tb_gradcheck.summary import GradientWriter
+    from tb_gradcheck.tensorflow.writer import GradientWriter
 
     x, y = _data(seed)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2048, seed=seed).repeat().batch(BATCH)

@@ -108,7 +108,7 @@ class Case:
 
     def float64(self):
         """The same case on ``float64_twin(model)``: ``reseed(s)`` draws the same values, unrounded."""
-        from tb_gradcheck.twin import float64_twin
+        from tb_gradcheck.tensorflow.float64_twin import float64_twin
 
         settings = dict(self.settings)
         return Case(float64_twin(self.model), settings.pop("batch"), **settings)

@@ -37,7 +37,7 @@ def make_app(logdir, data_path, extra_flags=()):
     from tensorboard.backend import application
     from werkzeug import test as wtest
 
-    from tb_gradcheck.plugin import GradientsLoader
+    from tb_gradcheck.reader.plugin import GradientsLoader
 
     load_fast = {"python": "false", "rust": "true"}[data_path]
     # default.get_plugins() is what `tensorboard` loads: first-party plugins plus
@@ -224,7 +224,7 @@ def read_events(run_dir, kind="stats", granularity="layer"):
     from tensorboard.backend.event_processing import event_file_loader
     from tensorboard.util import tensor_util
 
-    from tb_gradcheck import metadata
+    from tb_gradcheck.core import metadata
 
     contents, out = {}, []
     for path in sorted(glob.glob(os.path.join(str(run_dir), "events.out.tfevents.*"))):
@@ -254,7 +254,7 @@ def stats_content(run_dir):
 
     from tensorboard.backend.event_processing import event_file_loader
 
-    from tb_gradcheck import metadata
+    from tb_gradcheck.core import metadata
 
     for path in sorted(glob.glob(os.path.join(str(run_dir), "events.out.tfevents.*"))):
         for event in event_file_loader.EventFileLoader(path).Load():

@@ -141,7 +141,7 @@ def fit(strategy, run_dir, mixed=False):
             model = dense_model(activation=None) if mixed else sparse_model()
             model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), loss="mse")
         inputs = x if mixed else tokens
-        # Checks too (they run once tb_gradcheck.checks exists; until then the
+        # Checks too (they run once tb_gradcheck.tensorflow.check exists; until then the
         # callback warns): the step bookkeeping must work on mirrored variables.
         callback = GradientCallback(
             run_dir, check_every_n_steps=3, check_data=(inputs[:GLOBAL_BATCH], y[:GLOBAL_BATCH])

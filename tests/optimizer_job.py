@@ -40,7 +40,7 @@ def custom(strategy, logdir):
     import keras
     import tensorflow as tf
 
-    from tb_gradcheck import summary
+    from tb_gradcheck.tensorflow import writer as summary
 
     x, y = arrays()
     with strategy.scope():

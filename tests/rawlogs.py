@@ -10,7 +10,8 @@ import json
 
 import numpy as np
 
-from tb_gradcheck import metadata
+from tb_gradcheck.core import metadata
+from tb_gradcheck.core import tags
 
 # The statistic columns of a layout written every step (stats_content's default).
 C = len(metadata.stored_columns(1))
@@ -35,7 +36,7 @@ def write_raw(run_dir, points, tag=None, content=None):
     import tensorflow as tf
 
     if tag is None:
-        tag = metadata.tag_for(content)
+        tag = tags.tag_for(content)
     writer = tf.summary.create_file_writer(str(run_dir))
     with writer.as_default():
         for i, (step, value) in enumerate(points):

@@ -53,14 +53,15 @@ CHECK_ERROR = 0.034
 def write_checks(path):
     """Gradient-check records at layer granularity, every 10 steps; small/b fails at steps 40 and 50.
 
-    Written with the stored layout from tb_gradcheck.metadata (rows x
+    Written with the stored layout from tb_gradcheck.core.metadata (rows x
     analytic, numeric, relative_error, status) until the writer has a public
     check method for this test to call instead.
     """
     import tensorflow as tf
     from tensorboard.compat.proto import summary_pb2
 
-    from tb_gradcheck import metadata
+    from tb_gradcheck.core import metadata
+    from tb_gradcheck.core import tags
 
     rows = ["small/a", "small/b"]
     content = metadata.check_layout("layer", rows)
@@ -87,7 +88,7 @@ def write_checks(path):
             t = np.array([record(1e-5, ok), record(2e-5, ok)], np.float32)
             if k in CHECK_MISMATCH[1]:
                 t[1, col["relative_error"]], t[1, col["status"]] = CHECK_ERROR, bad
-            tf.summary.write(metadata.tag_for(content), tf.constant(t), step=10 * k, metadata=md)
+            tf.summary.write(tags.tag_for(content), tf.constant(t), step=10 * k, metadata=md)
 
 
 # A transformer-sized run: 250 blocks of 8 rows (2,000 rows). Blocks 0..44
@@ -105,7 +106,7 @@ def write_big(path):
     """BIG_ROWS x BIG_STEPS, written as GradientWriter's layout by tf.summary.write (fast for 2,000 rows)."""
     from rawlogs import stats_content
     from rawlogs import write_raw
-    from tb_gradcheck import metadata
+    from tb_gradcheck.core import metadata
 
     columns = metadata.stored_columns(1)  # written every step: no onset columns
     norm, nonfinite = (columns.index(c) for c in ("grad_norm", "grad_nonfinite"))

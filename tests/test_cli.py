@@ -110,10 +110,10 @@ def test_the_version_is_written_in_one_place_only():
 
 def test_the_read_side_imports_no_tensorflow():
     modules = [
-        "tb_gradcheck.plugin",
-        "tb_gradcheck.queries",
-        "tb_gradcheck.store",
-        "tb_gradcheck.merge",
+        "tb_gradcheck.reader.plugin",
+        "tb_gradcheck.reader.queries",
+        "tb_gradcheck.reader.store",
+        "tb_gradcheck.reader.merge",
         "tb_gradcheck.cli",
         "tb_gradcheck",
     ]

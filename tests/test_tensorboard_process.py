@@ -32,8 +32,8 @@ def venv(tmp_path_factory):
         [
             str(path / "bin" / "python"),
             "-c",
-            "import importlib.util, tb_gradcheck.plugin, sys; print(importlib.util.find_spec('tensorflow') is None, "
-            "tb_gradcheck.plugin._frontend_dir())",
+            "import importlib.util, tb_gradcheck.reader.plugin, sys; print(importlib.util.find_spec('tensorflow') is None, "
+            "tb_gradcheck.reader.plugin._frontend_dir())",
         ],
         capture_output=True,
         text=True,

@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tb_gradcheck import check_evaluator
-from tb_gradcheck import check_run
-from tb_gradcheck import twin_gap
-from tb_gradcheck import validate
+from tb_gradcheck.check import algorithm as check_run
+from tb_gradcheck.check import evaluator as check_evaluator
+from tb_gradcheck.check import float32_gap as twin_gap
+from tb_gradcheck.core import validate
 from tb_gradcheck.jax import layout as layouts
 
 DTYPES = (None, "float64")
@@ -80,7 +80,7 @@ def check_gradients(
     bfloat16 passes on GPUs and TPUs), so a float32 model is checked in float32.
 
     Returns:
-      A ``GradientCheckReport`` (``tb_gradcheck.check_report``).
+      A ``GradientCheckReport`` (``tb_gradcheck.check.report``).
 
     Raises:
       TypeError: ``loss_fn`` is not callable or returns no floating-point

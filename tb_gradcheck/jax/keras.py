@@ -42,9 +42,9 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-from tb_gradcheck import fit_callback
-from tb_gradcheck import structure
-from tb_gradcheck import validate
+from tb_gradcheck import keras_fit
+from tb_gradcheck.core import structure
+from tb_gradcheck.core import validate
 from tb_gradcheck.jax import layout as layouts
 from tb_gradcheck.jax import transform
 from tb_gradcheck.jax.writer import GradientWriter
@@ -55,7 +55,7 @@ HOOK = "_backend_update_step"
 _ABSENT = object()
 
 
-class GradientCallback(fit_callback.AttachedCallback):
+class GradientCallback(keras_fit.AttachedCallback):
     """Writes per-layer statistics of the gradients ``model.fit`` applies on the JAX backend, for the Gradients tab.
 
     Reached as ``tb_gradcheck.keras.GradientCallback`` when Keras' backend is
@@ -168,11 +168,11 @@ class _Session:
         self.optimizer = optimizer = model.optimizer
         variables = list(model.trainable_variables)
         names = structure.unique([validate.variable_name(v) for v in variables])
-        axes = structure.keras_unit_axes(model)
+        axes = keras_fit.keras_unit_axes(model)
         shapes = [tuple(int(d) for d in v.shape) for v in variables]
         lay = layouts.Layout(
             names=tuple(names),
-            owners=tuple(structure.keras_owner(v, n) for v, n in zip(variables, names)),
+            owners=tuple(keras_fit.keras_owner(v, n) for v, n in zip(variables, names)),
             shapes=tuple(shapes),
             units=tuple(structure.trailing_units(s, axes.get(n, 1)) for s, n in zip(shapes, names)),
             order=tuple(range(len(variables))),

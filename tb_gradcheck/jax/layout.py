@@ -39,7 +39,7 @@ import sys
 import jax
 from jax.extend import core
 
-from tb_gradcheck import structure
+from tb_gradcheck.core import structure
 from tb_gradcheck.jax import stacks
 
 # Path components that name no module: the Linen collection that holds the

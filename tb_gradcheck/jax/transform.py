@@ -4,7 +4,7 @@ It passes the gradients through unchanged (or, wrapping an optimizer, the
 optimizer's updates) and keeps in its own optax state what the host writer
 (``tb_gradcheck.jax.GradientWriter``) writes: the per-parameter reductions
 of the last written step (``Held``) and, with ``every_n_steps > 1``, the
-running window since the previous write (``tb_gradcheck.running``, the same
+running window since the previous write (``tb_gradcheck.core.running``, the same
 code as the PyTorch writer's, in ``jax.numpy``). The state comes back with
 the step's outputs like any optax state, so nothing leaves the device at
 steps that are not written: no host callback, no transfer; the writer reads
@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tb_gradcheck import running
+from tb_gradcheck.core import running
 from tb_gradcheck.jax import layout as layouts
-from tb_gradcheck.jax import reduce
+from tb_gradcheck.jax import reductions as reduce
 from tb_gradcheck.jax import stacks
 
 
@@ -135,7 +135,7 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
       TypeError: ``optimizer`` is not a GradientTransformation; ``stacked`` is not a dict of prefixes.
       ValueError: ``every_n_steps`` is not a positive integer.
     """
-    from tb_gradcheck import validate
+    from tb_gradcheck.core import validate
 
     every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
     if optimizer is not None and not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):

@@ -19,11 +19,11 @@ import weakref
 import jax
 import numpy as np
 
-from tb_gradcheck import eventlog
-from tb_gradcheck import metadata
-from tb_gradcheck import rowstats
-from tb_gradcheck import running
-from tb_gradcheck import validate
+from tb_gradcheck.core import eventlog
+from tb_gradcheck.core import metadata
+from tb_gradcheck.core import rowstats
+from tb_gradcheck.core import running
+from tb_gradcheck.core import validate
 from tb_gradcheck.jax.transform import Held
 from tb_gradcheck.jax.transform import MonitorState
 
@@ -117,18 +117,13 @@ class GradientWriter:
 
     def write_check(self, report, step):
         """Records a gradient check report for the tab's ``check_error`` heatmap (``GradientWriter.write_check``'s format)."""
-        from tb_gradcheck import check_report
+        from tb_gradcheck.check import report as check_report
 
         self._check_open()
-        if not isinstance(report, check_report.GradientCheckReport):
-            raise TypeError(
-                f"Expected `report` to be a GradientCheckReport (from a check_gradients). Received: {type(report).__name__}"
-            )
+        stored = check_report.stored_checks(report)
         step = _step(step)
-        for granularity, rows in (("layer", report.layers), ("variable", report.variables)):
-            if rows:
-                content = metadata.check_layout(granularity, [r.name for r in rows])
-                self._log.tensor(content, eventlog.check_matrix(rows), step)
+        for content, matrix in stored:
+            self._log.tensor(content, matrix, step)
 
     def flush(self):
         self._log.flush()

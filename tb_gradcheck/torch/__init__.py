@@ -23,13 +23,13 @@ Imported lazily, like the package itself: ``import tb_gradcheck.torch`` does
 not import torch until one of these is used.
 """
 
-from tb_gradcheck import lazy
+from tb_gradcheck.core import lazy
 
 _LAZY = {
     "GradientWriter": ("tb_gradcheck.torch.writer", "GradientWriter"),
     "check_gradients": ("tb_gradcheck.torch.check", "check_gradients"),
     "float64_twin": ("tb_gradcheck.torch.check", "float64_twin"),
-    "GradientCheckReport": ("tb_gradcheck.check_report", "GradientCheckReport"),
+    "GradientCheckReport": ("tb_gradcheck.check.report", "GradientCheckReport"),
 }
 
 __all__ = sorted(_LAZY)

@@ -15,10 +15,10 @@ import warnings
 
 import torch
 
-from tb_gradcheck import check_run
-from tb_gradcheck import twin_gap
-from tb_gradcheck import validate
-from tb_gradcheck.torch import check_state
+from tb_gradcheck.check import algorithm as check_run
+from tb_gradcheck.check import float32_gap as twin_gap
+from tb_gradcheck.core import validate
+from tb_gradcheck.torch import evaluator as check_state
 from tb_gradcheck.torch import modules
 
 DTYPES = (None, "float64")
@@ -102,7 +102,7 @@ def check_gradients(
     back as it was.
 
     Returns:
-      A ``GradientCheckReport`` (``tb_gradcheck.check_report``), the type
+      A ``GradientCheckReport`` (``tb_gradcheck.check.report``), the type
       the TensorFlow check returns.
 
     Raises:

@@ -22,7 +22,7 @@ import collections
 import numpy as np
 import torch
 
-from tb_gradcheck import rowstats
+from tb_gradcheck.core import rowstats
 
 F64 = torch.float64
 # Written steps whose copy may be under way at once; the oldest is waited for before one more starts.
@@ -196,3 +196,46 @@ def _update_squares(values, n):
         # A step the scaler refused: the optimizer did not run, the weights did not move.
         return np.zeros(n)
     return None
+
+
+class Pack:
+    """Named device tensors sent to the host in one copy (float64, flattened)."""
+
+    def __init__(self):
+        self._names, self._shapes, self._parts = [], [], []
+
+    def add(self, name, tensor):
+        tensor = torch.as_tensor(tensor)
+        self._names.append(name)
+        self._shapes.append(tuple(tensor.shape))
+        self._parts.append(tensor.reshape(-1).to(F64))
+
+    def __contains__(self, name):
+        return name in self._names
+
+    @property
+    def names(self):
+        return tuple(self._names)
+
+    @property
+    def parts(self):
+        """The flattened float64 tensors, in the order added."""
+        return tuple(self._parts)
+
+    def flat(self):
+        """Everything added, as one float64 vector on one device (the first GPU's, with several)."""
+        devices = {p.device for p in self._parts}
+        if len(devices) > 1:  # parameters on several devices: bring them to the first GPU's first
+            target = next(iter(sorted(devices, key=lambda d: d.type == "cpu")))
+            self._parts = [p.to(target) for p in self._parts]
+        return torch.cat(self._parts)
+
+    def send(self, buffers):
+        """A ``Copy`` of everything added, started without waiting for the device (``send``)."""
+        return send(self.names, tuple(self._shapes), self.flat(), buffers)
+
+    def to_host(self):
+        """``{name: numpy float64 array}``: one device-to-host copy of everything added, waited for."""
+        if not self._parts:
+            return {}
+        return Copy(self.names, tuple(self._shapes), self.flat().cpu().numpy()).values()

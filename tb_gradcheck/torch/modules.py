@@ -50,7 +50,7 @@ import dataclasses
 
 import torch
 
-from tb_gradcheck import structure
+from tb_gradcheck.core import structure
 
 _PARAMETRIZATIONS = ".parametrizations."
 

@@ -1,6 +1,6 @@
 """What the optimizer did, for the PyTorch writer: the update it applied, the norm before clipping, the loss scale.
 
-The columns and their meaning are ``tb_gradcheck.updates``' (and
+The columns and their meaning are ``tb_gradcheck.tensorflow.optimizer``' (and
 ``rowstats.optimizer_values``'), taken at written steps only:
 
 - ``update_norm``, ``update_to_weight``: ``Follower`` hooks the optimizer's
@@ -24,8 +24,8 @@ import warnings
 
 import torch
 
-from tb_gradcheck import metadata
-from tb_gradcheck.rowstats import MISSING
+from tb_gradcheck.core import metadata
+from tb_gradcheck.core.rowstats import MISSING
 from tb_gradcheck.torch import reductions
 
 F64 = torch.float64

@@ -33,8 +33,6 @@ import math
 
 import torch
 
-from tb_gradcheck.torch import host
-
 F64 = torch.float64
 # Largest total size of the gradients laid out flat at once (their copy and flags are temporaries).
 CHUNK_BYTES = 256 << 20
@@ -356,46 +354,3 @@ class Constants:
                 held = host.to(device)
             self._held[(key, str(device))] = held
         return held
-
-
-class Pack:
-    """Named device tensors sent to the host in one copy (float64, flattened)."""
-
-    def __init__(self):
-        self._names, self._shapes, self._parts = [], [], []
-
-    def add(self, name, tensor):
-        tensor = torch.as_tensor(tensor)
-        self._names.append(name)
-        self._shapes.append(tuple(tensor.shape))
-        self._parts.append(tensor.reshape(-1).to(F64))
-
-    def __contains__(self, name):
-        return name in self._names
-
-    @property
-    def names(self):
-        return tuple(self._names)
-
-    @property
-    def parts(self):
-        """The flattened float64 tensors, in the order added."""
-        return tuple(self._parts)
-
-    def flat(self):
-        """Everything added, as one float64 vector on one device (the first GPU's, with several)."""
-        devices = {p.device for p in self._parts}
-        if len(devices) > 1:  # parameters on several devices: bring them to the first GPU's first
-            target = next(iter(sorted(devices, key=lambda d: d.type == "cpu")))
-            self._parts = [p.to(target) for p in self._parts]
-        return torch.cat(self._parts)
-
-    def send(self, buffers):
-        """A ``host.Copy`` of everything added, started without waiting for the device (``host.send``)."""
-        return host.send(self.names, tuple(self._shapes), self.flat(), buffers)
-
-    def to_host(self):
-        """``{name: numpy float64 array}``: one device-to-host copy of everything added, waited for."""
-        if not self._parts:
-            return {}
-        return host.Copy(self.names, tuple(self._shapes), self.flat().cpu().numpy()).values()

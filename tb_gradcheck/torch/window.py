@@ -17,7 +17,7 @@ write and reduces them on the host after that one all-reduce, with the same
 import numpy as np
 import torch
 
-from tb_gradcheck import running
+from tb_gradcheck.core import running
 
 F64 = torch.float64
 # Steps held on the device before they are added to the running state.

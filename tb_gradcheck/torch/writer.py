@@ -28,10 +28,10 @@ import weakref
 
 import torch
 
-from tb_gradcheck import check_report
-from tb_gradcheck import eventlog
-from tb_gradcheck import metadata
-from tb_gradcheck import rowstats
+from tb_gradcheck.check import report as check_report
+from tb_gradcheck.core import eventlog
+from tb_gradcheck.core import metadata
+from tb_gradcheck.core import rowstats
 from tb_gradcheck.torch import distributed
 from tb_gradcheck.torch import graphs
 from tb_gradcheck.torch import host
@@ -201,7 +201,7 @@ class GradientWriter:
         if not due:
             return
         self._warn_unrecorded()
-        pack = reductions.Pack()
+        pack = host.Pack()
         reduced = self._written(rows, tensors, where, device, coalesced)
         if scale is not None and "max_abs" in reduced:
             reduced["max_abs"] = reduced["max_abs"] * scale.inverse
@@ -251,19 +251,16 @@ class GradientWriter:
         """Records a gradient check report for the tab's ``check_error`` heatmap.
 
         Args:
-          report: A ``tb_gradcheck.check_report.GradientCheckReport``.
+          report: A ``tb_gradcheck.check.report.GradientCheckReport``.
           step: The training step.
         """
         self._check_open("write_check")
-        if not isinstance(report, check_report.GradientCheckReport):
-            raise TypeError(f"Expected `report` to be a GradientCheckReport. Received: {type(report).__name__}")
+        stored = check_report.stored_checks(report)
         step = _step(step)
         if not self._group.writes:
             return
-        for granularity, check_rows in (("layer", report.layers), ("variable", report.variables)):
-            if check_rows:
-                content = metadata.check_layout(granularity, [r.name for r in check_rows])
-                self._log.tensor(content, eventlog.check_matrix(check_rows), step)
+        for content, matrix in stored:
+            self._log.tensor(content, matrix, step)
 
     @_eager
     def flush(self):
@@ -417,7 +414,7 @@ class GradientWriter:
     def _write_partial_window(self):
         """At close: the steps since the last write, as one window written at the last of them."""
         rows = self._rows
-        pack = reductions.Pack()
+        pack = host.Pack()
         steps = self._window.take(pack)
         pack.add("weight", self._group.weight_norms(rows.params, self._device([])))
         values = self._group.reduce(pack, self._last_key[0], [])

@@ -1,5 +1,5 @@
 // Unit tests of frontend/wire.js (node --test): the one decoder of the
-// heatmap wire format, checked against bytes packed as tb_gradcheck/wire.py packs them.
+// heatmap wire format, checked against bytes packed as tb_gradcheck/reader/wire.py packs them.
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 

@@ -1,0 +1,383 @@
+"""Findings about what the optimizer did: clipping that binds, layers that do not learn; numpy only.
+
+Rules over the optimizer columns (``tb_gradcheck.tensorflow.optimizer``) of a run's
+layer-granularity stats matrix, called by ``diagnose.find``. A run without
+those columns gets no finding from here.
+"""
+
+import dataclasses
+import warnings
+
+import numpy as np
+
+from tb_gradcheck.findings import finding
+from tb_gradcheck.findings import windows as trailing
+
+KINDS = ("clipping", "not_learning")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerThresholds:
+    """When the optimizer's behaviour becomes a finding. ``diagnose.Thresholds`` fields of the same names win.
+
+    Attributes:
+      clip_tolerance: A layer's applied gradient norm below
+        ``(1 - clip_tolerance)`` x its norm before clipping means clipping
+        bound it at that step. 1e-3: clipping rescales in float32, which
+        moves a norm by a few 1e-7 relative when nothing binds, and a bound
+        that trims less than 0.1% of the gradient changes nothing worth
+        reporting.
+      clip_fraction: Clipping bound in at least this fraction of the written
+        steps is a finding. 0.1: a clipping norm is meant to catch the rare
+        outlier step (people set it near a high quantile of the norms seen
+        in a healthy run); binding in one step in ten or more means the
+        bound sits inside the ordinary range of norms, where it silently
+        lowers the learning rate and hides a growing gradient as the clip
+        norm. Information only when it bound in none of the latter half of
+        the writes: an early transient that has ended.
+      clip_drivers: The layers named as driving the norm over the bound are
+        the fewest whose squared norms before clipping make up this share of
+        the total over the bound steps. 0.5: those layers alone put the
+        global norm over the bound more than the rest together.
+      not_learning_floor: An update_to_weight below this moves (almost) no
+        weight. 1e-7: float32 resolves a weight to about 2**-24 = 6e-8 of its
+        magnitude, so an update of relative size below ~1e-7 rounds away in
+        most elements (the measured update, w_after - w_before, is then 0 or
+        a few scattered ulps).
+      not_learning_orders: A layer whose update_to_weight sits this many
+        orders of magnitude below the median of the other layers' at the same
+        step does not learn at their pace. 3: the usual healthy ratio is near
+        1e-3 per step, and layers of one healthy network stay within one or
+        two orders of each other; a thousandfold gap means the layer's
+        weights are effectively frozen while the rest train.
+      not_learning_persistence: Fraction of a layer's steps (those in which
+        some layer moved: a refused loss-scale step moves none) a condition
+        must hold. 0.5: "most steps", as for vanishing gradients.
+      slow_pace: The whole network does not learn when its pace (the median
+        layer's update_to_weight, as a median over ``slow_pace_writes``
+        writes) has never reached this. 1e-6: three orders below the usual
+        healthy ~1e-3 per step, as ``not_learning_orders`` measures a layer
+        against the others; at 1e-6 a weight needs 10,000 steps to change by
+        1% of its size, so the learning rate is too small for the model
+        (every layer equally slow, so none lags the rest, and above the
+        float32 floor, so each does move). "Never": a run that learned and
+        then slowed (a decayed learning rate, a converged loss) is not slow.
+      slow_pace_writes: Writes the pace is a median over, and the least a
+        run must have before it is called slow. 20: the trailing window the
+        other slow rules use; one large first step moves no median of 20.
+      slow_pace_spread: A layer shares the slow network's verdict only
+        while its own pace (the same trailing median, of its own
+        update_to_weight) has never reached ``slow_pace`` times 10 to this
+        power. 1 order: layers that share one learning rate spread around
+        the network's pace by factors of a few (those of one healthy network
+        stay within one or two orders of each other), so a layer within an
+        order of the bound is at the network's pace; one that moves ten
+        times the bound or more is not held back by the learning rate, and
+        "a learning rate too small" would be false of it.
+      vanishing_ratio: A layer whose ||g|| / ||W|| is below this is vanishing
+        whatever the other layers do. 6e-8, float32's half-ulp (2**-24): an
+        SGD step lr * g with lr <= 1 then changes the weights by less than
+        float32 can represent, so they do not move at all. Relative to the
+        weights, so it holds at any weight scale. Where the run records the
+        update it made (``update_to_weight``), that premise is measured
+        instead: an update at or above ``not_learning_floor`` moved them
+        (Adam's step is about lr per element whatever |g| is). Read here
+        too: an update of exactly 0 is float32's only where the gradient
+        is under this (``_frozen``).
+    """
+
+    clip_tolerance: float = 1e-3
+    clip_fraction: float = 0.1
+    clip_drivers: float = 0.5
+    not_learning_floor: float = 1e-7
+    not_learning_orders: float = 3.0
+    not_learning_persistence: float = 0.5
+    slow_pace: float = 1e-6
+    slow_pace_writes: int = 20
+    slow_pace_spread: float = 1.0
+    vanishing_ratio: float = 6e-8
+
+
+def find(run, stats, thresholds=None, dead=()):
+    """The optimizer findings of one run.
+
+    Args:
+      run: Run name.
+      stats: ``store.Matrix`` of kind stats at layer granularity.
+      thresholds: ``diagnose.Thresholds`` or ``OptimizerThresholds`` (fields
+        this module knows are read by name), or None for the defaults.
+      dead: Names of layers already found dead. Their units get no gradient,
+        so they do not move either: that is one cause, reported once, as
+        dead, not again as ``not_learning``.
+
+    Returns:
+      A list of ``finding.Finding`` (kinds ``clipping``, ``not_learning``).
+    """
+    t = _thresholds(thresholds)
+    if stats is None or not len(stats.steps):
+        return []
+    return _clipping(run, stats, t) + _not_learning(run, stats, t, set(dead))
+
+
+def _thresholds(given):
+    if isinstance(given, OptimizerThresholds):
+        return given
+    names = [f.name for f in dataclasses.fields(OptimizerThresholds)]
+    return OptimizerThresholds(**{n: getattr(given, n) for n in names if given is not None and hasattr(given, n)})
+
+
+def _column(stats, name):
+    if name not in stats.columns or "last" not in stats.aggregates:
+        return None, None
+    values, missing = stats.slab(name, "last")
+    return values.astype(np.float64), missing
+
+
+def _clipping(run, stats, t):
+    before, before_missing = _column(stats, "grad_norm_before_clip")
+    applied, applied_missing = _column(stats, "grad_norm")
+    if before is None:
+        return []
+    here = ~before_missing & ~applied_missing & np.isfinite(before) & np.isfinite(applied)
+    bound = here & (applied < before * (1.0 - t.clip_tolerance))
+    steps_here = here.any(axis=1)
+    steps_bound = bound.any(axis=1)
+    if not steps_here.any():
+        return []
+    fraction = steps_bound.sum() / steps_here.sum()
+    if fraction < t.clip_fraction:
+        return []
+    # The layers that put the norm over the bound: the fewest whose squared
+    # norms before clipping hold most of the total over the bound steps.
+    energy = np.where(bound, before**2, 0.0).sum(axis=0)
+    order = np.argsort(-energy)
+    share = np.cumsum(energy[order]) / max(energy.sum(), np.finfo(float).tiny)
+    drivers = sorted(order[: int(np.searchsorted(share, t.clip_drivers)) + 1])
+    evidence = {}
+    for j in drivers:
+        steps = stats.steps[bound[:, j]]
+        if not len(steps):
+            continue
+        ratio = applied[bound[:, j], j] / before[bound[:, j], j]
+        evidence[stats.rows[j]] = {
+            "share_of_squared_norm": float(energy[j] / energy.sum()),
+            "median_norm_before_clip": float(np.median(before[bound[:, j], j])),
+            "median_applied_over_before": float(np.median(ratio)),
+            "steps_bound": len(steps),
+            "fraction_of_steps": float(fraction),
+            "first_step": int(steps[0]),
+            "last_step": int(steps[-1]),
+        }
+    if not evidence:
+        return []
+    names = list(evidence)
+    # Clipping that bound only while the network left its initialisation
+    # (a run's largest gradients are usually its first) and not once in the
+    # latter half of the run's writes no longer shapes training: the finding
+    # is history, information. Binding that goes on is a warning.
+    written = np.flatnonzero(steps_here)
+    latter = written[len(written) // 2 :]
+    stopped = len(written) >= 2 and not steps_bound[latter].any()
+    for e in evidence.values():
+        e["run_steps_bound"] = int(steps_bound.sum())
+        e["run_steps_written"] = int(steps_here.sum())
+        e["stopped_binding"] = bool(stopped)
+    steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
+    severity = "info" if stopped else "warning"
+    f = finding.Finding("clipping", severity, run, names, steps, "grad_norm_before_clip", "last", "", evidence)
+    f.message = describe(f)
+    return [f]
+
+
+def _not_learning(run, stats, t, dead):
+    ratio, missing = _column(stats, "update_to_weight")
+    if ratio is None:
+        return []
+    here = ~missing & np.isfinite(ratio)
+    grad, no_gradient = _column(stats, "grad_norm")
+    if no_gradient is not None:
+        # A layer the loss does not reach (a head without a loss, a branch
+        # not in use) gets no gradient, so it moves 0. That is no finding,
+        # with the update measured or not: the gradient columns say the same.
+        here &= ~no_gradient
+    # A step in which nothing moved (a refused loss-scale step, a zero
+    # learning rate) says nothing about any one layer.
+    moving = (here & (ratio > 0)).any(axis=1)
+    here &= moving[:, None]
+    to_weight, _ = _column(stats, "grad_to_weight")
+    frozen = _frozen(ratio, here, grad, no_gradient, to_weight, t)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_ratio = np.where(here, np.log10(ratio), np.nan)  # 0 -> -inf: no update at all
+    slow, pace = _slow_network(ratio, here, t)
+    evidence, held = {}, {}
+    n = len(stats.rows)
+    for j, name in enumerate(stats.rows):
+        present = here[:, j]
+        if not present.any() or name in dead:
+            continue
+        if frozen[j]:
+            steps = stats.steps[present]
+            held[name] = {
+                "median_update_to_weight": 0.0,
+                "median_grad_norm": float(np.median(grad[present, j])),
+                "first_step": int(steps[0]),
+                "last_step": int(steps[-1]),
+                "reason": FROZEN,
+            }
+            continue
+        network = _slow_evidence(ratio[:, j], present, slow, pace, stats.steps, t)
+        below_floor = present & (ratio[:, j] < t.not_learning_floor)
+        behind = np.zeros_like(present)
+        gap = np.full(len(present), np.nan)
+        if n > 1:
+            others = np.delete(log_ratio, j, axis=1)
+            others = np.where(np.isfinite(others), others, np.nan)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN step: no others to compare
+                typical = np.nanmedian(others, axis=1)
+            gap = typical - log_ratio[:, j]
+            behind = present & np.isfinite(typical) & (gap > t.not_learning_orders)
+        sick = below_floor | behind
+        fraction = sick.sum() / present.sum()
+        if fraction < t.not_learning_persistence:
+            if network is not None:
+                evidence[name] = network
+            continue
+        steps = stats.steps[sick]
+        finite_gap = gap[behind][np.isfinite(gap[behind])]
+        evidence[name] = {
+            "median_update_to_weight": float(np.median(ratio[present, j])),
+            "median_orders_below_other_layers": float(np.median(finite_gap)) if len(finite_gap) else None,
+            "fraction_of_steps": float(fraction),
+            "first_step": int(steps[0]),
+            "last_step": int(steps[-1]),
+            "reason": "below what moves float32 weights"
+            if below_floor.sum() >= behind.sum()
+            else "orders of magnitude below the other layers",
+        }
+    out = []
+    for severity, found in (("warning", evidence), ("info", held)):
+        if not found:
+            continue
+        steps = [min(e["first_step"] for e in found.values()), max(e["last_step"] for e in found.values())]
+        f = finding.Finding("not_learning", severity, run, list(found), steps, "update_to_weight", "last", "", found)
+        f.message = describe(f)
+        out.append(f)
+    return out
+
+
+# The reason of a layer the optimizer does not update (``_frozen``).
+FROZEN = "frozen by the optimizer"
+
+
+def _frozen(ratio, here, grad, no_gradient, to_weight, t):
+    """bool ``[L]``: layers the optimizer does not update: a gradient float32 resolves, an update of exactly 0 at every write.
+
+    Not a precision problem: float32 rounds a step away element by element,
+    each against its own weight's ulp, and a trained or freshly initialised
+    tensor holds elements near 0 whose ulp is far below any nonzero step, so
+    a step that is not 0 moves some element and its update is not exactly 0.
+    An update of exactly 0 in every write while the gradient is not 0 means
+    the optimizer applied no step to the layer: a freeze (``optax.set_to_zero``,
+    a learning rate of 0 for its group) or a parameter group that misses it.
+    The numbers cannot tell those apart. A layer with a gradient of exactly 0
+    is no part of this: no gradient moves nothing (the dead rule's case).
+
+    A gradient under float32's resolution of the weights
+    (``grad_to_weight`` below ``vanishing_ratio``) can round away whole: no
+    SGD step with a learning rate up to 1 moves even the smallest elements
+    by much. There the 0 may be float32's, so such a layer is left to the
+    float32 reason (and to vanishing). One step that is not 0 can round away
+    whole on a tensor whose elements all equal one constant (a norm's scale
+    of 1) too; the learning rate that does it moves the other layers under
+    the float32 floor or the slow pace, and those findings say so.
+    """
+    if grad is None or to_weight is None:
+        return np.zeros(ratio.shape[1], bool)
+    with np.errstate(invalid="ignore"):
+        live = here & ~no_gradient & np.isfinite(grad) & (grad > 0) & (to_weight >= t.vanishing_ratio)
+    still = np.where(live, ratio == 0, True)
+    return live.any(axis=0) & still.all(axis=0) & (live == here).all(axis=0)
+
+
+def _slow_network(ratio, here, t):
+    """``(slow [S] bool, pace [S])``: the writes at which the whole network has never learned at ``slow_pace``.
+
+    The pace at a write is the median update_to_weight of the layers that
+    move there (an update above 0), as a median over the ``slow_pace_writes``
+    writes that end at it. Layers that do not move at all (frozen by the
+    optimizer, dead, cut off from the loss) are left out: the rule is about
+    a learning rate too small for layers that are trained, and a network
+    whose frozen backbone outnumbers its trained head would otherwise have a
+    pace of 0. It is judged once that many writes have moved, against the
+    largest pace so far, so the slow writes are the run's first ones, up to
+    where it speeds up.
+    """
+    per_write = trailing.nanmedian(np.where(here & (ratio > 0), ratio, np.nan), axis=1)  # [S], NaN where none moved
+    pace = trailing.through(per_write[:, None], t.slow_pace_writes, trailing.nanmedian)[:, 0]
+    best = np.maximum.accumulate(np.where(np.isnan(pace), -np.inf, pace))
+    seen = np.cumsum(np.isfinite(per_write)) >= t.slow_pace_writes
+    return seen & (best < t.slow_pace), pace
+
+
+def _slow_evidence(ratio, present, slow, pace, steps, t):
+    """A layer's evidence of the whole network's slow pace, or None when the network is not slow or the layer is not.
+
+    The layer must be slow itself: its own pace, measured as the network's,
+    never reached ``slow_pace_spread`` orders above ``slow_pace``.
+    """
+    own = trailing.through(np.where(present, ratio, np.nan)[:, None], t.slow_pace_writes, trailing.nanmedian)[:, 0]
+    best = np.maximum.accumulate(np.where(np.isnan(own), -np.inf, own))
+    flagged = slow & present & (best < t.slow_pace * 10.0**t.slow_pace_spread)
+    if not flagged.any():
+        return None
+    return {
+        "median_update_to_weight": float(np.median(ratio[present])),
+        "median_orders_below_other_layers": None,
+        "network_pace": float(np.nanmax(pace[flagged])),
+        "fraction_of_steps": float(flagged.sum() / present.sum()),
+        # From the run's first write: the pace was never higher.
+        "first_step": int(steps[np.argmax(present)]),
+        "confirmed_at_step": int(steps[flagged][0]),
+        "last_step": int(steps[flagged][-1]),
+        "reason": f"the whole network moves under {t.slow_pace:g} of its weights per step: "
+        "a learning rate too small for it",
+    }
+
+
+def describe(found, quote=None):
+    """The sentence of a ``clipping`` or ``not_learning`` finding, names passed through ``quote`` (``diagnose.describe``)."""
+    quote = quote or finding.isolate
+    e = found.evidence
+    names = finding.name_list(found.layers, quote)
+    if found.kind == "clipping":
+        first = next(iter(e.values()))
+        return (
+            f"Clipping bound in {first['fraction_of_steps']:.0%} of steps ({first['run_steps_bound']} of "
+            f"{first['run_steps_written']}); {names} drove the norm over the bound (applied/before median "
+            f"{min(x['median_applied_over_before'] for x in e.values()):.2g})"
+            + (
+                f"; it has not bound since step {found.steps[1]}, in the latter half of the run "
+                "(information: an early transient)."
+                if first.get("stopped_binding")
+                else "."
+            )
+        )
+    if found.severity == "info":
+        return (
+            f"{names} frozen by the optimizer: gradient norm {_span([x['median_grad_norm'] for x in e.values()])} "
+            f"but an update of exactly 0 at every step, steps {found.steps[0]}-{found.steps[1]}: an intended freeze "
+            "(a learning rate of 0, optax.set_to_zero), or a parameter group that misses it "
+            "(information, not a problem if meant)."
+        )
+    medians = [x["median_update_to_weight"] for x in e.values()]
+    return (
+        f"{names} not learning: ||update|| / ||weights|| {min(medians):.2g}"
+        + (f"-{max(medians):.2g}" if len(medians) > 1 else "")
+        + f" in most steps ({'; '.join(sorted({x['reason'] for x in e.values()}))})."
+    )
+
+
+def _span(values):
+    lo, hi = f"{min(values):.2g}", f"{max(values):.2g}"
+    return lo if lo == hi else f"{lo}-{hi}"

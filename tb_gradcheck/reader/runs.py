@@ -1,0 +1,79 @@
+"""What one run holds, as TensorBoard's data provider lists it: its series by kind and granularity; numpy only."""
+
+import dataclasses
+
+from tb_gradcheck.core import metadata
+from tb_gradcheck.core import tags
+from tb_gradcheck.reader import merge
+from tb_gradcheck.reader import points
+
+
+@dataclasses.dataclass
+class Series:
+    """One tag's layout and metadata as listed by the data provider."""
+
+    tag: str
+    content: dict
+    max_step: int
+    max_wall_time: float
+
+
+@dataclasses.dataclass
+class RunIndex:
+    """What one run holds: its series by (kind, granularity), and unreadable tags."""
+
+    run: str
+    series: dict  # (kind, granularity) -> [Series], earliest written first
+    problems: list
+
+    def kinds(self):
+        return {kind for kind, _ in self.series}
+
+    def layouts(self, kind, granularity):
+        return self.series.get((kind, granularity), [])
+
+    def rows(self, kind, granularity):
+        """Row names of every layout, merged by name in order of first appearance."""
+        return merge.rows([s.content for s in self.layouts(kind, granularity)], granularity)
+
+    def sparse_rows(self, granularity):
+        """Rows any layout marks as having sparse (IndexedSlices) gradients."""
+        return sorted(
+            {
+                n
+                for s in self.layouts(metadata.KIND_STATS, granularity)
+                for n in s.content[granularity].get("sparse_rows", [])
+            }
+        )
+
+    def last_write(self):
+        """Wall time of the run's newest point, or None: changes whenever new data arrives."""
+        times = [s.max_wall_time for layouts in self.series.values() for s in layouts]
+        return max(times) if times else None
+
+    def version(self):
+        """What changes whenever any tag of the run gets new points: part of a cache key."""
+        return tuple(sorted((s.tag, *series_version(s)) for layouts in self.series.values() for s in layouts))
+
+    def read_bytes(self):
+        """About what reading every tag of the run again costs: a miss's cost for ``cache.Cache``."""
+        by_tag = {s.tag: s for layouts in self.series.values() for s in layouts}
+        return sum(points.point_bytes(s.content) * steps_held(s) for s in by_tag.values())
+
+    def window(self):
+        return max((s.content.get("window", 1) for s in self.layouts(metadata.KIND_STATS, "layer")), default=1)
+
+    def aggregates(self):
+        """Aggregates any stats layout of the run can answer, in canonical order."""
+        return merge.aggregates([s.content for s in self.layouts(metadata.KIND_STATS, "layer")])
+
+
+def steps_held(series):
+    """About how many steps a tag holds: up to its ``max_step``, from the first of its span."""
+    span = tags.span_of(series.tag)[1]
+    first = 0 if span is None else span * tags.span_steps(series.content)
+    return max(1, series.max_step + 1 - first)
+
+
+def series_version(series):
+    return series.max_step, series.max_wall_time

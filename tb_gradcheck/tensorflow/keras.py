@@ -1,0 +1,272 @@
+"""The model.fit callback: statistics of the gradients the optimizer applies, beside keras.callbacks.TensorBoard.
+
+``GradientCallback`` does not compute gradients of its own. While ``fit``
+runs it hooks the model's optimizer at the one point where Keras 3 (as
+TensorFlow 2.21 ships it) holds the gradient it is about to apply, and
+records that gradient:
+
+- after loss-scale unscaling (``LossScaleOptimizer`` under
+  ``mixed_float16``, or a static ``loss_scale_factor``),
+- after gradient accumulation (one record per optimizer update, of the
+  averaged accumulated gradient),
+- after clipping (``clipnorm``, ``clipvalue``, ``global_clipnorm``): the
+  records show what moves the weights, so a clipped explosion shows as the
+  clip norm; ``grad_nonfinite`` still counts NaN and Inf, which clipping keeps,
+- after the all-reduce over replicas and workers under ``tf.distribute``:
+  the sum that every replica applies, recorded once per step by replica 0
+  of the chief, at no extra communication.
+
+That point is ``_all_reduce_sum_gradients`` of Keras' TensorFlow optimizer
+(``keras/src/backend/tensorflow/optimizer.py``): ``apply`` calls it through
+``_backend_update_step`` with exactly the gradients ``update_step`` then
+receives. It is a private method, so the callback checks that it exists and
+warns (and records nothing) when a Keras version has moved it.
+
+On Keras' JAX backend (``KERAS_BACKEND=jax``), ``GradientCallback(...)``
+makes a ``tb_gradcheck.jax.keras.GradientCallback`` instead: the same rows
+and steps, taken inside the JAX trainer's jitted step, and TensorFlow is
+never imported (this module imports it only on the TensorFlow backend).
+
+Steps. A record's step is ``optimizer.iterations`` after that step's update,
+so step 1 is the first update: the step ``keras.callbacks.TensorBoard``
+gives batch 1 with ``update_freq="batch"``, and the step its
+``evaluation_*_vs_iterations`` scalars use. Under a ``LossScaleOptimizer`` a
+step with a non-finite gradient is skipped and does not advance
+``iterations``; the callback still records it, with the unscaled gradient
+that was refused (its ``grad_nonfinite`` is positive and its norm NaN or
+Inf), and counts it: from then on the step is ``iterations`` plus the steps
+skipped so far, so every training step keeps its own column and the axis
+still matches TensorBoard's batch axis. The count lives as long as the
+optimizer object; a run restored from a checkpoint starts it again at zero.
+"""
+
+import warnings
+
+# This module is `tb_gradcheck.tensorflow.keras`; an absolute
+# import (the only kind Python 3 has) still finds the top-level Keras 3
+# package, unless the tb_gradcheck/tensorflow/ folder itself is put on sys.path.
+import keras
+
+from tb_gradcheck import keras_fit as fit_callback
+from tb_gradcheck.core import validate
+
+
+class GradientCallback(fit_callback.AttachedCallback):
+    """Writes per-layer statistics of the gradients ``model.fit`` applies, for the Gradients tab.
+
+    Writes into ``log_dir/train``, the run ``keras.callbacks.TensorBoard(log_dir)``
+    writes its training scalars to, so the two callbacks given the same
+    ``log_dir`` make one run with aligned steps (see the module docstring for
+    what a step is). The event file is opened when training begins and
+    closed when it ends; under ``MultiWorkerMirroredStrategy`` only the chief
+    opens one.
+
+    Works with the compiled train step (the default), ``run_eagerly=True``,
+    ``steps_per_execution > 1``, ``tf.distribute`` strategies and mixed
+    precision. With XLA (``jit_compile=True``, the default on a GPU without
+    a distribution strategy) the statistics are computed inside the compiled
+    step and written after it (with ``every_n_steps > 1`` the steps between
+    writes run a second compiled train function, which takes only what the
+    window reduces: one more compilation per fit); XLA is turned off for the fit, with a
+    warning, only with ``steps_per_execution > 1``, several replicas or a
+    ``LossScaleOptimizer`` (see ``hooks.why_not_compiled``).
+
+    Training is not changed: the callback only reads, and the weights and
+    optimizer state after a fit with it are those of the same fit without it,
+    bit for bit unless TensorFlow's graph optimizer orders a sum differently
+    because of the extra reads (one float32 rounding; README, "Cost and side
+    effects").
+
+    Example:
+
+        model.fit(
+            dataset,
+            epochs=10,
+            callbacks=[
+                keras.callbacks.TensorBoard("logs/run1", update_freq="batch"),
+                tb_gradcheck.keras.GradientCallback("logs/run1"),
+            ],
+        )
+
+    Args:
+      log_dir: Directory given to ``keras.callbacks.TensorBoard`` (or the
+        parent of the run directories); the statistics go to
+        ``log_dir/train``.
+      every_n_steps: Int, default 1. Write every step, or every N steps with
+        the last, mean, max, min and sum over the steps since the previous
+        write (see ``GradientWriter``).
+      check_every_n_steps: Int or None (default). Every this many steps, run
+        the gradient check (``tb_gradcheck.tensorflow.check``) on ``check_data`` and
+        write its summaries. The check evaluates the model with
+        ``training=False`` (no Dropout, BatchNorm moving statistics) and
+        leaves every weight and training state as it found it.
+      check_data: The batch the check uses: ``(x, y)`` or
+        ``(x, y, sample_weight)``, arrays or tensors. Required with
+        ``check_every_n_steps``.
+      check_dtype: None (default) or ``"float64"``. With ``"float64"`` the
+        check runs on a float64 twin of the model (``float64_twin``), its
+        weights copied from the model at every check, the model itself
+        untouched: it resolves ~1e-7 of a derivative instead of ~3e-3, so
+        errors confined to part of a layer are caught at the same cost. In
+        inference mode it also holds the model's own gradient against the
+        twin's (``float32_gap``: bugs of float32 arithmetic alone).
+      check_training: Bool, default False. Check the training-mode gradient
+        (``model(x, training=True)``: Dropout on, BatchNorm on the batch's
+        statistics), the one ``fit`` applies, instead of the inference-mode
+        one: a backward pass wrong only in training (a mask the custom
+        gradient forgets) is then in reach. The state the loss writes
+        (BatchNorm's moving statistics, Dropout's seed) is put back after
+        every evaluation, so each sees the same masks and the fit is left
+        as it was. ``float32_gap`` is skipped: the twin draws masks of its own.
+
+    Raises:
+      TypeError: ``log_dir`` is not a path or ``check_data`` not a tuple.
+      ValueError: A count that is not a positive integer, or
+        ``check_every_n_steps`` without ``check_data``.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        if cls is GradientCallback:
+            # Another backend: its sibling, which reads that backend's train step.
+            backend_class = fit_callback.backend_callback()
+            if backend_class is not cls:
+                return backend_class(*args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        log_dir,
+        *,
+        every_n_steps=1,
+        check_every_n_steps=None,
+        check_data=None,
+        check_dtype=None,
+        check_training=False,
+    ):
+        super().__init__()
+        log_dir = validate.path(log_dir, "log_dir")
+        every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        if check_every_n_steps is not None:
+            check_every_n_steps = validate.positive_int(check_every_n_steps, "check_every_n_steps")
+            if check_data is None:
+                raise ValueError(
+                    "Expected `check_data` (a batch `(x, y)` to check the gradients on) with "
+                    f"`check_every_n_steps`. Received: check_every_n_steps={check_every_n_steps}, check_data=None"
+                )
+        if check_data is not None and (not isinstance(check_data, (tuple, list)) or len(check_data) not in (2, 3)):
+            raise TypeError(
+                "Expected `check_data` to be a tuple `(x, y)` or `(x, y, sample_weight)`. "
+                f"Received: {type(check_data).__name__}"
+                + (f" of length {len(check_data)}" if isinstance(check_data, (tuple, list)) else "")
+            )
+        self.check_dtype = validate.one_of(check_dtype, "check_dtype", (None, "float64"))
+        self.check_training = validate.boolean(check_training, "check_training")
+        self.log_dir = log_dir
+        self.every_n_steps = every_n_steps
+        self.check_every_n_steps = check_every_n_steps
+        self.check_data = None if check_data is None else tuple(check_data)
+        self._warned = set()
+
+    # -- Keras hooks ---------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        from tb_gradcheck.tensorflow import fit_hooks as hooks  # TensorFlow: imported on this backend only
+
+        self._finish()  # an earlier fit of this callback that raised outside the step
+        if self.check_data is not None and self.check_every_n_steps is None:
+            warnings.warn(
+                "GradientCallback got `check_data` but no `check_every_n_steps`, so no gradient check "
+                "will run. Pass check_every_n_steps=N to check every N steps.",
+                stacklevel=2,
+            )
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None:
+            warnings.warn(
+                "GradientCallback found no optimizer on the model (compile it with one), "
+                "so it records nothing in this fit.",
+                stacklevel=2,
+            )
+            return
+        target = optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
+        if not callable(getattr(target, hooks.APPLIED_HOOK, None)):
+            warnings.warn(
+                f"GradientCallback cannot record the gradients of a {type(target).__name__}: it has no "
+                f"`{hooks.APPLIED_HOOK}` (expected on Keras 3 optimizers with the TensorFlow backend; "
+                f"this is Keras {keras.__version__} with backend {keras.backend.backend()!r}). "
+                "Nothing is recorded in this fit.",
+                stacklevel=2,
+            )
+            return
+        self._warn_if_window_too_long()
+        self._attach(
+            hooks.Session(
+                self.model,
+                optimizer,
+                target,
+                log_dir=self.log_dir,
+                every_n_steps=self.every_n_steps,
+                check_every_n_steps=self.check_every_n_steps,
+                check_data=self.check_data,
+                check_dtype=self.check_dtype,
+                check_training=self.check_training,
+                warn_once=self._warn_once,
+            )
+        )
+        # fit() built (or reused) the train function before calling
+        # on_train_begin, and the loop looks it up on every step: a new one,
+        # traced on first use, goes through the hooked optimizer.
+        self.model.make_train_function(force=True)
+        train_function = self.model.train_function
+        between_writes = None
+        if self._session.compiled and self.every_n_steps > 1:
+            # A second compiled function for the steps between a window's
+            # writes (stash.Schedule.between_writes_next), traced on first use.
+            self.model.make_train_function(force=True)
+            between_writes = self.model.train_function
+        self.model.train_function = self._guarded(train_function, between_writes)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._session is not None and self._session.compiled:
+            self._session.schedule.after_call()
+        if self._session is not None and self.check_every_n_steps is not None:
+            self._session.maybe_check()
+
+    # -- internals -----------------------------------------------------------
+
+    def _warn_if_window_too_long(self):
+        params = self.params or {}
+        steps, epochs = params.get("steps"), params.get("epochs")
+        if not steps or not epochs:
+            return
+        total = int(steps) * int(epochs)
+        if self.every_n_steps > total:
+            warnings.warn(
+                f"GradientCallback(every_n_steps={self.every_n_steps}) is longer than this fit "
+                f"({total} steps): only the partial window is written, once, when training ends.",
+                stacklevel=2,
+            )
+
+    def _warn_once(self, key, message):
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=2)
+
+    def _guarded(self, function, between_writes=None):
+        """The hooked train function, run in this callback's batches only (``fit_callback.AttachedCallback._guard``).
+
+        ``between_writes``: the train function for the steps the session
+        knows are not written (``stash.Schedule.between_writes_next``), or None.
+        """
+        import tensorflow as tf
+
+        def step(session, iterator):
+            # Set before the call: a function traces (or retraces) inside it.
+            session.between_writes = between_writes is not None and session.schedule.between_writes_next()
+            return (between_writes if session.between_writes else function)(iterator)
+
+        return self._guard(step, (StopIteration, tf.errors.OutOfRangeError))
+
+    def _close(self, session):
+        # The traced function held the hooks and this writer (fit_callback drops it).
+        session.restore_model()
+        session.writer.close()

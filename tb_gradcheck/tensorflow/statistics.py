@@ -1,0 +1,266 @@
+"""Per-layer and per-variable gradient statistics, computed inside the training step.
+
+``compute`` turns one step's gradients into two float32 matrices, one row per
+layer and one row per variable (``grouping.Rows``), one column per name in
+``metadata.STORED_STAT_COLUMNS``. The passes over each gradient are in
+``tb_gradcheck.tensorflow.reductions``; this module lays their results out. Missing
+gradients are written as ``MISSING`` (-1): every gradient column is
+non-negative by definition, so a negative value can only mean "no gradient".
+
+Dead units: what a unit is for each kind of variable, and how a layer's units
+are counted, is in ``tb_gradcheck.tensorflow.units``.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tb_gradcheck.core import metadata
+from tb_gradcheck.tensorflow import reductions as passes
+from tb_gradcheck.tensorflow import units
+
+# Stored in every gradient column of a row whose gradient is None (the
+# variable does not affect the loss). Distinct from NaN, which is data.
+MISSING = -1.0
+
+_COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
+# What a window reduces at every step (``quick``); the other gradient columns
+# need passes of their own and are taken at the write step only.
+WINDOW_COLUMNS = ("grad_norm", "grad_nonfinite", "grad_norm_finite")
+_WEIGHT_NORM = _COL["weight_norm"]
+
+
+def compute(gradients, rows, weights=True, onset=True, compiled=False):
+    """Computes one step's statistics.
+
+    Args:
+      gradients: One checked gradient per variable (``validate.gradients``):
+        a dense tensor, a ``tf.IndexedSlices`` (summed over repeated indices,
+        as the optimizer would apply it) or None (recorded as missing).
+      rows: The ``grouping.Rows`` of the variables, in the order of ``gradients``.
+      weights: Bool, default True. When False the weight column holds
+        MISSING; the windowed writer takes ``weight_norms`` itself.
+      onset: Bool, default True: include ``metadata.ONSET_STAT_COLUMNS``
+        (a window's last slab needs them; a layout written every step does
+        not store them).
+      compiled: Bool, default False: the step is XLA-compiled. The numbers
+        are the same; they are computed with no cond
+        (``passes.compiled_columns``) and with the sums that are cheap there
+        (``tb_gradcheck.tensorflow.full_sums``).
+
+    Returns:
+      ``(layer_stats, variable_stats)``: float32 tensors of shape
+      ``[len(rows.layer_names), C]`` and ``[len(rows.variable_names), C]``,
+      columns ``metadata.stored_columns(1)``, then with ``onset`` the onset
+      columns: ``first_nonfinite_offset`` is 0 (this step) where the
+      gradient has a non-finite element.
+    """
+    variables = rows.variables
+    present = [g is not None for g in gradients]
+    where = [i for i, p in enumerate(present) if p]
+    n_var, n_layer = len(variables), len(rows.layer_names)
+    if where:
+        if compiled:
+            columns = passes.compiled_columns(gradients, where, rows)
+        else:
+            parts = [passes.graph_partials(gradients[i], variables[i], rows.unit_axes[i]) for i in where]
+            columns = passes.gather(parts, where, rows)
+        norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v, dead_l = columns
+        norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v = _spread(
+            (norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v), where, n_var
+        )
+    else:
+        norm_v = max_abs_v = zeros_v = nonfinite_v = dead_v = tf.zeros([n_var], tf.float64)
+        dead_l = tf.zeros([n_layer], tf.float64)
+    present_v = tf.constant(present)
+    size_v = tf.constant(rows.variable_sizes, tf.float64)
+    variable_stats = _assemble(norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v, size_v, present_v, onset)
+
+    seg = tf.constant(rows.layer_of, tf.int32)
+    # Rows without a gradient hold zeros here (_spread), so the layer sums
+    # need no mask, except the sizes: a layer's zero fraction is over the
+    # elements that have a gradient.
+    present_sizes = np.where(present, rows.variable_sizes, 0).astype(np.float64)
+    layer_stats = _assemble(
+        _combine_norms(norm_v, seg, n_layer, _narrow(gradients)),
+        units.segment_max(max_abs_v, seg, n_layer),
+        tf.math.unsorted_segment_sum(zeros_v, seg, n_layer),
+        tf.math.unsorted_segment_sum(nonfinite_v, seg, n_layer),
+        dead_l,
+        tf.constant(np.bincount(rows.layer_of, present_sizes, n_layer)),
+        tf.constant(_layers_present(rows, present)),
+        onset,
+    )
+    if where:
+        # A layer whose unit-defining variables all lack a gradient has no
+        # dead-unit fraction even though other variables of it have one.
+        layer_stats = _blank_cells(layer_stats, _COL["dead_unit_fraction"], units.layers_without_units(rows, present))
+    if weights:
+        layer_w, variable_w = weight_norms(rows, compiled)
+        layer_stats = _with_weights(layer_stats, layer_w)
+        variable_stats = _with_weights(variable_stats, variable_w)
+    return layer_stats, variable_stats
+
+
+def quick(gradients, rows, compiled=False):
+    """The statistics a window reduces at every step (``WINDOW_COLUMNS``): one fused pass per gradient.
+
+    Args:
+      gradients: As for ``compute``.
+      rows: As for ``compute``.
+      compiled: As for ``compute``: the same numbers with no cond (the
+        non-finite elements counted at every step).
+
+    Returns:
+      ``(layer, variable)``: float32 ``[L, 3]`` and ``[V, 3]``, columns
+      ``WINDOW_COLUMNS``, MISSING in rows without a gradient. A gradient
+      whose squares all underflow to an exact 0 (every element below ~1e-23)
+      reads as norm 0 here, outside XLA; ``compute`` scales it.
+    """
+    present = [g is not None for g in gradients]
+    n_layer = len(rows.layer_names)
+    norm_v, nonfinite_v = _norms_and_nonfinite(gradients, rows, compiled)
+    seg = tf.constant(rows.layer_of, tf.int32)
+    layer = _window_columns(
+        _combine_norms(norm_v, seg, n_layer, _narrow(gradients)),
+        tf.math.unsorted_segment_sum(nonfinite_v, seg, n_layer),
+        _layers_present(rows, present),
+    )
+    return layer, _window_columns(norm_v, nonfinite_v, present)
+
+
+def norms(gradients, rows, compiled=False):
+    """Per-layer and per-variable gradient norms alone: float32 ``[L]`` and ``[V]``, MISSING where missing.
+
+    ``compiled``: as for ``quick``, whose norms these are; compiled, the
+    non-finite elements are not counted.
+    """
+    present = [g is not None for g in gradients]
+    norm_v, _ = _norms_and_nonfinite(gradients, rows, compiled, nonfinite=False)
+    seg = tf.constant(rows.layer_of, tf.int32)
+    norm_l = _combine_norms(norm_v, seg, len(rows.layer_names), _narrow(gradients))
+    return _missing_where_absent(norm_l, _layers_present(rows, present)), _missing_where_absent(norm_v, present)
+
+
+def _norms_and_nonfinite(gradients, rows, compiled, nonfinite=True):
+    """float64 ``[V]``: each variable's gradient norm and non-finite element count, 0 where it has no gradient.
+
+    Compiled, the count is a pass of its own (``passes.compiled_nonfinite``),
+    taken only with ``nonfinite`` (None without it). Outside XLA it comes with
+    the norms: a finite sum of squares proves there are none, and only a bad
+    step counts them (``passes.gather``).
+    """
+    where = [i for i, g in enumerate(gradients) if g is not None]
+    n_var = len(rows.variables)
+    if not where:
+        return tf.zeros([n_var], tf.float64), tf.zeros([n_var], tf.float64)
+    if compiled:
+        values = passes.compiled_values(gradients, where, rows)
+        columns = (passes.compiled_norms(values),) + ((passes.compiled_nonfinite(values),) if nonfinite else ())
+    else:
+        parts = [passes.graph_partials(gradients[i], rows.variables[i], rows.unit_axes[i], full=False) for i in where]
+        norm_v, _, _, nonfinite_v, _, _ = passes.gather(parts, where, rows)
+        columns = (norm_v, nonfinite_v)
+    columns = _spread(columns, where, n_var)
+    return columns[0], columns[1] if len(columns) > 1 else None
+
+
+def _missing_where_absent(values, present):
+    """float32 ``values`` (``[R]`` or ``[R, C]``), MISSING in the rows not ``present`` (a static list)."""
+    values = tf.cast(values, tf.float32)
+    if all(present):
+        return values
+    rows = tf.reshape(tf.constant(present), [-1] + [1] * (values.shape.rank - 1))
+    return tf.where(rows, values, MISSING)
+
+
+def window_columns(full):
+    """``WINDOW_COLUMNS`` of ``compute(..., onset=True)``'s statistics: what ``quick`` gives, from one pass."""
+    return tf.gather(full, [_COL[c] for c in WINDOW_COLUMNS], axis=1)
+
+
+def _window_columns(norm, nonfinite, present):
+    """float32 ``[R, 3]``: ``WINDOW_COLUMNS`` of one step, MISSING where not ``present`` (a static list)."""
+    finite_norm = passes.where(tf.math.is_finite(norm), norm, MISSING)
+    return _missing_where_absent(tf.stack([norm, nonfinite, finite_norm], axis=1), present)
+
+
+def _spread(vectors, where, n):
+    """Each ``[len(where)]`` vector scattered to length ``n`` (zeros elsewhere); as is when nothing is missing."""
+    if len(where) == n:
+        return tuple(vectors)
+    idx = [[i] for i in where]
+    return tuple(tf.scatter_nd(idx, x, [n]) for x in vectors)
+
+
+def _layers_present(rows, present):
+    return [any(p for p, layer in zip(present, rows.layer_of) if layer == j) for j in range(len(rows.layer_names))]
+
+
+def weight_norms(rows, compiled=False):
+    """Returns ``(per_layer, per_variable)`` L2 norms of the variables' values (float32 vectors)."""
+    values = [passes.as_float(tf.convert_to_tensor(v)) for v in rows.variables]
+    w_norm_v = passes.tensor_norms(values, compiled)
+    seg = tf.constant(rows.layer_of, tf.int32)
+    w_norm_l = _combine_norms(w_norm_v, seg, len(rows.layer_names), _narrow(rows.variables))
+    return tf.cast(w_norm_l, tf.float32), tf.cast(w_norm_v, tf.float32)
+
+
+def _with_weights(stats, weight_norm):
+    """Fills the ``weight_norm`` column of ``stats``.
+
+    Args:
+      stats: float32 ``[..., R, C]`` statistics (any leading aggregate axes).
+      weight_norm: float32 ``[R]`` weight norms.
+
+    Returns:
+      ``stats`` with column ``weight_norm`` set in every slab.
+    """
+    w = tf.broadcast_to(weight_norm, tf.shape(stats[..., _WEIGHT_NORM]))
+    return tf.concat([stats[..., :_WEIGHT_NORM], w[..., None], stats[..., _WEIGHT_NORM + 1 :]], axis=-1)
+
+
+def _combine_norms(norms, segments, n, narrow):
+    """L2 norm of each segment from the float64 norms of its parts, without under- or overflow.
+
+    ``narrow``: every part is float32 or narrower. Such a norm is below
+    ~1e43 and, if nonzero, above ~1e-45, so its float64 square neither
+    overflows nor underflows, and the squares are summed as they are (three
+    ops). Norms of float64 values are scaled by their segment's largest first.
+    NaN anywhere in a segment gives NaN, +Inf (without NaN) gives +Inf.
+    """
+    if narrow:
+        return tf.sqrt(tf.math.unsorted_segment_sum(tf.square(norms), segments, n))
+    top = tf.math.unsorted_segment_max(norms, segments, n)
+    top = tf.maximum(top, 0.0)  # empty segments reduce to -inf
+    finite_top = tf.math.is_finite(top) & (top > 0)
+    scale = tf.gather(passes.where(finite_top, top, 1.0), segments)
+    combined = top * tf.sqrt(tf.math.unsorted_segment_sum(tf.square(norms / scale), segments, n))
+    # NaN anywhere stays NaN (NaN propagates through the sum); +Inf stays Inf.
+    has_nan = tf.math.unsorted_segment_max(tf.cast(tf.math.is_nan(norms), tf.int32), segments, n) > 0
+    return passes.where(has_nan, np.nan, passes.where(finite_top, combined, top))
+
+
+def _narrow(tensors):
+    """Whether every tensor (or variable) given is float32 or narrower (see ``_combine_norms``)."""
+    return all(t.dtype != tf.float64 for t in tensors if t is not None)
+
+
+def _assemble(norm, max_abs, zeros, nonfinite, dead, size, present, onset):
+    """Stacks the columns, float32, MISSING where absent; the weight column MISSING."""
+    zero_fraction = passes.where(size > 0, zeros / tf.maximum(size, 1.0), 0.0)
+    cols = [norm, max_abs, zero_fraction, nonfinite, dead, tf.fill(tf.shape(norm), tf.constant(MISSING, tf.float64))]
+    if onset:
+        # The onset columns of a window of one step: its norm if finite, and
+        # offset 0 (this step) if it had a non-finite element.
+        cols.append(passes.where(tf.math.is_finite(norm), norm, MISSING))
+        cols.append(tf.where(nonfinite > 0, tf.zeros_like(nonfinite), MISSING))
+    return tf.cast(passes.where(present[:, None], tf.stack(cols, axis=1), MISSING), tf.float32)
+
+
+def _blank_cells(stats, column, rows_):
+    """``stats`` with ``column`` set to MISSING in rows ``rows_``."""
+    if not rows_:
+        return stats
+    mask = np.zeros(stats.shape, bool)
+    mask[rows_, column] = True
+    return tf.where(mask, MISSING, stats)

@@ -1,0 +1,129 @@
+"""The window of a writer with ``every_n_steps > 1``: per-step reductions between writes, and the onset.
+
+State lives in host variables (``replica.host_variable``), updated inside
+the training step by the replica that records. Layer and variable rows are
+kept as one matrix (layers first), so a step's bookkeeping is a fixed
+handful of small ops whatever the number of variables: the per-step cost of
+a window is its one fused norm pass per gradient (``stats.quick``).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tb_gradcheck.core import metadata
+from tb_gradcheck.tensorflow import distributed as replica
+from tb_gradcheck.tensorflow import statistics as stats
+
+_REDUCED = [metadata.STORED_STAT_COLUMNS.index(c) for c in stats.WINDOW_COLUMNS]
+_NONFINITE = stats.WINDOW_COLUMNS.index("grad_nonfinite")
+_FIRST_NONFINITE = metadata.STORED_STAT_COLUMNS.index("first_nonfinite_offset")
+_WEIGHT_NORM = metadata.STORED_STAT_COLUMNS.index("weight_norm")
+
+
+class Window:
+    """Running last/sum/max/min/count of ``stats.WINDOW_COLUMNS`` since the last write, and the onset.
+
+    What a window reduces is what ``stats.quick`` gives at every step:
+    grad_norm, grad_nonfinite and grad_norm_finite (one fused pass per
+    gradient). max |g|, the zero fraction and dead units need passes of
+    their own, so they are taken at the write step only (the ``last`` slab)
+    and their other slabs are MISSING. Weight columns are filled in at the
+    write step. NaN propagates through sum, max and min on purpose: a window
+    that saw a NaN must not look healthy in any aggregate; grad_norm_finite
+    (MISSING, so left out, at a non-finite step) keeps what the window saw
+    before it. The first step with a non-finite gradient is kept per row as
+    an int64 step and written as its offset before the write step
+    (``first_nonfinite_offset``, the same in every slab).
+    """
+
+    def __init__(self, n_layers, n_variables):
+        self._split = n_layers
+        shape = (n_layers + n_variables, len(stats.WINDOW_COLUMNS))
+
+        def var(value):
+            return replica.host_variable(np.full(shape, value, np.float32), tf.float32, "tb_gradcheck_window")
+
+        self._last = var(stats.MISSING)
+        self._sum = var(0.0)
+        self._max = var(-np.inf)
+        self._min = var(np.inf)
+        self._count = var(0.0)
+        self._first_nonfinite = replica.host_variable(np.full(shape[0], -1, np.int64), tf.int64, "tb_gradcheck_window")
+        self.last_step = replica.host_variable(0, tf.int64, "tb_gradcheck_last_step")
+
+    def add(self, layer, variable, step):
+        """Adds one step's ``stats.quick`` columns (layer ``[L, 3]``, variable ``[V, 3]``)."""
+        step = tf.cast(step, tf.int64)
+        x = tf.concat([layer, variable], axis=0)
+        here = tf.not_equal(x, stats.MISSING)  # NaN != MISSING: NaN is data
+        self._last.assign(x)
+        self._count.assign_add(tf.cast(here, tf.float32))
+        self._sum.assign_add(tf.where(here, x, 0.0))
+        self._max.assign(tf.where(here, tf.maximum(self._max, x), self._max))
+        self._min.assign(tf.where(here, tf.minimum(self._min, x), self._min))
+        first = self._first_nonfinite
+        bad = x[:, _NONFINITE] > 0  # MISSING (-1) is not
+        first.assign(tf.where(bad & (first < 0), step, first))
+        self.last_step.assign(step)
+
+    def pending(self):
+        return tf.reduce_any(self._count[:, 0] > 0)
+
+    def aggregates(self, step, weight_norms, last=None):
+        """Returns ``(layer, variable)`` float32 ``[A, R, C]`` in ``metadata.AGGREGATES`` order.
+
+        Args:
+          step: The write step (int64), which onset offsets count back from.
+          weight_norms: ``(layer, variable)`` float32 weight norms of the write
+            step, put in every slab's ``weight_norm`` column.
+          last: ``(layer, variable)`` full statistics (``stats.compute``) of
+            the write step for the ``last`` slab, or None to use the last
+            step's windowed columns.
+        """
+        seen = self._count > 0
+        slabs = {
+            "last": self._last,
+            "mean": self._sum / tf.maximum(self._count, 1.0),
+            "max": self._max,
+            "min": self._min,
+            "sum": self._sum,
+        }
+        reduced = tf.stack(
+            [slabs[a] if a == "last" else tf.where(seen, slabs[a], stats.MISSING) for a in metadata.AGGREGATES]
+        )
+        # Spread the reduced columns into the stored layout; every other
+        # column reads MISSING (index 3: the pad).
+        pad = tf.fill(tf.concat([tf.shape(reduced)[:2], [1]], 0), stats.MISSING)
+        source = np.full(len(metadata.STORED_STAT_COLUMNS), len(stats.WINDOW_COLUMNS))
+        source[_REDUCED] = np.arange(len(_REDUCED))
+        out = tf.gather(tf.concat([reduced, pad], axis=-1), source, axis=-1)
+        first = self._first_nonfinite
+        offset = tf.where(first >= 0, tf.cast(tf.cast(step, tf.int64) - first, tf.float32), stats.MISSING)
+        weights = tf.concat(weight_norms, axis=0)
+        column = np.arange(len(metadata.STORED_STAT_COLUMNS))
+        out = tf.where(column == _FIRST_NONFINITE, offset[None, :, None], out)
+        out = tf.where(column == _WEIGHT_NORM, weights[None, :, None], out)
+        layer, variable = out[:, : self._split], out[:, self._split :]
+        if last is not None:
+            layer = _with_last(layer, last[0])
+            variable = _with_last(variable, last[1])
+        return layer, variable
+
+    def reset(self):
+        self._sum.assign(tf.zeros_like(self._sum))
+        self._max.assign(tf.fill(tf.shape(self._max), -np.inf))
+        self._min.assign(tf.fill(tf.shape(self._min), np.inf))
+        self._count.assign(tf.zeros_like(self._count))
+        self._first_nonfinite.assign(tf.fill(tf.shape(self._first_nonfinite), tf.constant(-1, tf.int64)))
+
+
+def _with_last(slabs, full):
+    """``slabs`` whose ``last`` slab holds the write step's full gradient columns; onset and weights kept.
+
+    Where ``full`` is MISSING (a row without a gradient, or a step whose full
+    statistics were not taken: ``Recording.stash``) the windowed column stays.
+    """
+    keep = np.zeros(len(metadata.STORED_STAT_COLUMNS), bool)
+    keep[[_FIRST_NONFINITE, _WEIGHT_NORM]] = True
+    last = tf.where(keep | tf.equal(full, stats.MISSING), slabs[0], full)
+    return tf.concat([last[None], slabs[1:]], axis=0)

@@ -1,0 +1,114 @@
+"""Metadata content: round trip, fingerprints, and refusal of what this version cannot read."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tb_gradcheck.core import metadata
+from tb_gradcheck.core import tags
+
+
+def stats_layout(rows=("a", "b")):
+    variables = [f"{r}/kernel" for r in rows]
+    return metadata.stats_layout(
+        {"rows": rows, "sizes": [3] * len(rows)},
+        {"rows": variables, "sizes": [3] * len(rows), "sparse_rows": variables[:1]},
+        aggregates=("last",),
+        window=1,
+    )
+
+
+def test_round_trip_shape_and_row_slices():
+    content = stats_layout()
+    parsed = metadata.parse(metadata.encode(content))
+    assert parsed == content
+    assert metadata.shape_of(parsed) == (1, 2 + 2 + 1, len(metadata.stored_columns(1)))
+    assert metadata.rows_of(parsed, "layer") == (["a", "b"], slice(0, 2))
+    assert metadata.rows_of(parsed, "variable") == (["a/kernel", "b/kernel"], slice(2, 4))
+    assert metadata.header_row(parsed) == 4
+    check = metadata.check_layout("variable", ["a/kernel"])
+    assert metadata.shape_of(metadata.parse(metadata.encode(check))) == (1, len(metadata.CHECK_COLUMNS))
+
+
+def test_tag_fingerprint_follows_the_layout():
+    assert tags.tag_for(stats_layout()) == tags.tag_for(stats_layout())
+    assert tags.tag_for(stats_layout()) != tags.tag_for(stats_layout(("a", "c")))
+    assert tags.tag_for(stats_layout()).startswith("gradients/stats/")
+    assert tags.tag_for(metadata.check_layout("layer", ["a"])).startswith("gradients/check/layer/")
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"\xff\xfe", "not UTF-8 JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b"{}", "no integer version"),
+        (json.dumps({"version": 99, "kind": "stats"}).encode(), "newer tb_gradcheck"),
+        (json.dumps({"version": 1, "kind": "histogram"}).encode(), "unknown kind"),
+        (
+            json.dumps({"version": 1, "kind": "check", "granularity": "neuron", "columns": ["x"]}).encode(),
+            "unknown granularity",
+        ),
+        (
+            json.dumps({"version": 1, "kind": "check", "granularity": "layer", "columns": ["x"], "rows": []}).encode(),
+            "rows must be",
+        ),
+        (
+            json.dumps(
+                {"version": 1, "kind": "check", "granularity": "layer", "rows": ["a", "a"], "columns": ["x"]}
+            ).encode(),
+            "duplicates",
+        ),
+        (
+            json.dumps(
+                {"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["median"], "window": 1}
+            ).encode(),
+            "unknown aggregates",
+        ),
+        (
+            json.dumps({"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["last"], "window": 0}).encode(),
+            "window must be",
+        ),
+        (
+            json.dumps({"version": 1, "kind": "stats", "columns": ["x"], "aggregates": ["last"], "window": 1}).encode(),
+            "no 'layer' block",
+        ),
+        (
+            json.dumps(
+                {
+                    "version": 1,
+                    "kind": "stats",
+                    "columns": ["x"],
+                    "aggregates": ["last"],
+                    "window": 1,
+                    "layer": {"rows": ["a"], "sizes": [1, 2]},
+                }
+            ).encode(),
+            "one integer per row",
+        ),
+        (
+            json.dumps(
+                {
+                    "version": 1,
+                    "kind": "stats",
+                    "columns": ["x"],
+                    "aggregates": ["last"],
+                    "window": 1,
+                    "layer": {"rows": ["a"], "sizes": [1], "sparse_rows": ["z"]},
+                }
+            ).encode(),
+            "sparse_rows",
+        ),
+    ],
+)
+def test_parse_refuses_bad_content_with_the_reason(raw, reason):
+    with pytest.raises(metadata.ContentError, match=reason):
+        metadata.parse(raw)
+
+
+def test_plugin_entry_module_imports_no_tensorflow():
+    code = "import sys, tb_gradcheck.reader.plugin; print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,129 @@
+"""Optimizer findings of PyTorch runs whose optimizer leaves layers out or moves them at different rates.
+
+Every layer keeps ``requires_grad`` and gets its gradient; the optimizer's
+parameter groups decide which layers move. TensorFlow is not imported here:
+torch imported after it crashes on loading triton.
+"""
+
+import torch
+from torch import nn
+
+from tb_gradcheck.reader import queries
+from tb_gradcheck.reader import store
+from tb_gradcheck.torch import GradientWriter
+
+# One intra-op thread: tiny models on a shared 2-core machine (as in test_torch_findings).
+torch.set_num_threads(1)
+
+
+def train(logdir, model, optimizer, steps):
+    """Trains ``model`` on ``tanh(x @ target)`` with fresh batches, written every step; ``(store, ctx, eid, run)``."""
+    target = torch.randn(16, 4)
+    with GradientWriter(logdir, model, optimizer=optimizer) as writer:
+        for step in range(steps):
+            x = torch.randn(64, 16)
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), torch.tanh(x @ target)).backward()
+            writer.write(step)
+            optimizer.step()
+    st, ctx, eid = store.local_store(logdir)
+    return st, ctx, eid, next(iter(st.runs(ctx, eid)))
+
+
+def torch_fit(logdir, groups, steps=60):
+    """A PyTorch 16-64-64-64-4 tanh MLP (layers ``0``, ``2``, ``4``, ``6``) trained on ``groups(model)``; its findings.
+
+    ``groups``: callable model -> ``torch.optim.Optimizer``. Every layer
+    keeps ``requires_grad`` and gets its gradient; the optimizer decides
+    which move, and by how much.
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4)
+    )
+    st, ctx, eid, run = train(logdir, model, groups(model), steps)
+    return queries.findings(st, ctx, eid, run)
+
+
+def test_layers_the_optimizer_leaves_out_are_frozen_information_not_a_float32_warning(tmp_path):
+    """A param group that misses a layer, and a group at learning rate 0: a live gradient, an update of exactly 0."""
+
+    def groups(m):
+        return torch.optim.AdamW(
+            [{"params": m[0].parameters()}, {"params": m[4].parameters(), "lr": 0.0}, {"params": m[6].parameters()}],
+            lr=1e-3,
+        )
+
+    found = torch_fit(tmp_path, groups)
+    assert [(f.kind, f.severity) for f in found] == [("not_learning", "info")], [f.message for f in found]
+    frozen = found[0]
+    assert frozen.layers == ["2", "4"]
+    assert "frozen by the optimizer" in frozen.message and "a parameter group that misses it" in frozen.message
+    assert "float32" not in frozen.message
+    for e in frozen.evidence.values():
+        assert e["median_update_to_weight"] == 0 and e["median_grad_norm"] > 0
+
+
+def test_a_trained_head_behind_a_frozen_backbone_is_not_a_slow_network(tmp_path):
+    """Only the head in the optimizer: three of four layers move 0, and the head's pace alone is the network's."""
+    found = torch_fit(tmp_path, lambda m: torch.optim.SGD(m[6].parameters(), lr=0.1))
+    assert not [f for f in found if f.severity != "info"], [f.message for f in found]
+    assert "6" not in {name for f in found for name in f.layers}
+    assert {f.kind: f for f in found}["not_learning"].layers == ["0", "2", "4"]
+
+
+def test_a_layer_well_above_the_slow_pace_is_not_told_its_learning_rate_is_too_small(tmp_path):
+    """The backbone at SGD 1e-5 (the network's pace under 1e-6), the head at 0.1: only the backbone is slow."""
+
+    def groups(m):
+        backbone = [p for i in (0, 2, 4) for p in m[i].parameters()]
+        return torch.optim.SGD([{"params": backbone, "lr": 1e-5}, {"params": m[6].parameters(), "lr": 0.1}])
+
+    stuck = {f.kind: f for f in torch_fit(tmp_path, groups)}["not_learning"]
+    assert stuck.severity == "warning" and "6" not in stuck.layers
+    assert any("the whole network" in e["reason"] for e in stuck.evidence.values())
+
+
+class LayerScaled(nn.Module):
+    """A residual MLP whose branch is scaled by a fixed 1e-7: the branch's gradient is 1e-7 of an unscaled one.
+
+    A LayerScale (CaiT, ConvNeXt) starts at 1e-6 the same way, but Adam grows a
+    trained scale by about its learning rate per step; a fixed scale keeps the
+    branch's gradient under float32's half-ulp of its weights for the whole run.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(16, 64)
+        self.branch = nn.Linear(64, 64)
+        self.register_buffer("gamma", torch.full((64,), 1e-7))
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.stem(x))
+        return self.head(h + self.gamma * torch.tanh(self.branch(h)))
+
+
+def layer_scaled_fit(logdir, make_optimizer, steps=30):
+    """``LayerScaled`` trained by ``make_optimizer(params)``; (its findings, the branch's grad_to_weight and update)."""
+    torch.manual_seed(0)
+    model = LayerScaled()
+    st, ctx, eid, run = train(logdir, model, make_optimizer(model.parameters()), steps)
+    matrix = queries.matrix(st, ctx, eid, st.run(ctx, eid, run), "stats", "layer")
+    j = matrix.rows.index("branch")
+    ratio = matrix.slab("grad_to_weight", "last")[0][:, j]
+    update = matrix.slab("update_to_weight", "last")[0][:, j]
+    return queries.findings(st, ctx, eid, run), ratio, update
+
+
+def test_a_gradient_under_float32s_half_ulp_that_adam_still_moves_is_not_vanishing(tmp_path):
+    found, ratio, update = layer_scaled_fit(tmp_path, lambda p: torch.optim.Adam(p, 1e-3))
+    assert (ratio < 6e-8).all() and (update > 1e-5).all()  # the premise: a tiny gradient, weights that move
+    assert not [f for f in found if f.kind == "vanishing"], [f.message for f in found]
+
+
+def test_a_gradient_under_float32s_half_ulp_that_sgd_cannot_move_is_vanishing(tmp_path):
+    found, ratio, update = layer_scaled_fit(tmp_path, lambda p: torch.optim.SGD(p, 0.1))
+    assert (ratio < 6e-8).all() and (update < 1e-7).all()  # the premise: a tiny gradient, a tiny SGD step
+    vanishing = {f.kind: f for f in found}["vanishing"]
+    assert "branch" in vanishing.layers and "in float32" in vanishing.message
