@@ -10,7 +10,7 @@ in the same process, is what any rule over those columns pays first:
 ``rules.StatsView``, the nine slabs taken out of the matrix as float64.
 
 ``python -m benchmarks --only findings_scale`` (``--quick``: 1,000 writes).
-The findings' correctness is ``tests/test_corpus.py``'s and ``--only
+The findings' correctness is ``tests/findings/test_corpus.py``'s and ``--only
 findings``'s; this measures speed only.
 """
 

@@ -1,6 +1,6 @@
 """Load: concurrent HTTP clients against a live `tensorboard` serving a large gradient run.
 
-Reusable pieces (tests/test_load.py uses them, with no timed assertion):
+Reusable pieces (tests/reader/test_load.py uses them, with no timed assertion):
 
 - ``write_large_run(logdir, layers, steps)``: a run written by the real
   ``GradientWriter`` in one ``tf.function`` loop.

@@ -1,6 +1,6 @@
 """Arrays that grow at their end with room to spare, whose views never change under their readers; numpy only.
 
-What the read side keeps of a run that is still training (``kept.py``'s
+What the read side keeps of a run that is still training (``tag_blocks.py``'s
 products, ``merge.Laid``) grows by a poll's new steps at a time; appending
 to an array that has room is a copy of the new rows only.
 """

@@ -4,7 +4,7 @@
 its tag's layout is skipped with the reason as a ``Problem``, never raised,
 so one bad point or tag does not hide the rest of a run. The provider
 returns every point of a tag at each read; when a run grows, only the points
-after the previous read are decoded (``decode``), and ``kept.py`` appends them
+after the previous read are decoded (``decode``), and ``tag_blocks.py`` appends them
 to what the store keeps.
 """
 

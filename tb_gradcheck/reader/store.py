@@ -10,7 +10,7 @@ tab is looking at, not the size of the logdir. Merging layouts is
 The provider has no read of "the steps after s": each read of a tag returns
 all of its points. What the store controls is the rest: a tag is read once
 per change (one request at a time), only its new points are decoded, and
-they are appended to what is kept of it (``kept.py``); docs/benchmarks.md
+they are appended to what is kept of it (``tag_blocks.py``); docs/benchmarks.md
 measures both parts.
 """
 
@@ -50,7 +50,7 @@ class Store:
     """Reads gradient data from a TensorBoard data provider through one bounded cache.
 
     Everything kept between requests lives in ``self.cache``: each tag's
-    small ``Summary`` and its products (``kept.py``: its values, or one
+    small ``Summary`` and its products (``tag_blocks.py``: its values, or one
     column's block), read again only when the provider reports a new
     ``max_step`` or ``max_wall_time`` for the tag, parsed layouts, and run
     listings. A listing is reused for ``listing_ttl``

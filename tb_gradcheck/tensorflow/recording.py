@@ -97,7 +97,7 @@ class Recording:
         ``guard(write)`` runs ``write`` (a function returning a bool tensor)
         if the writer is still open (``closing.Guard.run``). Leaving
         ``writer.as_default()`` flushes it: that makes every written step
-        survive a SIGKILL (summary.py's flush policy), so it is entered only
+        survive a SIGKILL (writer.py's flush policy), so it is entered only
         where something is written, never at a window's other steps, which
         run no more than the window's update and one cond.
         """
@@ -250,7 +250,7 @@ class Recording:
 
     def _write_held_window(self, writer, step):
         _, layer, variable, values = self._stash.held(0)
-        # Leaving as_default() flushes the events (see summary.py's flush policy).
+        # Leaving as_default() flushes the events (see writer.py's flush policy).
         with writer.as_default():
             self.flush_window(step, self._stash.weights, (layer, variable), values=values)
 

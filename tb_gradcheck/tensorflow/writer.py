@@ -66,7 +66,7 @@ class GradientWriter:
         taken at the write step (they cost a pass each; see _Window).
       flush_millis: Int, default 10000. Longest time events wait in memory
         in the tf.summary writer this creates. Each ``write()`` flushes its
-        own events anyway (see the flush policy at the top of summary.py).
+        own events anyway (see the flush policy at the top of writer.py).
       unit_axes: Dict or None (default). ``{variable path: 2}`` for
         depthwise kernels, whose units (for ``dead_unit_fraction``) are
         their last two axes: pass ``tb_gradcheck.tensorflow.units.unit_axes(model)``.

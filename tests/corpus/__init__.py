@@ -14,7 +14,7 @@ writer (``GradientWriter`` or ``GradientCallback``), with
 
 The findings are read back the way a user sees them: through TensorBoard's
 data provider and the plugin's ``findings`` route. ``score`` compares them
-with the expectations; tests/test_corpus.py asserts on it and
+with the expectations; tests/findings/test_corpus.py asserts on it and
 ``python -m benchmarks --only findings`` prints it.
 """
 

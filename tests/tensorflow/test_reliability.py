@@ -357,7 +357,7 @@ def killed(tmp_path_factory):
 def test_sigkill_after_flush_loses_no_flushed_step(killed, data_path):
     steps, entry = served_steps(killed, "kill", data_path, at_least=30)
     # Every step up to the flush, and also those written after it: each
-    # write() flushes its own events (the flush policy in summary.py).
+    # write() flushes its own events (the flush policy in writer.py).
     assert steps == list(range(30)) and entry["total_steps"] == 30, steps
 
 
