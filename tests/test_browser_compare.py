@@ -12,13 +12,13 @@ import pytest
 from test_browser import Tab
 from test_browser import api
 from test_browser import float32_close
-from test_compare import STEPS
-from test_compare import functional_and_subclassed
-from test_compare import sequential
-from test_compare import train
-from test_examples import run_example
 
 from conftest import TensorBoardProcess
+from tests.reader.test_compare import STEPS
+from tests.reader.test_compare import functional_and_subclassed
+from tests.reader.test_compare import sequential
+from tests.reader.test_compare import train
+from tests.tensorflow.test_examples import run_example
 
 EXAMPLE_STEPS = 7
 

@@ -22,13 +22,13 @@ import numpy as np
 import optax
 import pytest
 import torch
-from test_jax_frameworks import nest
 
 import tb_gradcheck.jax as tj
 from conftest import get_json
 from conftest import make_app
 from conftest import stats_content
 from conftest import wait_for_steps
+from tests.jax.test_jax_frameworks import nest
 
 STEPS = 4
 LR = 0.05

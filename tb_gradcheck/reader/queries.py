@@ -240,11 +240,11 @@ def alignment(
     # not with every step a live run writes: keyed by tags and rows, a
     # refresh of a growing run costs no new alignment.
     # Keyed by layout, not by tag: a span tag (tags.span_of) changes no row.
-    tags = [
+    layout_tags = [
         tuple(dict.fromkeys(tags.span_of(s.tag)[0] for s in index.layouts(metadata.KIND_STATS, granularity)))
         for index in indexes
     ]
-    key = ("alignment", experiment_id, run, other, *tags, tuple(rows[0]), tuple(rows[1]), granularity, request)
+    key = ("alignment", experiment_id, run, other, *layout_tags, tuple(rows[0]), tuple(rows[1]), granularity, request)
     hit = st.cache.get(key)
     if hit is not None:
         return hit

@@ -279,7 +279,7 @@ def test_a_run_that_grows_while_the_server_is_up_answers_as_a_fresh_server(tmp_p
     # Spans of 10 writes (tags.MIN_SPAN_WRITES), so that the run grows
     # across span tags (new tags while the server is up) and the restart
     # below rewinds into an earlier span.
-    monkeypatch.setattr(metadata, "SPAN_BYTES", 1)
+    monkeypatch.setattr(tags, "SPAN_BYTES", 1)
     logdir = tmp_path / "logs"
     job = Training(logdir / "live")
     windowed = Training(logdir / "windowed", every_n_steps=3)

@@ -193,7 +193,7 @@ def _served(logdir, data_path, last_step, num_steps):
 @pytest.fixture
 def small_spans(monkeypatch):
     """Spans of ``MIN_SPAN_WRITES`` (10) steps, so that a short run crosses several."""
-    monkeypatch.setattr(metadata, "SPAN_BYTES", 1)
+    monkeypatch.setattr(tags, "SPAN_BYTES", 1)
     return tags.MIN_SPAN_WRITES
 
 
@@ -202,8 +202,8 @@ def test_a_run_across_spans_and_a_restart_into_an_earlier_span_read_as_one_tag_d
     job = Training(run)
     job.steps(0, 45)  # spans 0..4
     job.close()
-    tags = {t for _, t, _, _ in _events(run)}
-    assert len(tags) == 5 and all(tags.span_of(t)[1] is not None for t in tags)
+    written = {t for _, t, _, _ in _events(run)}
+    assert len(written) == 5 and all(tags.span_of(t)[1] is not None for t in written)
     _as_one_tag(run, tmp_path / "one" / "live")
     spanned = _served(tmp_path / "spans", data_path, 44, 45)
     assert spanned == _served(tmp_path / "one", data_path, 44, 45)
