@@ -31,6 +31,7 @@ from tb_gradcheck.core import validate
 BACKEND_CALLBACKS = {
     "tensorflow": "tb_gradcheck.tensorflow.keras",
     "jax": "tb_gradcheck.jax.keras",
+    "torch": "tb_gradcheck.torch.keras",
 }
 
 
