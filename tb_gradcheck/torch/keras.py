@@ -50,20 +50,13 @@ import numpy as np
 import torch
 
 from tb_gradcheck import keras_fit
-from tb_gradcheck.core import eventlog
-from tb_gradcheck.core import metadata
-from tb_gradcheck.core import rowstats
-from tb_gradcheck.core import running
-from tb_gradcheck.core import structure
 from tb_gradcheck.core import validate
+from tb_gradcheck.torch import keras_rows
 
 APPLY_HOOK = "apply"
 CLIP_HOOK = "_clip_gradients"
 UPDATE_HOOK = "_backend_update_step"
 CLIP_ATTRIBUTES = ("clipnorm", "global_clipnorm", "clipvalue")
-UPDATE_COLUMNS = ("update_norm", "update_to_weight")
-BEFORE_CLIP_COLUMN = "grad_norm_before_clip"
-F64 = torch.float64
 _ABSENT = object()
 
 
@@ -182,49 +175,27 @@ class _Call:
 
 
 class _Session:
-    """One fit's hooks on the optimizer, window and event log."""
+    """One fit's hooks on the optimizer and its step count; the rows are ``keras_rows.Recorder``'s."""
 
     def __init__(self, model, run_dir, every_n_steps):
         self.model = model
         self.optimizer = optimizer = model.optimizer
-        self.variables = list(model.trainable_variables)
-        names = structure.unique([validate.variable_name(v) for v in self.variables])
-        axes = keras_fit.keras_unit_axes(model)
-        shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
-        self.structure = s = structure.Structure(
-            names,
-            [keras_fit.keras_owner(v, n) for v, n in zip(self.variables, names)],
-            shapes,
-            [structure.trailing_units(shape, axes.get(n, 1)) for shape, n in zip(shapes, names)],
-        )
-        self.index = {id(v): i for i, v in enumerate(self.variables)}
+        self.clips = any(getattr(optimizer, a, None) for a in CLIP_ATTRIBUTES)
+        self.recorder = keras_rows.Recorder(model, run_dir, every_n_steps, self.clips)
+        self.index = {id(v): i for i, v in enumerate(self.recorder.variables)}
         self.every = every_n_steps
         self.accumulate = int(optimizer.gradient_accumulation_steps or 1)
         # The optimizer's micro-steps (its ``_iterations``), read once: the
         # host counts them after, so no step waits for the device.
         self.micro = int(optimizer._iterations.value)
-        self.clips = any(getattr(optimizer, a, None) for a in CLIP_ATTRIBUTES)
-        wanted = UPDATE_COLUMNS + ((BEFORE_CLIP_COLUMN,) if self.clips else ())
-        self.columns = tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in wanted)
-        layers, variables = s.blocks()
-        aggregates = metadata.AGGREGATES if every_n_steps > 1 else metadata.SINGLE_STEP_AGGREGATES
-        self.content = metadata.stats_layout(layers, variables, aggregates, every_n_steps, self.columns)
-        self.log = eventlog.EventLog(run_dir)
-        self.window = None  # running.State on the gradients' device, since the last write
-        self.window_steps = []
-        self.last_step = None  # the newest recorded step
-        self.masks = {}  # present flags -> (device tensors for running.step_columns)
         self.active = False  # inside this fit's train function
         self.broken = False
         self.warned = set()
         self.call = None  # the apply() under way
         self.jit_compile = None  # the model's, while this fit runs eagerly
         self.saved = []
-        for name, make in (
-            (APPLY_HOOK, self._apply_hook),
-            (CLIP_HOOK, self._clip_hook),
-            (UPDATE_HOOK, self._update_hook),
-        ):
+        hooks = ((APPLY_HOOK, self._apply_hook), (CLIP_HOOK, self._clip_hook), (UPDATE_HOOK, self._update_hook))
+        for name, make in hooks:
             original = getattr(optimizer, name)
             self.saved.append((name, optimizer.__dict__.get(name, _ABSENT)))
             # object.__setattr__: Keras' tracking never sees it, nothing joins the optimizer's state.
@@ -266,7 +237,7 @@ class _Session:
         def clip_gradients(grads):
             call = session.call
             if call is not None and call.due and session.clips:
-                call.before_clip = session._safely(_norms, list(grads))
+                call.before_clip = session._safely(keras_rows.norms64, grads)
             return original(grads)
 
         return clip_gradients
@@ -308,108 +279,36 @@ class _Session:
         step = after // self.accumulate
         call = _Call(step, step % self.every == 0)
         if call.due:
-            call.before = [v.value.detach().clone() for v in self.variables]
+            call.before = [v.value.detach().clone() for v in self.recorder.variables]
         return call
 
     def _record(self, call, grads, variables):
-        """The applied gradients of ``call``'s update: into the window, and reduced in full at a written step."""
+        """The applied gradients of ``call``'s update, handed to the recorder in row order."""
         rows = [self.index.get(id(v)) for v in variables]
-        if None in rows or len(set(rows)) != len(rows) or len(grads) != len(rows):
+        if None in rows or len(set(rows)) != len(rows) or len(grads) != len(rows) or not rows:
             raise ValueError(
                 "Expected the optimizer to update the model's trainable variables, each once. "
                 f"Received: {len(grads)} gradients for {len(rows)} variables, "
                 f"{rows.count(None)} of them not the model's"
             )
         order = np.argsort(rows)
-        rows = [rows[i] for i in order]
-        grads = [grads[i] for i in order]
-        device = grads[0].device
-        present = np.zeros(len(self.variables), bool)
-        present[rows] = True
-        norms = torch.stack(torch._foreach_norm(grads, 2, dtype=F64)) if grads else torch.zeros(0, dtype=F64)
-        nonfinite = torch.stack([(~torch.isfinite(g)).sum().to(F64) for g in grads])
-        if self.every > 1:
-            self._add_to_window(norms, nonfinite, rows, present, device)
-            self.window_steps.append(call.step)
-        if call.due:
-            where = torch.as_tensor(rows, device=device)
-            before_clip = None
-            if call.before_clip is not None:
-                before_clip = torch.full((len(self.variables),), rowstats.MISSING, dtype=F64, device=device)
-                before_clip[where] = call.before_clip[torch.as_tensor(order, device=device)]
-            call.taken = (present, norms, nonfinite, grads, rows, before_clip)
+        before_clip = call.before_clip
+        if before_clip is not None:
+            before_clip = before_clip[torch.as_tensor(order, device=before_clip.device)]
+        sorted_rows = [rows[i] for i in order]
+        call.taken = self.recorder.update(call.step, call.due, [grads[i] for i in order], sorted_rows, before_clip)
         call.recorded = True
 
-    def _add_to_window(self, norms, nonfinite, rows, present, device):
-        s = self.structure
-        key = present.tobytes()
-        masks = self.masks.get(key)
-        if masks is None:
-            layer_present = np.bincount(s.layer_of, present, len(s.layer_names)) > 0
-            masks = self.masks[key] = tuple(
-                torch.as_tensor(a, device=device) for a in (present, s.layer_matrix(), layer_present, rows)
-            )
-        present_t, matrix, layer_present, where = masks
-        n = len(self.variables)
-        norm_v = torch.zeros(n, dtype=F64, device=device).index_copy_(0, where, norms)
-        nonfinite_v = torch.zeros(n, dtype=F64, device=device).index_copy_(0, where, nonfinite)
-        if self.window is None:
-            rows_count = len(s.layer_names) + n
-            self.window = running.init(lambda shape, v: torch.full(shape, v, dtype=F64, device=device), rows_count)
-        x = running.step_columns(torch, norm_v, nonfinite_v, present_t, matrix, layer_present)
-        self.window = running.add(torch, self.window, x)
-
     def _end(self, call):
-        """After ``apply``: counts the update, and writes it at a written step."""
+        """After ``apply``: writes the update at a written step."""
         if call.step is None:
             return
         if not call.recorded:
             message = f"GradientCallback found an update that did not go through the optimizer's `{UPDATE_HOOK}`"
             self._warn_once("recorded", message + ": it is not recorded.")
             return
-        self.last_step = call.step
         if call.due:
-            self._write(call)
-
-    def _write(self, call):
-        s = self.structure
-        present, norms, nonfinite, grads, rows, before_clip = call.taken
-        units = [s.variable_units[i] for i in rows]
-        parts = [norms, nonfinite, torch.stack([_max_abs(g) for g in grads]), _nonzeros(grads)]
-        after = [v.value.detach() for v in self.variables]
-        parts.append(torch.stack(torch._foreach_norm(call.before, 2, dtype=F64)))
-        diffs = [a.float() - b.float() for a, b in zip(after, call.before)]
-        parts.append(torch.stack(torch._foreach_norm(diffs, 2, dtype=F64)) ** 2)
-        if before_clip is not None:
-            parts.append(before_clip)
-        dead = [_dead(g, u) for g, u in zip(grads, units)]
-        parts.append(torch.cat(dead).to(F64) if dead else torch.zeros(0, dtype=F64))
-        flat = torch.cat([p.reshape(-1).to(F64) for p in parts]).cpu().numpy()  # the one read of the step
-        p, v = len(rows), len(self.variables)
-        norm, nonfinite, max_abs, nonzero = (flat[k * p : (k + 1) * p] for k in range(4))
-        weights, update_squares = flat[4 * p : 4 * p + v], flat[4 * p + v : 4 * p + 2 * v]
-        offset = 4 * p + 2 * v
-        if before_clip is not None:
-            before_clip, offset = flat[offset : offset + v], offset + v
-        reductions = rowstats.Reductions(present, norm, nonfinite, max_abs, nonzero, flat[offset:] > 0.5)
-        windowed = self.every > 1
-        layer, variable = rowstats.rows(reductions, s, weights, onset=windowed)
-        slabs = np.concatenate([layer, variable])[None]
-        if windowed:
-            state = self._take_window(call.step)
-            slabs = rowstats.window_slabs(state, call.step, _both(weights, s), last=slabs[0])
-        values = rowstats.optimizer_values(s, weights, update_squares, before_clip)
-        self._stats(slabs, values, call.step)
-
-    def _take_window(self, step):
-        state = running.to_numpy(self.window, lambda t: t.cpu().numpy(), self.window_steps)
-        self.window, self.window_steps = None, []
-        return state
-
-    def _stats(self, slabs, values, step):
-        n_layers = len(self.structure.layer_names)
-        layer, variable = rowstats.fill(slabs[:, :n_layers], slabs[:, n_layers:], self.columns, values)
-        self.log.stats(self.content, layer, variable, step)
+            self.recorder.write(call.step, call.taken, call.before)
 
     # -- the end of the fit ----------------------------------------------------
 
@@ -424,43 +323,8 @@ class _Session:
     def close(self):
         """Writes the window under way (the steps since the last write), closes the log, and puts jit_compile back."""
         try:
-            if self.window is not None and self.window_steps and not self.broken:
-                self._safely(self._write_partial)
+            self._safely(self.recorder.write_partial)
         finally:
-            self.log.close()
+            self.recorder.log.close()
             if self.jit_compile is not None:
                 self.model.jit_compile = self.jit_compile
-
-    def _write_partial(self):
-        step = self.window_steps[-1]
-        with torch.no_grad():
-            weights = torch.stack(torch._foreach_norm([v.value.detach() for v in self.variables], 2, dtype=F64))
-        weights = weights.cpu().numpy()
-        slabs = rowstats.window_slabs(self._take_window(step), step, _both(weights, self.structure))
-        self._stats(slabs, None, step)
-
-
-def _norms(tensors):
-    """float64 L2 norms of ``tensors``, on their device (float64 squares: no over- or underflow of float32's)."""
-    return torch.stack(torch._foreach_norm(tensors, 2, dtype=F64))
-
-
-def _max_abs(g):
-    # NaN propagates through amax, as the stored definition wants.
-    return g.abs().amax().to(F64) if g.numel() else torch.zeros((), dtype=F64, device=g.device)
-
-
-def _nonzeros(grads):
-    return torch.stack([torch.count_nonzero(g).to(F64) for g in grads])  # NaN counts as nonzero
-
-
-def _dead(g, units):
-    """bool ``[units]``: whether each unit (an index of the trailing axes) has an all-zero gradient."""
-    if units == 0 or g.numel() == 0:
-        return torch.ones(units, dtype=torch.bool, device=g.device)
-    return (g.reshape(-1, units) == 0).all(dim=0)
-
-
-def _both(per_variable, s):
-    """float64 ``[L + V]``: layer norms then the per-variable ones."""
-    return np.concatenate([rowstats.combine_norms(per_variable, s), per_variable])
