@@ -26,13 +26,13 @@ methods of the optimizer instance are hooked for the fit only:
   ``global_clipnorm``; also under gradient accumulation, where it is the
   averaged gradient).
 
-Cost. A step that is not written (``every_n_steps > 1``) reduces each
-gradient's norm and non-finite count on its device into the window's
-running state (``core.running``) and reads nothing back. A written step
-copies the weights before the update (as TensorFlow's bracket does),
-reduces every statistic on the device and reads them in one transfer; the
-rows are made on the host by ``core.rowstats``, the definitions every
-writer shares, and written through ``core.eventlog``.
+Cost (``keras_rows``, which makes the rows). A step that is not written
+(``every_n_steps > 1``) reduces each gradient's norm and non-finite count
+on its device into the window's running state (``core.running``) and reads
+nothing back. A written step copies the weights before the update (as
+TensorFlow's bracket does), reduces every statistic on the device and reads
+them in one transfer; the rows are made on the host by ``core.rowstats``,
+the definitions every writer shares, and written through ``core.eventlog``.
 
 Steps: a record's step is ``optimizer.iterations`` after the update (the
 first update is step 1), counted on the host from the value read when the
