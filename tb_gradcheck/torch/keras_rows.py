@@ -78,7 +78,7 @@ class Recorder:
         present = np.zeros(len(self.variables), bool)
         present[rows] = True
         norms = norms64(grads)
-        nonfinite = torch.stack([(~torch.isfinite(g)).sum().to(F64) for g in grads])
+        nonfinite = _nonfinite(grads, norms)
         if self.every > 1:
             self._add_to_window(norms, nonfinite, rows, present, device)
             self.window_steps.append(step)
@@ -112,12 +112,15 @@ class Recorder:
         """Writes a written step: ``taken`` from ``update``, ``before`` the weights before the update (now after it)."""
         s = self.structure
         present, norms, nonfinite, grads, rows, before_clip = taken
-        parts = [norms, nonfinite, torch.stack([_max_abs(g) for g in grads]), _nonzeros(grads), norms64(before)]
+        zeros = [g == 0 for g in grads]  # NaN is not 0: it counts as nonzero and keeps its unit alive
+        nonzero = torch.stack([(z.numel() - z.sum()).to(F64) for z in zeros])
+        parts = [norms, nonfinite, torch.stack([_max_abs(g) for g in grads]), nonzero]
+        parts.append(norms64(before))
         after = [v.value.detach() for v in self.variables]
         parts.append(norms64([a.float() - b.float() for a, b in zip(after, before)]) ** 2)
         if before_clip is not None:
             parts.append(before_clip)
-        parts.extend(_dead(g, s.variable_units[i]) for g, i in zip(grads, rows))
+        parts.extend(_dead(z, s.variable_units[i]) for z, i in zip(zeros, rows))
         flat = torch.cat([p.reshape(-1).to(F64) for p in parts]).cpu().numpy()  # the one read of the step
         p, v = len(rows), len(self.variables)
         norm, nonfinite, max_abs, nonzero = (flat[k * p : (k + 1) * p] for k in range(4))
@@ -159,20 +162,31 @@ def norms64(tensors):
         return torch.stack(torch._foreach_norm(list(tensors), 2, dtype=F64))
 
 
+def _nonfinite(grads, norms):
+    """float64 ``[n]``: the NaN and Inf elements of each gradient.
+
+    A float64 norm of float32 (or narrower) elements is finite exactly when
+    every element is: on a CPU, where reading it costs no wait, a step
+    whose norms are all finite (nearly every step) counts nothing more.
+    """
+    if norms.device.type == "cpu" and bool(torch.isfinite(norms).all()):
+        return torch.zeros_like(norms)
+    return torch.stack([(~torch.isfinite(g)).sum().to(F64) for g in grads])
+
+
 def _max_abs(g):
-    # NaN propagates through amax, as the stored definition wants.
-    return g.abs().amax().to(F64) if g.numel() else torch.zeros((), dtype=F64, device=g.device)
+    """The largest |element| (NaN if any is NaN), in one pass that allocates nothing of ``g``'s size."""
+    if not g.numel():
+        return torch.zeros((), dtype=F64, device=g.device)
+    low, high = torch.aminmax(g)
+    return torch.maximum(-low, high).to(F64)
 
 
-def _nonzeros(grads):
-    return torch.stack([torch.count_nonzero(g).to(F64) for g in grads])  # NaN counts as nonzero
-
-
-def _dead(g, units):
-    """bool ``[units]``: whether each unit (an index of the trailing axes) has an all-zero gradient."""
-    if units == 0 or g.numel() == 0:
-        return torch.ones(units, dtype=torch.bool, device=g.device)
-    return (g.reshape(-1, units) == 0).all(dim=0)
+def _dead(zeros, units):
+    """bool ``[units]``: whether each unit (an index of the trailing axes) has an all-zero gradient (``zeros``: ``g == 0``)."""
+    if units == 0 or zeros.numel() == 0:
+        return torch.ones(units, dtype=torch.bool, device=zeros.device)
+    return zeros.reshape(-1, units).all(dim=0)
 
 
 def _both(per_variable, s):

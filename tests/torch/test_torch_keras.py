@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from keras_jax_job import build
-from keras_jax_job import fit
+from keras_torch_job import poisoned_fit
 
 from conftest import read_events
 from conftest import stats_content
@@ -59,7 +59,21 @@ FITS = {
         "optimizer_args": {"learning_rate": 0.01, "weight_decay": 0.1, "global_clipnorm": 0.3},
         "callback": {},
     },
+    # A NaN target in the last batch: the loss NaN, and through it the
+    # gradients of every unit that sample reaches (its ReLU masks, taken on
+    # finite weights, are the same on both backends; a later step's NaN
+    # weights would not be: each backend's ReLU treats NaN its own way).
+    "poisoned": {
+        "optimizer": "SGD",
+        "optimizer_args": {"learning_rate": 0.05},
+        "callback": {"every_n_steps": 4},
+        "poison": 41,
+    },
 }
+# Held to the float64 twin only: Keras' ReLU gradient on TensorFlow
+# (``features > 0`` times the gradient) turns a masked unit's NaN into NaN,
+# torch's (a select) into 0, so the backends' NaN counts differ.
+TWIN_ONLY = {"poisoned"}
 for _config in FITS.values():
     _config.update(widths=list(WIDTHS), batch_size=8, epochs=_config.get("epochs", 1))
 
@@ -85,7 +99,9 @@ def runs(tmp_path_factory):
     assert done.returncode == 0, done.stderr[-4000:]
 
     for name, config in FITS.items():
-        fit(keras, start, config, root / f"tf_{name}", execution=False)
+        if name in TWIN_ONLY:
+            continue
+        poisoned_fit(keras, start, config, root / f"tf_{name}", execution=False)
     return root, start
 
 
@@ -131,7 +147,7 @@ def test_torch_fit_with_jit_compile_runs_eagerly_and_puts_it_back(runs):
     assert [s for s, _, _ in read_events(root / "jit" / "train")] == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.parametrize("name", sorted(FITS))
+@pytest.mark.parametrize("name", sorted(set(FITS) - TWIN_ONLY))
 def test_torch_backend_rows_equal_the_tensorflow_backends(runs, name):
     root, _ = runs
     torch_run, tf_run = root / name / "train", root / f"tf_{name}" / "train"
@@ -200,6 +216,22 @@ def reference(grads, weights, units, groups):
     return np.array(out)
 
 
+def twin_run(start, poison=None):
+    """The "every" fit (SGD 0.05, batches of 8) in float64: per step, ``{name: gradient}`` and ``{name: weight}`` before it."""
+    names = [f"w{i}" for i in range(8)]
+    weights = [np.asarray(start[n], np.float64) for n in names]
+    x, y = (np.array(start[k], np.float64) for k in ("x", "y"))
+    if poison is not None:
+        y[poison] = np.nan
+    out = []
+    for k in range(6):
+        batch = slice(8 * k, 8 * (k + 1))
+        g = twin_gradients(weights, x[batch], y[batch])
+        out.append((g, weights))
+        weights = [w - 0.05 * d for w, d in zip(weights, g)]
+    return out
+
+
 def test_torch_backend_rows_equal_a_float64_twin_of_the_same_gradients(runs):
     root, start = runs
     run = root / "every" / "train"
@@ -207,19 +239,40 @@ def test_torch_backend_rows_equal_a_float64_twin_of_the_same_gradients(runs):
     names = content["variable"]["rows"]
     assert names[:4] == ["mlp/dense_0/kernel", "mlp/dense_0/bias", "mlp/norm/gamma", "mlp/norm/beta"]
     groups = [[v for v in names if v.rsplit("/", 1)[0] == layer] for layer in content["layer"]["rows"]]
-    weights = [np.asarray(start[f"w{i}"], np.float64) for i in range(len(names))]
-    x, y = (np.asarray(start[k], np.float64) for k in ("x", "y"))
-    units = {n: w.shape[-1] for n, w in zip(names, weights)}
     layers, variables = read_events(run), read_events(run, granularity="variable")
     assert [s for s, _, _ in layers] == [1, 2, 3, 4, 5, 6]
     base = len(metadata.stored_columns(1))
     update_col = content["columns"].index("update_norm")
-    for k, ((_, layer, _), (_, variable, _)) in enumerate(zip(layers, variables)):
-        batch = slice(8 * k, 8 * (k + 1))
-        g = dict(zip(names, twin_gradients(weights, x[batch], y[batch])))
-        w = dict(zip(names, weights))
+    for (_, layer, _), (_, variable, _), (grads, weights) in zip(layers, variables, twin_run(start)):
+        g, w = dict(zip(names, grads)), dict(zip(names, weights))
+        units = {n: v.shape[-1] for n, v in w.items()}
         np.testing.assert_allclose(layer[0, :, :base], reference(g, w, units, groups), rtol=RTOL)
         np.testing.assert_allclose(variable[0, :, :base], reference(g, w, units, [[n] for n in names]), rtol=RTOL)
         # SGD: the update is the learning rate times the gradient.
         np.testing.assert_allclose(variable[0, :, update_col], [0.05 * np.linalg.norm(g[n]) for n in names], rtol=RTOL)
-        weights = [w[n] - 0.05 * g[n] for n in names]
+
+
+def test_torch_backend_counts_the_nan_gradients_of_a_float64_twin(runs):
+    root, start = runs
+    run = root / "poisoned" / "train"
+    content = stats_content(run)
+    names, column = content["variable"]["rows"], content["columns"].index
+    groups = [[names.index(v) for v in names if v.rsplit("/", 1)[0] == layer] for layer in content["layer"]["rows"]]
+    grads, _ = twin_run(start, poison=FITS["poisoned"]["poison"])[-1]
+    counts = np.array([np.sum(np.isnan(g)) for g in grads])
+    sizes = np.array([g.size for g in grads])
+    assert np.all(counts > 0) and np.any(counts < sizes)  # the premise: some units out of the NaN's reach
+    # Written at 4, then the partial window (steps 5 and 6) at 6, NaN at 6 only.
+    layers, variables = read_events(run), read_events(run, granularity="variable")
+    assert [s for s, _, _ in variables] == [4, 6]
+    (_, layer, _), (_, variable, _) = layers[-1], variables[-1]
+    last, max_slab = 0, content["aggregates"].index("max")
+    np.testing.assert_array_equal(variable[last, :, column("grad_nonfinite")], counts)
+    np.testing.assert_array_equal(layer[last, :, column("grad_nonfinite")], [counts[g].sum() for g in groups])
+    np.testing.assert_array_equal(variable[last, :, column("first_nonfinite_offset")], 0)
+    assert np.all(np.isnan(variable[max_slab, :, column("grad_norm")]))  # NaN propagates through the window's max
+    # grad_norm_finite leaves the NaN step out: its window max is step 5's norm.
+    step5 = twin_run(start)[4][0]
+    np.testing.assert_allclose(
+        variable[max_slab, :, column("grad_norm_finite")], [np.linalg.norm(g) for g in step5], rtol=RTOL
+    )
