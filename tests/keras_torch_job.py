@@ -19,15 +19,30 @@ class Raise(Exception):
     """The planted failure."""
 
 
-def poisoned_fit(keras, start, config, log_dir=None, execution=True):
-    """``keras_jax_job.fit``, with ``config["poison"]``'s row of the targets made NaN if it has one."""
-    from keras_jax_job import fit
+def job_fit(keras, start, config, log_dir=None):
+    """``keras_jax_job.fit``'s fit of ``config`` (test_torch_keras.py runs it on TensorFlow), with two more keys.
 
+    ``config["poison"]``: rows of the targets made NaN. ``config["loss_scale"]``:
+    ``LossScaleOptimizer`` arguments; the optimizer is wrapped in one.
+    """
+    from keras_jax_job import build
+
+    import tb_gradcheck.keras
+
+    x, y = start["x"], start["y"]
     if "poison" in config:
-        y = start["y"].copy()
+        y = y.copy()
         y[config["poison"]] = float("nan")
-        start = dict(start, y=y)
-    return fit(keras, start, config, log_dir, execution)
+    model = build(keras, config["widths"], start)
+    optimizer = getattr(keras.optimizers, config["optimizer"])(**config["optimizer_args"])
+    if "loss_scale" in config:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer, **config["loss_scale"])
+    model.compile(optimizer, "mse")
+    callbacks = [] if log_dir is None else [tb_gradcheck.keras.GradientCallback(log_dir, **config["callback"])]
+    model.fit(
+        x, y, batch_size=config["batch_size"], epochs=config["epochs"], shuffle=False, verbose=0, callbacks=callbacks
+    )
+    return model
 
 
 def _state(model):
@@ -113,7 +128,7 @@ def main(root):
 
     import tb_gradcheck.keras
 
-    fit = poisoned_fit
+    fit = job_fit
     start = dict(np.load(os.path.join(root, "start.npz")))
     with open(os.path.join(root, "fits.json")) as f:
         fits = json.load(f)
@@ -151,9 +166,10 @@ def main(root):
         if log_dir is not None:
             result["jit"] = {"warnings": _messages(caught), "jit_compile_after": bool(model.jit_compile)}
     result["jit"]["same_as_eager"] = _same(*states)
-    # A LossScaleOptimizer: a warning, a fit like any other, and no run written.
+    # A LossScaleOptimizer over gradient accumulation: a warning, a fit like any other, and no run written.
     model = build(keras, fits["every"]["widths"], start)
-    model.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05)), "mse")
+    inner = keras.optimizers.SGD(0.05, gradient_accumulation_steps=2)
+    model.compile(keras.optimizers.LossScaleOptimizer(inner), "mse")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         callback = tb_gradcheck.keras.GradientCallback(os.path.join(root, "loss_scale"))

@@ -44,6 +44,7 @@ optimizer's own methods with the arguments they were given.
 
 import os
 import warnings
+import weakref
 
 import keras
 import numpy as np
@@ -58,6 +59,8 @@ CLIP_HOOK = "_clip_gradients"
 UPDATE_HOOK = "_backend_update_step"
 CLIP_ATTRIBUTES = ("clipnorm", "global_clipnorm", "clipvalue")
 _ABSENT = object()
+# Steps a LossScaleOptimizer refused, per optimizer, kept across fits so that the step axis never runs backwards.
+_SKIPPED = weakref.WeakKeyDictionary()
 
 
 class GradientCallback(keras_fit.AttachedCallback):
@@ -150,10 +153,9 @@ def _why_not(model):
     if optimizer is None:
         return "the model has no optimizer (compile it with one)."
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return (
-            "a LossScaleOptimizer is not followed on the torch backend yet; set a static `loss_scale_factor` "
-            "on the optimizer instead, which is recorded unscaled."
-        )
+        optimizer = optimizer.inner_optimizer
+        if optimizer.gradient_accumulation_steps:
+            return "a LossScaleOptimizer over gradient accumulation is not followed on the torch backend yet."
     missing = [h for h in (APPLY_HOOK, CLIP_HOOK, UPDATE_HOOK) if not callable(getattr(optimizer, h, None))]
     if missing:
         return f"a {type(optimizer).__name__} has no {missing} (Keras {keras.__version__} moved them?)."
@@ -179,27 +181,38 @@ class _Session:
 
     def __init__(self, model, run_dir, every_n_steps):
         self.model = model
-        self.optimizer = optimizer = model.optimizer
+        self.optimizer = model.optimizer  # the one ``keras_fit`` attaches to
+        scaler = model.optimizer if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer) else None
+        # The optimizer that updates the weights: a LossScaleOptimizer's inner one.
+        optimizer = model.optimizer if scaler is None else scaler.inner_optimizer
         self.clips = any(getattr(optimizer, a, None) for a in CLIP_ATTRIBUTES)
-        self.recorder = keras_rows.Recorder(model, run_dir, every_n_steps, self.clips)
+        self.recorder = keras_rows.Recorder(model, run_dir, every_n_steps, self.clips, loss_scale=scaler is not None)
         self.index = {id(v): i for i, v in enumerate(self.recorder.variables)}
         self.every = every_n_steps
         self.accumulate = int(optimizer.gradient_accumulation_steps or 1)
         # The optimizer's micro-steps (its ``_iterations``), read once: the
         # host counts them after, so no step waits for the device.
         self.micro = int(optimizer._iterations.value)
+        # Steps the LossScaleOptimizer refused, in this fit and earlier ones:
+        # a step is ``iterations`` plus those, so each keeps its own column.
+        self.scaler = scaler
+        self.skipped = _SKIPPED.get(scaler, 0) if scaler is not None else 0
+        self.scale = None  # the loss scale of the step under way (a tensor)
         self.active = False  # inside this fit's train function
         self.broken = False
         self.warned = set()
         self.call = None  # the apply() under way
         self.jit_compile = None  # the model's, while this fit runs eagerly
         self.saved = []
-        hooks = ((APPLY_HOOK, self._apply_hook), (CLIP_HOOK, self._clip_hook), (UPDATE_HOOK, self._update_hook))
-        for name, make in hooks:
-            original = getattr(optimizer, name)
-            self.saved.append((name, optimizer.__dict__.get(name, _ABSENT)))
+        hooks = [(optimizer, APPLY_HOOK, self._apply_hook), (optimizer, CLIP_HOOK, self._clip_hook)]
+        hooks.append((optimizer, UPDATE_HOOK, self._update_hook))
+        if scaler is not None:
+            hooks.append((scaler, APPLY_HOOK, self._scaler_hook))
+        for obj, name, make in hooks:
+            original = getattr(obj, name)
+            self.saved.append((obj, name, obj.__dict__.get(name, _ABSENT)))
             # object.__setattr__: Keras' tracking never sees it, nothing joins the optimizer's state.
-            object.__setattr__(optimizer, name, make(original))
+            object.__setattr__(obj, name, make(original))
 
     # -- the train function and the hooks ------------------------------------
 
@@ -230,6 +243,37 @@ class _Session:
             return out
 
         return apply
+
+    def _scaler_hook(self, original):
+        session = self
+
+        def apply(grads, trainable_variables=None):
+            if not session.active or session.broken:
+                return original(grads, trainable_variables)
+            # The scale these gradients were made with, before apply halves or doubles it.
+            session.scale = session._safely(lambda: session.scaler.dynamic_scale.value.detach().clone())
+            micro = session.micro
+            out = original(grads, trainable_variables)
+            if session.micro == micro and len(grads):  # the inner optimizer was not called: a refused step
+                session.skipped += 1
+                _SKIPPED[session.scaler] = session.skipped
+                session._safely(session._refused, list(grads), trainable_variables)
+            return out
+
+        return apply
+
+    def _refused(self, grads, variables):
+        """Records a step the LossScaleOptimizer refused: its unscaled gradients, no update."""
+        variables = self.recorder.variables if variables is None else list(variables)
+        pairs = [(g / self.scale, v) for g, v in zip(grads, variables) if g is not None]
+        step = self.micro + self.skipped
+        due = step % self.every == 0
+        rows, grads, order = self._rows([v for _, v in pairs], [g for g, _ in pairs])
+        # Clipping never ran: the gradient before it is the refused one.
+        before_clip = keras_rows.norms64(grads) if due and self.clips else None
+        taken = self.recorder.update(step, due, grads, rows, before_clip, refused=True)
+        if due:
+            self.recorder.write(step, taken, None, self.scale)
 
     def _clip_hook(self, original):
         session = self
@@ -276,14 +320,14 @@ class _Session:
         after = self.micro + 1  # the optimizer's iterations once this apply has run
         if after % self.accumulate:
             return _Call(None, False)
-        step = after // self.accumulate
+        step = after // self.accumulate + self.skipped
         call = _Call(step, step % self.every == 0)
         if call.due:
             call.before = [v.value.detach().clone() for v in self.recorder.variables]
         return call
 
-    def _record(self, call, grads, variables):
-        """The applied gradients of ``call``'s update, handed to the recorder in row order."""
+    def _rows(self, variables, grads):
+        """``(rows, grads, order)``: the gradients' rows, and both in row order."""
         rows = [self.index.get(id(v)) for v in variables]
         if None in rows or len(set(rows)) != len(rows) or len(grads) != len(rows) or not rows:
             raise ValueError(
@@ -292,11 +336,15 @@ class _Session:
                 f"{rows.count(None)} of them not the model's"
             )
         order = np.argsort(rows)
+        return [rows[i] for i in order], [grads[i] for i in order], order
+
+    def _record(self, call, grads, variables):
+        """The applied gradients of ``call``'s update, handed to the recorder in row order."""
+        rows, grads, order = self._rows(variables, grads)
         before_clip = call.before_clip
         if before_clip is not None:
             before_clip = before_clip[torch.as_tensor(order, device=before_clip.device)]
-        sorted_rows = [rows[i] for i in order]
-        call.taken = self.recorder.update(call.step, call.due, [grads[i] for i in order], sorted_rows, before_clip)
+        call.taken = self.recorder.update(call.step, call.due, grads, rows, before_clip)
         call.recorded = True
 
     def _end(self, call):
@@ -308,16 +356,16 @@ class _Session:
             self._warn_once("recorded", message + ": it is not recorded.")
             return
         if call.due:
-            self.recorder.write(call.step, call.taken, call.before)
+            self.recorder.write(call.step, call.taken, call.before, self.scale)
 
     # -- the end of the fit ----------------------------------------------------
 
     def detach(self):
-        for name, previous in reversed(self.saved):
+        for obj, name, previous in reversed(self.saved):
             if previous is _ABSENT:
-                self.optimizer.__dict__.pop(name, None)
+                obj.__dict__.pop(name, None)
             else:
-                object.__setattr__(self.optimizer, name, previous)
+                object.__setattr__(obj, name, previous)
         self.saved = []
 
     def close(self):

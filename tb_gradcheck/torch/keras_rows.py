@@ -26,6 +26,7 @@ from tb_gradcheck.core import validate
 
 UPDATE_COLUMNS = ("update_norm", "update_to_weight")
 BEFORE_CLIP_COLUMN = "grad_norm_before_clip"
+LOSS_SCALE_COLUMNS = ("loss_scale", "refused_steps")
 F64 = torch.float64
 
 
@@ -37,9 +38,11 @@ class Recorder:
       run_dir: The run's directory (``log_dir/train``).
       every_n_steps: Steps per write.
       clips: Whether the optimizer clips (a ``grad_norm_before_clip`` column).
+      loss_scale: Whether a LossScaleOptimizer scales the loss (``loss_scale``
+        and ``refused_steps`` columns).
     """
 
-    def __init__(self, model, run_dir, every_n_steps, clips):
+    def __init__(self, model, run_dir, every_n_steps, clips, loss_scale=False):
         self.variables = list(model.trainable_variables)
         names = structure.unique([validate.variable_name(v) for v in self.variables])
         axes = keras_fit.keras_unit_axes(model)
@@ -51,7 +54,7 @@ class Recorder:
             [structure.trailing_units(shape, axes.get(n, 1)) for shape, n in zip(shapes, names)],
         )
         self.every = every_n_steps
-        wanted = UPDATE_COLUMNS + ((BEFORE_CLIP_COLUMN,) if clips else ())
+        wanted = UPDATE_COLUMNS + ((BEFORE_CLIP_COLUMN,) if clips else ()) + (LOSS_SCALE_COLUMNS if loss_scale else ())
         self.columns = tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in wanted)
         layers, variables = s.blocks()
         aggregates = metadata.AGGREGATES if every_n_steps > 1 else metadata.SINGLE_STEP_AGGREGATES
@@ -60,8 +63,9 @@ class Recorder:
         self.window = None  # running.State on the gradients' device, since the last write
         self.window_steps = []
         self.masks = {}  # present flags -> the device masks running.step_columns takes
+        self.refused = 0  # steps the loss scaler refused since the last write
 
-    def update(self, step, due, grads, rows, before_clip=None):
+    def update(self, step, due, grads, rows, before_clip=None, refused=False):
         """One update's applied gradients: into the window; at a written step, what ``write`` reads.
 
         Args:
@@ -70,11 +74,13 @@ class Recorder:
           grads: The applied gradients, in row order.
           rows: Their rows (sorted, each once).
           before_clip: float64 ``[len(rows)]`` norms before clipping (a device tensor), or None.
+          refused: The loss scaler refused the step (it updated nothing).
 
         Returns:
           At a written step, what ``write`` takes; else None.
         """
         device = grads[0].device
+        self.refused += bool(refused)
         present = np.zeros(len(self.variables), bool)
         present[rows] = True
         norms = norms64(grads)
@@ -108,10 +114,21 @@ class Recorder:
         x = running.step_columns(torch, norm_v, nonfinite_v, present_t, matrix, layer_present)
         self.window = running.add(torch, self.window, x)
 
-    def write(self, step, taken, before):
-        """Writes a written step: ``taken`` from ``update``, ``before`` the weights before the update (now after it)."""
+    def write(self, step, taken, before, scale=None):
+        """Writes a written step.
+
+        Args:
+          step: The step.
+          taken: What ``update`` returned for it.
+          before: The weights before the update (the variables hold those
+            after it), or None for a step that updated nothing (refused).
+          scale: The loss scale of the step (a scalar tensor), or None.
+        """
         s = self.structure
         present, norms, nonfinite, grads, rows, before_clip = taken
+        refused_step = before is None
+        if refused_step:
+            before = [v.value.detach() for v in self.variables]
         zeros = [g == 0 for g in grads]  # NaN is not 0: it counts as nonzero and keeps its unit alive
         nonzero = torch.stack([(z.numel() - z.sum()).to(F64) for z in zeros])
         parts = [norms, nonfinite, torch.stack([_max_abs(g) for g in grads]), nonzero]
@@ -120,6 +137,8 @@ class Recorder:
         parts.append(norms64([a.float() - b.float() for a, b in zip(after, before)]) ** 2)
         if before_clip is not None:
             parts.append(before_clip)
+        if scale is not None:
+            parts.append(scale.reshape(1))
         parts.extend(_dead(z, s.variable_units[i]) for z, i in zip(zeros, rows))
         flat = torch.cat([p.reshape(-1).to(F64) for p in parts]).cpu().numpy()  # the one read of the step
         p, v = len(rows), len(self.variables)
@@ -128,13 +147,20 @@ class Recorder:
         offset = 4 * p + 2 * v
         if before_clip is not None:
             before_clip, offset = flat[offset : offset + v], offset + v
+        refused = None
+        if scale is not None:
+            scale, refused, offset = flat[offset], self.refused, offset + 1
+            self.refused = 0
         reductions = rowstats.Reductions(present, norm, nonfinite, max_abs, nonzero, flat[offset:] > 0.5)
         windowed = self.every > 1
         layer, variable = rowstats.rows(reductions, s, weights, onset=windowed)
         slabs = np.concatenate([layer, variable])[None]
         if windowed:
             slabs = rowstats.window_slabs(self._take_window(), step, _both(weights, s), last=slabs[0])
-        self._stats(slabs, rowstats.optimizer_values(s, weights, update_squares, before_clip), step)
+        values = rowstats.optimizer_values(s, weights, update_squares, before_clip, scale, refused)
+        if refused_step:  # the weights did not move: 0, also where they are all zero (TensorFlow's RefusedUpdate)
+            values["update_to_weight"] = values["update_norm"]
+        self._stats(slabs, values, step)
 
     def write_partial(self):
         """Writes the window under way (the steps since the last write), if any, with the weights as they are now."""

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from keras_jax_job import build
-from keras_torch_job import poisoned_fit
+from keras_torch_job import job_fit
 
 from conftest import read_events
 from conftest import stats_content
@@ -59,6 +59,17 @@ FITS = {
         "optimizer_args": {"learning_rate": 0.01, "weight_decay": 0.1, "global_clipnorm": 0.3},
         "callback": {},
     },
+    # A LossScaleOptimizer, NaN targets in the first and fourth batches: those
+    # steps refused (the scale halved), the scale doubled after every 2
+    # finite steps. A refused step has a step and a record of its own (its
+    # unscaled gradient, no update); the loss scale and refused-step columns.
+    "loss_scaled": {
+        "optimizer": "SGD",
+        "optimizer_args": {"learning_rate": 0.05},
+        "loss_scale": {"initial_scale": 2.0**15, "dynamic_growth_steps": 2},
+        "callback": {},
+        "poison": [3, 27],
+    },
     # A NaN target in the last batch: the loss NaN, and through it the
     # gradients of every unit that sample reaches (its ReLU masks, taken on
     # finite weights, are the same on both backends; a later step's NaN
@@ -67,7 +78,7 @@ FITS = {
         "optimizer": "SGD",
         "optimizer_args": {"learning_rate": 0.05},
         "callback": {"every_n_steps": 4},
-        "poison": 41,
+        "poison": [41],
     },
 }
 # Held to the float64 twin only: Keras' ReLU gradient on TensorFlow
@@ -101,7 +112,7 @@ def runs(tmp_path_factory):
     for name, config in FITS.items():
         if name in TWIN_ONLY:
             continue
-        poisoned_fit(keras, start, config, root / f"tf_{name}", execution=False)
+        job_fit(keras, start, config, root / f"tf_{name}")
     return root, start
 
 
@@ -165,7 +176,16 @@ def test_torch_backend_rows_equal_the_tensorflow_backends(runs, name):
         mine, theirs = read_events(torch_run, granularity=granularity), read_events(tf_run, granularity=granularity)
         assert [s for s, _, _ in mine] == [s for s, _, _ in theirs]
         for (step, x, _), (_, y, _) in zip(mine, theirs):
-            for column in shared:
+            columns = shared
+            if name == "loss_scaled" and y[0, 0, b["columns"].index("refused_steps")] > 0:
+                # A refused step's NaN reached other elements on each backend
+                # (``TWIN_ONLY``): what the refusal did must agree.
+                assert x[0, 0, a["columns"].index("refused_steps")] == 1
+                for z, c in ((x, a), (y, b)):
+                    assert np.any(z[0, :, c["columns"].index("grad_nonfinite")] > 0)
+                    np.testing.assert_array_equal(z[0, :, c["columns"].index("update_norm")], 0)
+                columns = ("weight_norm", "update_norm", "update_to_weight", "loss_scale", "refused_steps")
+            for column in columns:
                 np.testing.assert_allclose(
                     x[..., a["columns"].index(column)],
                     y[..., b["columns"].index(column)],
@@ -177,6 +197,12 @@ def test_torch_backend_rows_equal_the_tensorflow_backends(runs, name):
         assert [s for s, _, _ in read_events(torch_run)] == [5, 10, 12]  # the partial window at the end
     if name == "accumulate":
         assert [s for s, _, _ in read_events(torch_run)] == [1, 2, 3]  # 6 micro-batches, 3 updates
+    if name == "loss_scaled":  # the premise: steps refused, and each its own step
+        events = read_events(torch_run)
+        refused = sum(x[0, 0, a["columns"].index("refused_steps")] for _, x, _ in events)
+        assert {"loss_scale", "refused_steps"} <= set(shared) and refused == 2
+        # Each training step its column: iterations plus the steps refused.
+        assert [s for s, _, _ in events] == [1, 2, 3, 4, 5, 6]
     if name == "decay":  # the clip bound: the norm before it is above the applied one
         content, (_, x, _) = a, read_events(torch_run)[0]
         before, after = (x[0, :, content["columns"].index(c)] for c in ("grad_norm_before_clip", "grad_norm"))
