@@ -34,9 +34,16 @@ TensorFlow's bracket does), reduces every statistic on the device and reads
 them in one transfer; the rows are made on the host by ``core.rowstats``,
 the definitions every writer shares, and written through ``core.eventlog``.
 
+Under a ``LossScaleOptimizer`` the hooks are its inner optimizer's, and
+its own ``apply`` is hooked too, as the TensorFlow callback follows it:
+the loss scale is read before it (``loss_scale`` column), and a step whose
+inner optimizer was not called was refused: it is recorded with its
+gradient unscaled (non-finite), no update, and a step of its own.
+
 Steps: a record's step is ``optimizer.iterations`` after the update (the
-first update is step 1), counted on the host from the value read when the
-fit begins; with ``gradient_accumulation_steps=k``, one record per update.
+first update is step 1), plus the steps a loss scaler refused, counted on
+the host from the value read when the fit begins; with
+``gradient_accumulation_steps=k``, one record per update.
 A failure of the callback's own (a bug, an odd variable) stops its
 recording with a warning and never the fit: the hooks always call the
 optimizer's own methods with the arguments they were given.
@@ -71,7 +78,8 @@ class GradientCallback(keras_fit.AttachedCallback):
     (layers by Keras path, in the order of ``model.trainable_variables``),
     statistics, windows and steps, and the optimizer columns
     ``update_norm``, ``update_to_weight`` and, when the optimizer clips,
-    ``grad_norm_before_clip``. Training is not changed: the weights and
+    ``grad_norm_before_clip`` (under a ``LossScaleOptimizer``, ``loss_scale``
+    and ``refused_steps``). Training is not changed: the weights and
     optimizer state after a fit with it are those without it, bit for bit
     (tested). With ``jit_compile=True`` the fit runs eagerly (a warning;
     the setting is put back when it ends): ``torch.compile`` would trace
