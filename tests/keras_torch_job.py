@@ -146,6 +146,10 @@ def main(root):
             "warnings": _messages(caught),
             "hooked": _hooked(model),
         }
+    # A second fit of the same model and optimizer: its steps go on from the first's.
+    model = fit(keras, start, fits["every"], os.path.join(root, "again"))
+    callback = tb_gradcheck.keras.GradientCallback(os.path.join(root, "again"))
+    model.fit(start["x"], start["y"], batch_size=8, shuffle=False, verbose=0, callbacks=[callback])
     for where in ("step", "callback"):
         result[f"raise_{where}"] = _raising_fits(keras, start, root, where)
     try:

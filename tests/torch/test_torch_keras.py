@@ -133,6 +133,11 @@ def test_torch_fit_takes_the_torch_callback_leaves_training_bit_identical_and_im
     assert not result["loss_scale_wrote"]
 
 
+def test_torch_fit_again_goes_on_from_the_steps_of_the_first(runs):
+    root, _ = runs
+    assert [s for s, _, _ in read_events(root / "again" / "train")] == list(range(1, 13))
+
+
 def test_torch_fit_that_raises_leaves_the_model_as_found(runs):
     root, _ = runs
     result = json.loads((root / "result.json").read_text())
