@@ -1,10 +1,11 @@
-"""What the two ``GradientCallback``s (Keras on TensorFlow, Keras on JAX) share: attaching to a fit and leaving it.
+"""What the ``GradientCallback``s (Keras on TensorFlow, JAX, torch) share: attaching to a fit and leaving it.
 
 Each backend's callback hooks the model's optimizer and puts a train
 function of its own in ``model.train_function`` for the fit (a *session*:
 ``tb_gradcheck.tensorflow.fit_hooks.Session`` on TensorFlow, ``tb_gradcheck.jax.keras``'s
-``_Session`` on JAX). Both must leave the model as they found it however the
-fit ends, so the rules are written once here:
+``_Session`` on JAX, ``tb_gradcheck.torch.keras``'s on torch). All must leave
+the model as they found it however the fit ends, so the rules are written
+once here:
 
 - one callback per optimizer: a fit that raised outside the step never
   reaches ``on_train_end``, and the next callback attached to that optimizer
@@ -15,7 +16,7 @@ fit ends, so the rules are written once here:
 - a step that raises (other than the end of the data) detaches the callback
   before the error goes on, and ``on_train_end`` detaches it too.
 
-Imports Keras only: never TensorFlow nor JAX.
+Imports Keras only: never TensorFlow, JAX nor torch.
 """
 
 import importlib
@@ -31,6 +32,7 @@ from tb_gradcheck.core import validate
 BACKEND_CALLBACKS = {
     "tensorflow": "tb_gradcheck.tensorflow.keras",
     "jax": "tb_gradcheck.jax.keras",
+    "torch": "tb_gradcheck.torch.keras",
 }
 
 
@@ -146,7 +148,7 @@ def keras_unit_axes(model):
 
     Every other variable's units follow from its shape. Walks nested models
     and layers through their ``layers`` attribute. Imports Keras, not its
-    backend: the same on TensorFlow and JAX.
+    backend: the same on every backend.
     """
     depthwise = tuple(
         getattr(keras.layers, name)
