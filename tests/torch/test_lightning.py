@@ -226,3 +226,22 @@ def test_misuse_is_refused_with_expected_received(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer.fit(TwoOptimizers(), lightning_job.data())
+
+
+def test_example_writes_the_loggers_run_as_a_user_runs_it(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    script = ROOT / "examples" / "lightning_example.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--logdir", str(tmp_path), "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "Wrote 16 steps to" in out.stdout
+    client, _ = make_app(tmp_path, "python")
+    entry = wait_for_steps(client, "lightning_logs/version_0", 16)
+    assert entry["granularities"]["layer"]["rows"] == [f"net.{i}" for i in range(0, 12, 2)]
+    assert {"grad_norm_before_clip", "update_norm"} <= set(entry["metrics"])
+    assert "train_loss" in get_json(client, "/data/plugin/scalars/tags")["lightning_logs/version_0"]

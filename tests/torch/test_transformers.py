@@ -145,3 +145,24 @@ def test_misuse_is_refused_with_expected_received():
         tb_gradcheck.transformers.GradientCallback(every_n_steps=1.5)
     with pytest.raises(TypeError, match="Expected `log_dir` to be a path or None. Received: list"):
         tb_gradcheck.transformers.GradientCallback(log_dir=["a"])
+
+
+def test_example_writes_the_trainers_run_as_a_user_runs_it(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    script = ROOT / "examples" / "transformers_example.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--output-dir", str(tmp_path), "--steps", "6"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "Wrote 6 steps to" in out.stdout
+    (run,) = os.listdir(tmp_path / "runs")
+    client, _ = make_app(tmp_path / "runs", "python")
+    entry = wait_for_steps(client, run, 6)
+    rows = entry["granularities"]["layer"]["rows"]
+    assert rows[:2] == ["transformer.wte", "transformer.wpe"] and rows[-1] == "transformer.ln_f"
+    assert "update_norm" in entry["metrics"]
+    assert "train/loss" in get_json(client, "/data/plugin/scalars/tags")[run]
