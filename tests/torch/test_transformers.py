@@ -85,6 +85,16 @@ def test_train_records_the_applied_gradient_and_update_in_the_trainers_run(train
     assert (before > 10 * transformers_job.CLIP).all()
 
 
+def test_bf16_autocast_records_the_applied_gradient(tmp_path):
+    record, callback, _ = transformers_job.train(tmp_path, bf16=True, max_steps=2)
+    run = os.path.relpath(callback.log_dir, tmp_path)
+    client, _ = make_app(tmp_path, "python")
+    wait_for_steps(client, run, 2)
+    rows, steps, grad = _heat(client, run, "grad_norm")
+    assert steps == [1, 2]
+    np.testing.assert_allclose(grad, _in_rows(record.names, rows, np.stack([record.applied[s] for s in steps])), RTOL)
+
+
 def test_report_reads_the_run(trained):
     output_dir, _, callback, _ = trained
     out = subprocess.run(
