@@ -245,3 +245,68 @@ def test_example_writes_the_loggers_run_as_a_user_runs_it(tmp_path):
     assert entry["granularities"]["layer"]["rows"] == [f"net.{i}" for i in range(0, 12, 2)]
     assert {"grad_norm_before_clip", "update_norm"} <= set(entry["metrics"])
     assert "train_loss" in get_json(client, "/data/plugin/scalars/tags")["lightning_logs/version_0"]
+
+
+def test_a_fit_that_raises_leaves_its_steps_written_and_lightning_as_it_was(tmp_path):
+    class Fails(lightning_job.Net):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.global_step == 2:
+                raise RuntimeError("planted")
+            return super().training_step(batch, batch_idx)
+
+    callback = tb_gradcheck.lightning.GradientCallback()
+    net = Fails()
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        accumulate_grad_batches=2,
+        gradient_clip_val=lightning_job.CLIP,
+        logger=L.loggers.TensorBoardLogger(str(tmp_path)),
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    with pytest.raises(RuntimeError, match="planted"):
+        trainer.fit(net, lightning_job.data())
+    assert callback.writer is None and "_after_closure" not in vars(trainer.precision_plugin)
+    optimizer = trainer.optimizers[0]
+    assert len(optimizer._optimizer_step_pre_hooks) == len(optimizer._optimizer_step_post_hooks) == 1  # the test's
+    client, _ = make_app(tmp_path, "python")
+    run = os.path.relpath(callback.log_dir, tmp_path)
+    wait_for_steps(client, run, 2)
+    steps, grad = _heat(client, run, "grad_norm")
+    assert steps == [0, 1]
+    np.testing.assert_allclose(grad, _by_param_order(net, np.stack([net.applied[s] for s in steps])), RTOL)
+
+
+def test_pytorch_lightning_gets_its_own_callback_class(tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 3)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = tb_gradcheck.lightning.PLGradientCallback()
+    assert isinstance(callback, pl.Callback)
+    trainer = pl.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        logger=pl.loggers.TensorBoardLogger(str(tmp_path)),
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Net(), lightning_job.data())
+    client, _ = make_app(tmp_path, "python")
+    entry = wait_for_steps(client, os.path.relpath(callback.log_dir, tmp_path), 3)
+    assert entry["granularities"]["layer"]["rows"] == ["layer"]
