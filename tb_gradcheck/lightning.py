@@ -23,7 +23,7 @@ under ``16-mixed``, after ``GradScaler.unscale_``) the plugin's
   optimizer applies: after accumulation, unscaling and clipping. A step the
   ``GradScaler`` refuses is recorded too (update 0).
 - ``update_norm``: the writer's optimizer hooks around the step. Its step
-  pre-hook must run after the closure, so a ``torch.closure.ClosureFirst``
+  pre-hook must run after the closure, so a ``ClosureFirst``
   pre-hook runs the closure first (``tb_gradcheck.torch.closure`` says
   when that is the step's own order); with another optimizer the update is
   not recorded.
