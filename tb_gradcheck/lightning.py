@@ -76,8 +76,8 @@ class _Recorder:
         plugin = trainer.precision_plugin
         if not callable(getattr(plugin, "_after_closure", None)):
             raise TypeError(
-                "Expected a precision plugin that runs `_after_closure` before the optimizer step (Lightning's "
-                f"own 32, 16-mixed, bf16-mixed, 64, transformer-engine plugins). Received: {type(plugin).__name__}"
+                "Expected a precision plugin that runs `_after_closure` before the optimizer step (Lightning "
+                f"2.x's Precision and its subclasses). Received: {type(plugin).__name__}"
             )
         self.log_dir = self._run_dir(trainer)
         follows = closure.calls_closure_once(optimizer)
