@@ -42,6 +42,10 @@ setuptools.setup(
         "cpu": ["tensorflow-cpu>=2.21,<2.22"],
         # 2.6: torch.nn.utils.get_total_norm, and optimizer step hooks on every optimizer.
         "torch": ["torch>=2.6"],
+        # The trainers' callbacks: tb_gradcheck.lightning (Lightning 2.6's hooks and precision plugins) and
+        # tb_gradcheck.transformers (transformers 5's Trainer, through accelerate). No TensorFlow.
+        "lightning": ["lightning>=2.6", "torch>=2.6"],
+        "transformers": ["transformers>=5", "accelerate", "torch>=2.6"],
         # The JAX writer needs jax and optax; flax for its tests, examples and benchmarks (Linen and NNX models).
         "jax": ["jax>=0.10", "optax>=0.2.8", "flax>=0.12"],
         # ruff pinned: `ruff format --check` in .ci/run must not change its mind with a new release.

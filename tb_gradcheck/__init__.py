@@ -16,9 +16,11 @@ _LAZY = {
     "check_gradients": ("tb_gradcheck.tensorflow.check", "check_gradients"),
 }
 # Submodules reachable as attributes without an import of their own
-# (``tb_gradcheck.keras.GradientCallback``, ``tb_gradcheck.torch.GradientWriter``);
-# keras imports TensorFlow, torch imports PyTorch when one of its names is used.
-_SUBMODULES = ("keras", "torch")
+# (``tb_gradcheck.keras.GradientCallback``, ``tb_gradcheck.torch.GradientWriter``,
+# ``tb_gradcheck.lightning.GradientCallback``, ``tb_gradcheck.transformers.GradientCallback``);
+# keras imports TensorFlow, torch imports PyTorch when one of its names is used, lightning
+# and transformers import PyTorch and their trainer's package when first used.
+_SUBMODULES = ("keras", "torch", "lightning", "transformers")
 
 __all__ = sorted(_LAZY)
 

@@ -188,6 +188,27 @@ def columns(clipped, follows, scale):
     return tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in names)
 
 
+def keep_norms_before_clip(writer, rows):
+    """Keeps each parameter's gradient norm for the next ``write`` as ``grad_norm_before_clip``; changes nothing.
+
+    For clipping done by someone else (a trainer's): the per-parameter
+    norms ``clip`` keeps, taken on the device with no host read, and the
+    gradients left as they are.
+    """
+    group = writer._group
+    params = rows.params
+    where = [i for i, p in enumerate(params) if p.grad is not None]
+    if not where or not group.computes:  # (sharded ranks all compute: sum_shards is a collective)
+        return
+    dense = [reductions.values(group.local(params[i].grad)) for i in where]
+    device = dense[0].device
+    squares = group.sum_shards(torch.stack(reductions.norms(dense)) ** 2)
+    if group.computes:
+        spread = torch.full((len(params),), MISSING, dtype=F64, device=device)
+        index = writer._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
+        writer._before_clip = spread.index_copy(0, index, torch.sqrt(squares))
+
+
 def clip(writer, rows, max_norm, norm_type, error_if_nonfinite, foreach):
     """``GradientWriter.clip_grad_norm_``: clips the model's gradients, keeping their norms before for ``write``."""
     group = writer._group

@@ -247,6 +247,15 @@ class GradientWriter:
         return optim.clip(self, rows, float(max_norm), float(norm_type), error_if_nonfinite, foreach)
 
     @_eager
+    def record_norm_before_clip(self):
+        """Records each parameter's gradient norm now as the next ``write``'s ``grad_norm_before_clip``.
+
+        For clipping done elsewhere (a trainer's): call it before that clip. The gradients are not changed.
+        """
+        self._check_open("record_norm_before_clip")
+        optim.keep_norms_before_clip(self, self._structure())
+
+    @_eager
     def write_check(self, report, step):
         """Records a gradient check report for the tab's ``check_error`` heatmap.
 

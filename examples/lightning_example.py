@@ -1,0 +1,81 @@
+"""Lightning: the Gradients tab beside Lightning's own scalars, from ``tb_gradcheck.lightning.GradientCallback``.
+
+A six-layer tanh MLP fits ``y = sin(3 x)`` with gradient accumulation and
+clipping. The callback writes, at every optimizer step, the gradient the
+optimizer applied (accumulated, unscaled, clipped), the norm before
+Lightning clipped it and the update each layer received, into the
+TensorBoardLogger's own run (``LOGDIR/lightning_logs/version_N``), where
+``self.log`` puts the loss:
+
+    python examples/lightning_example.py --logdir logs/lightning
+    tensorboard --logdir logs/lightning
+
+The clip (``gradient_clip_val=0.5``) binds at most steps:
+``grad_norm_before_clip`` above ``grad_norm``, and ``tb-gradcheck report
+LOGDIR`` names the layer that drove the norm over the bound.
+``--precision bf16-mixed`` trains under autocast.
+"""
+
+import argparse
+import math
+
+import lightning.pytorch as L
+import torch
+from torch import nn
+
+import tb_gradcheck.lightning
+
+
+class Regressor(L.LightningModule):
+    def __init__(self, depth=6, width=32, lr=3e-3):
+        super().__init__()
+        layers = [nn.Linear(1, width), nn.Tanh()]
+        for _ in range(depth - 2):
+            layers += [nn.Linear(width, width), nn.Tanh()]
+        self.net = nn.Sequential(*layers, nn.Linear(width, 1))
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss, on_step=True)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+def data(samples, batch, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(samples, 1, generator=g) * 2 * math.pi - math.pi
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.sin(3 * x)), batch_size=batch)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--logdir", required=True, help="the TensorBoardLogger's directory")
+    parser.add_argument("--epochs", type=int, default=20, help="epochs of 16 optimizer steps (default 20)")
+    parser.add_argument("--precision", default="32-true", help="Lightning's precision (default 32-true)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for data and weights (default 0)")
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    callback = tb_gradcheck.lightning.GradientCallback()
+    trainer = L.Trainer(
+        max_epochs=args.epochs,
+        accelerator="cpu",
+        precision=args.precision,
+        accumulate_grad_batches=2,
+        gradient_clip_val=0.5,
+        logger=L.loggers.TensorBoardLogger(args.logdir),
+        callbacks=[callback],
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Regressor(), data(512, 16, args.seed))
+    print(f"Wrote {trainer.global_step} steps to {callback.log_dir}: tensorboard --logdir {args.logdir}, Gradients tab")
+
+
+if __name__ == "__main__":
+    main()
