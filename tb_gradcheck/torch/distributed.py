@@ -92,8 +92,7 @@ class Group:
 
     def weight_norms(self, params, device):
         """float64 ``[V]`` norms of this rank's part of each parameter (partial until ``reduce``)."""
-        locals_ = [self.local(p).detach() for p in params]
-        return torch.stack(reductions.norms(locals_)).to(device)
+        return reductions.norms([self.local(p) for p in params]).to(device)  # under no_grad: no detach
 
     # -- collectives ---------------------------------------------------------------
 

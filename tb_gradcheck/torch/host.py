@@ -156,7 +156,7 @@ def step_slabs(pending, values, structure, window=None):
     stats = rowstats.Reductions(
         present=np.array(present, bool),
         norm=values["norm"][pending.where],
-        nonfinite=values["nonfinite"][pending.where],
+        nonfinite=values.get("nonfinite", np.zeros(0)),  # elements, of the present parameters
         max_abs=values.get("max_abs", np.zeros(0)),
         nonzero=values.get("nonzero", np.zeros(0)),
         dead=values.get("unit_nonzero", np.zeros(0)) == 0,
@@ -192,7 +192,7 @@ def window_slabs(state, step, weights, structure, last=None):
 def _update_squares(values, n):
     if "update" in values:
         return values["update"]
-    if "loss_scale" in values and np.any(values["nonfinite"] > 0):
+    if "loss_scale" in values and np.any(values.get("nonfinite", np.zeros(0)) > 0):
         # A step the scaler refused: the optimizer did not run, the weights did not move.
         return np.zeros(n)
     return None

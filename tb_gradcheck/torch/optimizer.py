@@ -74,7 +74,8 @@ class Follower:
             return
         if writer._pending is None:
             return
-        weights = [writer._group.local(p).detach() for p in writer._rows.params]
+        local = writer._group.local
+        weights = [local(p) for p in writer._rows.params]  # no per-tensor detach: under no_grad
         with torch.no_grad():
             self._snapshot = self._copy(weights)
 
@@ -105,12 +106,13 @@ class Follower:
         if self._snapshot is None or writer._pending is None:
             self._snapshot = None
             return
-        after = [writer._group.local(p).detach() for p in writer._rows.params]
+        local = writer._group.local
+        after = [local(p) for p in writer._rows.params]
         with torch.no_grad():
             torch._foreach_sub_(self._snapshot, after)  # in place: the update, negated, with no new memory
             update = reductions.norms(self._snapshot)
         self._snapshot = None
-        writer._pending.pack.add("update", torch.stack(update) ** 2)
+        writer._pending.pack.add("update", update * update)
         writer._emit()
 
 
@@ -219,7 +221,7 @@ def clip(writer, rows, max_norm, norm_type, error_if_nonfinite, foreach):
     grads = [group.local(params[i].grad) for i in where]
     dense = [reductions.values(g) for g in grads]
     device = dense[0].device
-    squares = torch.stack(reductions.norms(dense)) ** 2
+    squares = reductions.norms(dense) ** 2
     squares = group.sum_shards(squares)  # whole-parameter squares when sharded (one all-reduce)
     norms = torch.sqrt(squares)
     if group.computes:

@@ -73,6 +73,7 @@ class DeviceWindow:
             n_rows = len(structure.layer_names) + len(structure.variable_names)
             self._state = running.init(lambda shape, v: torch.full(shape, v, dtype=F64, device=device), n_rows)
         xs = running.step_columns(torch, rows[:, 0], rows[:, 1], mask, layers, layer_mask)
+        xs[..., 1].clamp_(max=1.0)  # a layer's step is non-finite once, however many of its parameters are
         self._state = running.add_steps(torch, self._state, xs)
         self._held = []
 
@@ -124,6 +125,7 @@ class HeldWindow:
         present = np.array(self._taken, bool)
         held = host["held"].reshape(len(self._taken), 2, -1)
         xs = running.step_columns(np, np.sqrt(held[:, 0]), held[:, 1], present, layers, present @ layers.T > 0)
+        xs[..., 1] = np.minimum(xs[..., 1], 1.0)  # flags summed over the shards and a layer's parameters
         state = running.add_steps(np, state, xs)
         return running.to_numpy(state, np.asarray, steps)
 

@@ -19,9 +19,7 @@ the host and the written step's rows (``host``), what the optimizer did
 """
 
 import atexit
-import functools
 import numbers
-import operator
 import os
 import warnings
 import weakref
@@ -33,11 +31,10 @@ from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import rowstats
 from tb_gradcheck.torch import distributed
-from tb_gradcheck.torch import graphs
 from tb_gradcheck.torch import host
 from tb_gradcheck.torch import modules
 from tb_gradcheck.torch import optimizer as optim
-from tb_gradcheck.torch import reductions
+from tb_gradcheck.torch import step as step_reductions
 
 INT64_MAX = 2**63 - 1
 F64 = torch.float64
@@ -129,14 +126,14 @@ class GradientWriter:
         self._log = eventlog.EventLog(logdir, sink=sink)
         self._order = modules.Order(self._model)
         self._rows = None  # modules.Parameters, at the first write
-        self._constants = reductions.Constants()
+        self._reduce = step_reductions.StepReductions(self._group)
+        self._constants = self._reduce.constants
+        self._graphs = self._reduce.graphs
         self._contents = {}  # layout key -> stats content
         self._last_key = None
         self._window = None  # the steps since the last write (every_n_steps > 1)
-        self._wheres = {}  # present flags -> indices of the present parameters
         self._pending = None  # a written step waiting for its optimizer step
         self._flights = host.Flights(self._write_step)  # written steps on their way to the host
-        self._graphs = graphs.StepGraphs()
         self._columns = {}  # clipped or not -> the optimizer columns
         self._dense = None  # (False,) * parameters: no gradient is sparse
         self._before_clip = None  # per-parameter norms from clip_grad_norm_ this step
@@ -168,29 +165,15 @@ class GradientWriter:
         if not self._group.computes:
             return
         rows = self._structure()
-        # The per-step host work is a few passes over the parameters, each in C where it can be (a window's
-        # step on a GPU is otherwise one graph replay: its Python is what is left).
-        grads = [p.grad for p in rows.params]
-        present = tuple([g is not None for g in grads])
-        where = self._where(present)
-        tensors = grads if len(where) == len(grads) else [grads[i] for i in where]
-        sparse = self._dense
-        if any(map(_IS_SPARSE, tensors)):
-            sparse = tuple([g is not None and g.is_sparse for g in grads])
+        present, where, tensors, sparse, coalesced = self._reduce.gather(rows.params, self._dense)
         key = (present, sparse, self._optimizer_columns(before_clip))
         self._last_key = key
         due = step % self.every_n_steps == 0
-        local = self._group.local
-        coalesced = None
-        if sparse is not self._dense:
-            coalesced = [local(grads[i]).coalesce() if sparse[i] else None for i in where]
-            tensors = [c.values() if c is not None else local(grads[i]) for i, c in zip(where, coalesced)]
-        elif self._group.sharded:
-            tensors = [local(t) for t in tensors]
         device = self._device(tensors)
         if self.every_n_steps > 1 and self._window is None:
             self._window = self._group.window(rows.structure, self._constants)
-        columns = self._norms(tensors, where, device, coalesced is None)  # [2, V]: norms, non-finite counts
+        n = len(rows.params)
+        columns = self._reduce.norms(n, tensors, where, device, coalesced is None, self._window)  # [2, V]: norms, flags
         scale = None if self._scale is None else self._scale.read(device)
         if scale is not None:
             # The statistics of the gradients the optimizer applies: unscaled.
@@ -202,14 +185,13 @@ class GradientWriter:
             return
         self._warn_unrecorded()
         pack = host.Pack()
-        reduced = self._written(rows, tensors, where, device, coalesced)
+        reduced = self._reduce.written(rows, tensors, where, device, coalesced)
         if scale is not None and "max_abs" in reduced:
             reduced["max_abs"] = reduced["max_abs"] * scale.inverse
         weight = reduced.pop("weight")
         for name, value in reduced.items():
             pack.add(name, value)
         pack.add("norm", columns[0])
-        pack.add("nonfinite", columns[1])
         pack.add("weight", weight)
         steps = self._window.take(pack) if self._window is not None else None
         if before_clip is not None:
@@ -345,49 +327,6 @@ class GradientWriter:
             return tensors[0].device
         return self._group.local(self._rows.params[0]).device
 
-    def _where(self, present):
-        """The indices of the present parameters (a list made once per pattern)."""
-        where = self._wheres.get(present)
-        if where is None:
-            where = self._wheres[present] = [i for i, p in enumerate(present) if p]
-        return where
-
-    def _norms(self, tensors, where, device, dense):
-        """float64 ``[2, V]`` on the device: each parameter's gradient norm and non-finite count, 0 where absent.
-
-        Written into the window's own row where there is a window. On a GPU,
-        dense gradients of one process take one graph replay (``graphs``).
-        """
-        n = len(self._rows.params)
-        out = self._window.slot(device) if self._window is not None else torch.empty((2, n), dtype=F64, device=device)
-        if dense and tensors and device.type == "cuda" and not self._group.sharded:
-            fill = functools.partial(reductions.present_norms, tensors, where, self._constants)
-            return self._graphs.run(graphs.key(where, tensors), tensors, fill, out)
-        return reductions.present_norms(tensors, where, self._constants, out)
-
-    def _written(self, rows, tensors, where, device, coalesced):
-        """A written step's other reductions (``reductions.extras`` where a gradient is, the weight norms): a dict.
-
-        On a GPU, one graph replay for dense gradients of one process, keyed
-        by the gradients' and the weights' addresses (``graphs``); its
-        outputs are sent to the host before the next step replays it.
-        """
-
-        def compute():
-            out = {}
-            if where:
-                specs = [self._group.spec(rows, i) for i in where]
-                out.update(reductions.extras(tensors, specs, self._constants, coalesced))
-            out["weight"] = self._group.weight_norms(rows.params, device)
-            return out
-
-        if coalesced is None and tensors and device.type == "cuda" and not self._group.sharded:
-            key = (graphs.key(where, tensors), tuple(map(_DATA_PTR, rows.params)))
-            static = self._graphs.outputs("written", key, tensors + list(rows.params), compute)
-            if static is not None:
-                return dict(static)
-        return compute()
-
     def _optimizer_columns(self, before_clip):
         """The optimizer columns a step has (made once for clipped steps and once for the others)."""
         clipped = before_clip is not None
@@ -435,10 +374,6 @@ class GradientWriter:
         if columns:
             layer, variable = rowstats.fill(layer, variable, columns, None)
         self._log.stats(self._content(self._last_key), layer, variable, steps[-1])
-
-
-_IS_SPARSE = operator.attrgetter("is_sparse")
-_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _step(value):

@@ -234,40 +234,59 @@ def test_planted_nan_inf_zeros_and_tiny_values_match_the_twin(tmp_path, device):
     _assert_rows(stored_l, layers)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(
     "scale", [0.0, 1e-42, 1e-30, 1e-12, 1.0, 1e12, 1e30, float("inf"), float("nan")], ids=lambda s: f"{s:g}"
 )
-def test_cpu_norms_match_float64_at_every_magnitude(scale):
-    # float32 squares underflow below 1e-19 and overflow above 1e19: the CPU norms leave float32 there.
+def test_norms_match_float64_at_every_magnitude(scale, dtype):
+    # float32 squares underflow below 1e-19 and overflow above 1e19, float64 ones below 1e-154 and above
+    # 1e154: the multi-tensor norms accumulate float32 in float64 and scale float64 by its largest element.
     rng = np.random.default_rng(0)
-    values = rng.normal(size=(300, 7)).astype(np.float32)
+    values = rng.normal(size=(300, 7))
     values[3] = 0.0
     if np.isfinite(scale):
-        values = (values.astype(np.float64) * scale).astype(np.float32)
+        values = values * scale ** (1 if dtype == torch.float32 else 6)  # float64: 1e-252 to 1e180
     else:
         values[5, 2] = scale
-    grads = [torch.from_numpy(values), torch.from_numpy(values[:, 0].copy())]
-    norms = torch.stack(reductions.norms(grads)).numpy()
-    expected = [np.linalg.norm(g.numpy().astype(np.float64)) for g in grads]
+    values = values.astype(np.float32 if dtype == torch.float32 else np.float64)
+    grads = [torch.from_numpy(values), torch.from_numpy(values[:, 0].copy()), torch.zeros(0, dtype=dtype)]
+    norms = reductions.norms(grads).numpy()
+    expected = [_norm64(g.numpy()) for g in grads]
     np.testing.assert_allclose(norms, expected, rtol=1e-6)
-    largest = reductions.max_abs(grads).numpy()
-    np.testing.assert_array_equal(largest, [np.abs(g.numpy().astype(np.float64)).max() for g in grads])
+    largest, bad = reductions.largest_and_nonfinite(grads, reductions.Constants())
+    np.testing.assert_array_equal(largest.numpy(), [np.abs(g.numpy()).max() if g.numel() else 0.0 for g in grads])
+    np.testing.assert_array_equal(bad.numpy(), [np.sum(~np.isfinite(g.numpy())) for g in grads])
+
+
+def _norm64(values):
+    """The L2 norm in float64, scaled by the largest |element| so float64's squares cannot leave its range."""
+    values = np.asarray(values, np.float64).ravel()
+    largest = np.abs(values).max() if values.size else 0.0
+    if not np.isfinite(largest) or largest == 0:
+        return largest
+    return largest * np.sqrt(np.sum((values / largest) ** 2))
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e-30, 1e25])
-def test_cpu_norms_of_long_tensors_match_float64(scale):
+def test_norms_of_long_tensors_match_float64(scale):
     # A CPU's float32 sum of 5 million elements rounds by ~1e-4 relative; the norms must not.
     values = (np.random.default_rng(0).normal(size=5_000_003) * scale).astype(np.float32)
     grads = [torch.from_numpy(values), torch.from_numpy(values[:70_000].copy())]
-    norms = torch.stack(reductions.norms(grads)).numpy()
+    norms = reductions.norms(grads).numpy()
     expected = [np.linalg.norm(g.numpy().astype(np.float64)) for g in grads]
     np.testing.assert_allclose(norms, expected, rtol=1e-7)
 
 
+def test_norms_of_mixed_dtypes_come_back_in_order():
+    # One multi-tensor kernel per dtype: the results are put back in the tensors' order.
+    grads = [torch.full((3,), 2.0), torch.full((4,), 1e-200, dtype=torch.float64), torch.full((5,), 3.0).bfloat16()]
+    np.testing.assert_allclose(reductions.norms(grads).numpy(), [2 * 3**0.5, 2e-200, 3 * 5**0.5], rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_cpu_and_the_gpu_ways_to_dead_units_agree(tmp_path, dtype):
-    # A CPU takes each unit's largest |g|, a GPU counts its nonzeros (reductions.extras): the same dead
-    # units, nonzero counts and max |g| from either, whatever the units' axes, with NaN and zeroed units.
+def test_unit_nonzeros_match_each_units_definition(tmp_path, dtype):
+    # Every unit layout of the Zoo (first axis, single elements, an embedding's last axis, a transposed
+    # convolution's groups, a scalar), one unit of each gradient zeroed and a NaN planted (NaN is nonzero).
     model = Zoo()
     writer = GradientWriter(tmp_path, model)
     _backward(model)
@@ -279,15 +298,17 @@ def test_the_cpu_and_the_gpu_ways_to_dead_units_agree(tmp_path, dtype):
         dims = [d for d in range(units.dim()) if d not in spec.dims]
         units.select(dims[0], k % units.shape[dims[0]]).zero_()  # one unit of each gradient off
     tensors[1].reshape(-1)[2] = float("nan")
-    cpu = reductions.extras(tensors, specs, reductions.Constants())
-    counts = reductions.unit_nonzeros(tensors, specs, [None] * len(tensors), reductions.Constants())
+    found = reductions.extras(tensors, specs, reductions.Constants())
     writer.close()
-    np.testing.assert_array_equal(cpu["unit_nonzero"].numpy() == 0, counts.numpy() == 0)
-    assert (counts.numpy() == 0).sum() >= len(tensors)
-    owner = np.repeat(np.arange(len(specs)), [s.units for s in specs])
-    np.testing.assert_array_equal(cpu["nonzero"].numpy(), np.bincount(owner, counts.numpy(), len(specs)))
-    np.testing.assert_array_equal(cpu["max_abs"].numpy(), reductions.max_abs(tensors).numpy())
-    assert np.isnan(cpu["max_abs"][1]) and not np.isnan(cpu["max_abs"][0])
+    names = [rows.names[i] for i in where]
+    expected = [(_unit_rows(model, n, g.float().numpy()) != 0).sum(axis=1) for n, g in zip(names, tensors)]
+    np.testing.assert_array_equal(found["unit_nonzero"].numpy(), np.concatenate(expected))
+    assert (found["unit_nonzero"].numpy() == 0).sum() >= len(tensors)
+    np.testing.assert_array_equal(found["nonzero"].numpy(), [(g.float() != 0).sum() for g in tensors])
+    np.testing.assert_array_equal(found["nonfinite"].numpy(), [(~torch.isfinite(g)).sum() for g in tensors])
+    largest = [g.float().abs().max() for g in tensors]
+    np.testing.assert_array_equal(found["max_abs"].numpy(), largest)
+    assert np.isnan(found["max_abs"][1].item()) and not np.isnan(found["max_abs"][0].item())
 
 
 def test_sparse_embedding_gradient_is_its_dense_sum(tmp_path):
@@ -382,7 +403,12 @@ def test_a_compiled_training_step_that_calls_the_writer_writes_what_eager_does(t
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_window_aggregates_equal_an_every_step_twin(tmp_path, device):
-    """Windows of 4 against every step written: the same gradients, a NaN in the second window."""
+    """Windows of 4 against every step written: the same gradients, NaN and Inf in the second window.
+
+    Between writes a window counts the steps with a non-finite gradient
+    (``grad_nonfinite``'s mean, max, min and sum), its ``last`` slab the
+    elements at the write step, as a step written alone does.
+    """
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).to(device)
     every = GradientWriter(tmp_path / "every", model)
     window = GradientWriter(tmp_path / "window", model, every_n_steps=4)
@@ -395,6 +421,9 @@ def test_window_aggregates_equal_an_every_step_twin(tmp_path, device):
             )
         if step == 6:
             model[2].weight.grad[0, 0] = float("nan")
+            model[2].weight.grad[1, 2] = float("nan")  # two elements, one step
+        if step == 8:  # a write step: its "last" slab counts the three elements
+            model[2].weight.grad[0, :3] = torch.tensor([float("inf"), float("nan"), -float("inf")])
         if step == 7:
             model[0].bias.grad = None
         every.write(step)
@@ -414,6 +443,8 @@ def test_window_aggregates_equal_an_every_step_twin(tmp_path, device):
             for c in ("grad_norm", "grad_nonfinite"):
                 x = seen[:, :, col[c]]
                 here = x != -1
+                if c == "grad_nonfinite":
+                    x = np.where(here, np.minimum(x, 1.0), x)  # steps, not elements
                 with np.errstate(invalid="ignore"):
                     want = {
                         "mean": np.where(here.any(0), np.where(here, x, 0).sum(0) / np.maximum(here.sum(0), 1), -1),
