@@ -23,15 +23,14 @@ stacked into one vector:
 - whether a gradient has a NaN or Inf element, at every step: its norm is
   not finite exactly then (the squares above cannot overflow), so the flag
   costs nothing beside the norm. The window counts such steps (``window``);
-- at a written step (``extras``): each gradient's max |g| (``_foreach_max``
-  of ``_foreach_abs``, NaN propagates) and its NaN and Inf elements (the
-  ``0``-norm, a count of nonzeros, of ``|g| * 0``: 0 where finite, NaN where
-  not), from one copy; per unit, the nonzero elements (``unit_nonzeros``):
-  one ``count_nonzero`` over each gradient's non-unit axes (the one
-  reduction per tensor), and the gradients whose units are single elements
-  (biases, norms' scales) flagged together. A unit is dead when it has no
-  nonzero element (NaN is nonzero), and a parameter's nonzero count is their
-  sum.
+- at a written step (``extras``), from one multi-tensor copy of |g|: per
+  unit, its largest |element| (``unit_maxima``: one ``amax`` over each
+  gradient's non-unit axes, the one reduction per tensor; gradients whose
+  units are single elements, biases and norms' scales, are their own),
+  which is 0 exactly where the unit is dead (NaN keeps it alive); a
+  gradient's max |g|, the largest of its units' (one ``segment_reduce``);
+  and per gradient a ``count_nonzero`` of it (zeros) and of ``|g| * 0``
+  (NaN and Inf elements: 0 where finite, NaN where not).
 
 A sparse gradient (``nn.Embedding(sparse=True)``) is coalesced first (rows
 that repeat are summed, as the optimizer applies them); its values stand
@@ -128,78 +127,48 @@ def present_norms(tensors, where, constants, out):
     return out
 
 
-def _largest_and_bad(group):
-    """Per tensor of one dtype and device: its largest |element| and its NaN and Inf elements (0-d tensors)."""
-    magnitude = torch._foreach_abs(group)
-    largest = torch._foreach_max(magnitude)  # NaN propagates
-    torch._foreach_mul_(magnitude, 0.0)  # 0 where finite, NaN where NaN or Inf
-    return largest, torch._foreach_norm(magnitude, 0, dtype=F64)  # the 0-norm counts the NaNs
-
-
-def largest_and_nonfinite(tensors, constants):
-    """float64 ``([n], [n])``: each tensor's max |g| (0 when empty, NaN with a NaN) and its NaN and Inf elements."""
-    n = len(tensors)
-    nonempty = [i for i, t in enumerate(tensors) if t.numel()]
-    if not nonempty:
-        zeros = torch.zeros(n, dtype=F64, device=tensors[0].device)
-        return zeros, zeros.clone()
-    largest, bad = _by_group([tensors[i] for i in nonempty], _largest_and_bad)
-    largest, bad = torch.stack(largest).to(F64), torch.stack(bad)
-    if len(nonempty) == n:
-        return largest, bad
-    index = constants.get(("where", tuple(nonempty)), largest.device, lambda: torch.tensor(nonempty))
-    spread = torch.zeros((2, n), dtype=F64, device=largest.device)
-    spread.index_copy_(1, index, torch.stack([largest, bad]))
-    return spread[0], spread[1]
-
-
-def max_abs(tensors):
-    """float64 ``[n]``: the largest |element| of each tensor (0 for an empty one; NaN if it has a NaN)."""
-    return largest_and_nonfinite(tensors, Constants())[0]
-
-
 def _elementwise(t, spec, rows):
     """Whether each unit of ``t`` is one element, in ``t``'s own order (a bias, a norm's scale, a weight norm's g)."""
     return rows is None and t.dim() >= 1 and t.numel() == spec.units and t.numel() > 0
 
 
-def unit_nonzeros(tensors, specs, sparse, constants):
-    """``[units]``: nonzero elements of each unit of each gradient, in parameter order (NaN is nonzero).
+def unit_maxima(magnitudes, specs, sparse):
+    """``[units]``: the largest |element| of each unit of each gradient, in parameter order; 0 exactly where dead.
 
-    A gradient whose units are its first axis (every ``Linear``, ``ConvNd``,
-    ``[out, ...]`` weight) takes one ``count_nonzero`` over its other axes;
-    gradients whose units are single elements are laid out flat together
-    (``torch._chunk_cat``, one copy) and compared with 0 at once; any other
-    unit layout (an embedding table's last axis, a transposed convolution's
-    groups) is reshaped to its ``modules.UnitSpec`` first. A sparse
-    gradient's coalesced values are rows of the whole: a unit over the last
-    axis counts them as they are, any other unit needs the dense gradient
-    (made here, at a written step).
+    ``magnitudes`` are the gradients' |g| (NaN stays NaN: such a unit is
+    alive). A gradient whose units are its first axis (every ``Linear``,
+    ``ConvNd``, ``[out, ...]`` weight) takes one ``amax`` over its other axes;
+    gradients whose units are single elements (biases, norms' scales) are
+    their own maxima, laid out flat together (``torch._chunk_cat``, one copy);
+    any other unit layout (an embedding table's last axis, a transposed
+    convolution's groups) is reshaped to its ``modules.UnitSpec`` first. A
+    sparse gradient's coalesced values are rows of the whole: a unit over the
+    last axis takes them as they are, any other unit needs the dense
+    gradient (made here, at a written step). A unit with no elements (a
+    Linear with no inputs) is dead, as TensorFlow counts it.
     """
-    pieces = [None] * len(tensors)
-    flat = [i for i, (t, s, r) in enumerate(zip(tensors, specs, sparse)) if _elementwise(t, s, r)]
-    if len({(tensors[i].device, tensors[i].dtype) for i in flat}) > 1:
-        flat = []  # mixed kinds cannot share one flat copy: each is compared on its own below
-    if flat:
-        chunk = torch._chunk_cat([tensors[i] for i in flat], 0, 1)
-        for i, flags in zip(flat, (chunk != 0).view(-1).split([specs[i].units for i in flat])):
-            pieces[i] = flags
-    for i, (t, spec, rows) in enumerate(zip(tensors, specs, sparse)):
+    pieces = [None] * len(magnitudes)
+    flat = [i for i, (t, s, r) in enumerate(zip(magnitudes, specs, sparse)) if _elementwise(t, s, r)]
+    if len({(magnitudes[i].device, magnitudes[i].dtype) for i in flat}) == 1:
+        chunk = torch._chunk_cat([magnitudes[i] for i in flat], 0, 1).view(-1)
+        for i, part in zip(flat, chunk.split([specs[i].units for i in flat])):
+            pieces[i] = part
+    for i, (t, spec, rows) in enumerate(zip(magnitudes, specs, sparse)):
         if pieces[i] is not None:
             continue
         if _elementwise(t, spec, rows):
-            pieces[i] = (t != 0).reshape(-1)
+            pieces[i] = t.reshape(-1)
         elif rows is not None and spec.dims == (0,):
-            pieces[i] = torch.count_nonzero(t.reshape(-1, spec.units), dim=0)
+            pieces[i] = t.reshape(-1, spec.units).amax(dim=0) if t.numel() else t.new_zeros(spec.units)
         else:
-            t = rows.to_dense() if rows is not None else t
+            t = rows.to_dense().abs() if rows is not None else t
             if t.numel() == 0:
-                pieces[i] = torch.zeros(spec.units, dtype=torch.int64, device=t.device)
+                pieces[i] = t.new_zeros(spec.units)
             elif spec.dims == (1,) and len(spec.view) == 2 and t.dim() >= 2 and t.shape[0] == spec.units:
-                pieces[i] = torch.count_nonzero(t, dim=tuple(range(1, t.dim())))
+                pieces[i] = t.amax(dim=tuple(range(1, t.dim())))
             else:
-                pieces[i] = torch.count_nonzero(t.reshape(spec.view), dim=spec.dims).reshape(-1)
-    return torch.cat(pieces)
+                pieces[i] = t.reshape(spec.view).amax(dim=spec.dims).reshape(-1)
+    return torch.cat([p.to(F64) for p in pieces]) if len({p.dtype for p in pieces}) > 1 else torch.cat(pieces).to(F64)
 
 
 def extras(tensors, specs, constants, sparse=None):
@@ -211,22 +180,23 @@ def extras(tensors, specs, constants, sparse=None):
       constants: The writer's ``Constants``.
       sparse: Per tensor, the coalesced sparse gradient it came from, or None.
 
-    All float64. ``unit_nonzero`` is 0 exactly where a unit is dead; a unit
-    of a gradient that has units but no elements (a Linear with no inputs)
-    is dead, as TensorFlow counts it. ``nonfinite`` counts elements (the
-    steps between writes only flag them: ``step_norms``).
+    All float64. ``unit_nonzero`` is each unit's largest |element|
+    (``unit_maxima``): 0 exactly where the unit is dead. A gradient's max
+    |g| is the largest of its units'; its nonzero elements (NaN and Inf
+    count) and its NaN and Inf elements (the nonzeros of ``|g| * 0``: 0 where
+    finite, NaN where not) take a ``count_nonzero`` each. Between writes the
+    steps only flag non-finite gradients (``step_norms``).
     """
     sparse = sparse or [None] * len(tensors)
-    counts = unit_nonzeros(tensors, specs, sparse, constants).to(F64)
-    units = tuple(s.units for s in specs)
-    owner = constants.get(
-        ("unit_owner", units),
-        counts.device,
-        lambda: torch.repeat_interleave(torch.arange(len(units)), torch.tensor(units)),
-    )
-    nonzero = torch.zeros(len(tensors), dtype=F64, device=counts.device).index_add_(0, owner, counts)
-    largest, bad = largest_and_nonfinite(tensors, constants)
-    return {"unit_nonzero": counts, "max_abs": largest, "nonzero": nonzero, "nonfinite": bad}
+    magnitudes = torch._foreach_abs(tensors)  # one copy, multi-tensor; NaN stays NaN
+    units = unit_maxima(magnitudes, specs, sparse)
+    layout = tuple(s.units for s in specs)
+    lengths = constants.get(("unit_lengths", layout), units.device, lambda: torch.tensor(layout))
+    largest = torch.segment_reduce(units, "max", lengths=lengths, unsafe=True, initial=0.0)  # NaN propagates
+    nonzero = torch.stack([torch.count_nonzero(t) for t in tensors]).to(F64)
+    torch._foreach_mul_(magnitudes, 0.0)  # 0 where finite, NaN where NaN or Inf
+    bad = torch.stack([torch.count_nonzero(t) for t in magnitudes]).to(F64)
+    return {"unit_nonzero": units, "max_abs": largest, "nonzero": nonzero, "nonfinite": bad}
 
 
 class Constants:

@@ -18,6 +18,7 @@ from conftest import read_events
 from conftest import stats_content
 from tb_gradcheck.core import metadata
 from tb_gradcheck.torch import GradientWriter
+from tb_gradcheck.torch import modules
 from tb_gradcheck.torch import reductions
 
 # Stored values are float32 of float64 statistics: one float32 rounding (2**-24 ~ 6e-8) apart.
@@ -253,9 +254,11 @@ def test_norms_match_float64_at_every_magnitude(scale, dtype):
     norms = reductions.norms(grads).numpy()
     expected = [_norm64(g.numpy()) for g in grads]
     np.testing.assert_allclose(norms, expected, rtol=1e-6)
-    largest, bad = reductions.largest_and_nonfinite(grads, reductions.Constants())
-    np.testing.assert_array_equal(largest.numpy(), [np.abs(g.numpy()).max() if g.numel() else 0.0 for g in grads])
-    np.testing.assert_array_equal(bad.numpy(), [np.sum(~np.isfinite(g.numpy())) for g in grads])
+    specs = [modules.UnitSpec((g.shape[0], -1), (1,), g.shape[0]) for g in grads]
+    found = reductions.extras(grads, specs, reductions.Constants())
+    np.testing.assert_array_equal(found["max_abs"], [np.abs(g.numpy()).max() if g.numel() else 0.0 for g in grads])
+    np.testing.assert_array_equal(found["nonfinite"], [np.sum(~np.isfinite(g.numpy())) for g in grads])
+    np.testing.assert_array_equal(found["nonzero"], [np.sum(g.numpy() != 0) for g in grads])
 
 
 def _norm64(values):
@@ -284,7 +287,7 @@ def test_norms_of_mixed_dtypes_come_back_in_order():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_unit_nonzeros_match_each_units_definition(tmp_path, dtype):
+def test_unit_maxima_match_each_units_definition(tmp_path, dtype):
     # Every unit layout of the Zoo (first axis, single elements, an embedding's last axis, a transposed
     # convolution's groups, a scalar), one unit of each gradient zeroed and a NaN planted (NaN is nonzero).
     model = Zoo()
@@ -301,8 +304,8 @@ def test_unit_nonzeros_match_each_units_definition(tmp_path, dtype):
     found = reductions.extras(tensors, specs, reductions.Constants())
     writer.close()
     names = [rows.names[i] for i in where]
-    expected = [(_unit_rows(model, n, g.float().numpy()) != 0).sum(axis=1) for n, g in zip(names, tensors)]
-    np.testing.assert_array_equal(found["unit_nonzero"].numpy(), np.concatenate(expected))
+    expected = [np.abs(_unit_rows(model, n, g.float().numpy())).max(axis=1) for n, g in zip(names, tensors)]
+    np.testing.assert_array_equal(found["unit_nonzero"].numpy(), np.concatenate(expected))  # 0: dead
     assert (found["unit_nonzero"].numpy() == 0).sum() >= len(tensors)
     np.testing.assert_array_equal(found["nonzero"].numpy(), [(g.float() != 0).sum() for g in tensors])
     np.testing.assert_array_equal(found["nonfinite"].numpy(), [(~torch.isfinite(g)).sum() for g in tensors])
