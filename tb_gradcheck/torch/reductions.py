@@ -184,8 +184,10 @@ def extras(tensors, specs, constants, sparse=None):
     (``unit_maxima``): 0 exactly where the unit is dead. A gradient's max
     |g| is the largest of its units'; its nonzero elements (NaN and Inf
     count) and its NaN and Inf elements (the nonzeros of ``|g| * 0``: 0 where
-    finite, NaN where not) take a ``count_nonzero`` each. Between writes the
-    steps only flag non-finite gradients (``step_norms``).
+    finite, NaN where not) take a ``count_nonzero`` each, except where its
+    units are its elements: those are counted from the units, for all such
+    gradients in one ``segment_reduce``. Between writes the steps only flag
+    non-finite gradients (``step_norms``).
     """
     sparse = sparse or [None] * len(tensors)
     magnitudes = torch._foreach_abs(tensors)  # one copy, multi-tensor; NaN stays NaN
@@ -193,10 +195,19 @@ def extras(tensors, specs, constants, sparse=None):
     layout = tuple(s.units for s in specs)
     lengths = constants.get(("unit_lengths", layout), units.device, lambda: torch.tensor(layout))
     largest = torch.segment_reduce(units, "max", lengths=lengths, unsafe=True, initial=0.0)  # NaN propagates
-    nonzero = torch.stack([torch.count_nonzero(t) for t in tensors]).to(F64)
+    # A gradient whose units are its elements has its counts in its units: summed for all such at once.
+    single = tuple(_elementwise(t, s, r) for t, s, r in zip(tensors, specs, sparse))
+    flags = torch.stack([units != 0, torch.isfinite(units).logical_not_()], dim=1).to(F64)
+    from_units = torch.segment_reduce(flags, "sum", lengths=lengths, axis=0, unsafe=True, initial=0.0)
+    zero = largest.new_zeros((), dtype=torch.int64)
+    nonzero = torch.stack([zero if one else torch.count_nonzero(t) for t, one in zip(tensors, single)])
     torch._foreach_mul_(magnitudes, 0.0)  # 0 where finite, NaN where NaN or Inf
-    bad = torch.stack([torch.count_nonzero(t) for t in magnitudes]).to(F64)
-    return {"unit_nonzero": units, "max_abs": largest, "nonzero": nonzero, "nonfinite": bad}
+    bad = torch.stack([zero if one else torch.count_nonzero(t) for t, one in zip(magnitudes, single)])
+    if any(single):
+        mask = constants.get(("single", single), units.device, lambda: torch.tensor(single))
+        nonzero = torch.where(mask, from_units[:, 0], nonzero.to(F64))
+        bad = torch.where(mask, from_units[:, 1], bad.to(F64))
+    return {"unit_nonzero": units, "max_abs": largest, "nonzero": nonzero.to(F64), "nonfinite": bad.to(F64)}
 
 
 class Constants:
