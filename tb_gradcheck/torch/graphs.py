@@ -1,11 +1,11 @@
 """A step's reductions in one launch on a GPU: CUDA graphs keyed by the gradients' addresses.
 
 Why. A step between writes computes two per-parameter columns
-(``reductions.step_norms``): a dozen kernels, and the fused multi-tensor
-norms make one host tensor per parameter besides. On a GPU such a step is
-bound by the host's launches (5-10 us each), and a model of a few hundred
-parameters spent a millisecond of host time per step on them. A CUDA graph
-of that work replays it in one launch. A written step's other reductions
+(``reductions.step_norms``): a handful of multi-tensor kernels whatever the
+number of parameters, and their Python (grouping the tensors, one host
+tensor per parameter from the fused norm). On a GPU such a step is bound
+by the host's launches (5-10 us each); a CUDA graph of that work replays it
+in one launch. A written step's other reductions
 (``reductions.extras`` and the weight norms) are a second kind of graph,
 keyed by the weights' addresses too.
 
@@ -28,9 +28,8 @@ The capture calls ``CUDAGraph.capture_begin`` / ``capture_end`` itself:
 ``torch.cuda.graph`` would also synchronise the device and empty the
 allocator's cache, which is a wait and can move the next step's gradients.
 
-Memory. The graph's temporaries (the gradients laid out flat and their
-finite flags: about twice the gradients' bytes) stay reserved in its
-memory pool while the writer lives; the graphs share one pool (they never
+Memory. The graphs' temporaries (a written step's copy of |g|: about the
+gradients' bytes) stay reserved in their memory pool while the writer lives; the graphs share one pool (they never
 run at once, and their outputs live outside it). So graphs are used only
 for gradients under ``MAX_BYTES`` in all: for a bigger model a step takes
 long enough that a dozen launches are negligible against it. At most

@@ -1,12 +1,16 @@
 """A window's steps between writes (``every_n_steps > 1``), reduced on the device with nothing read back.
 
-Each step's per-parameter norms and non-finite counts are written straight
+Each step's per-parameter norms and non-finite flags are written straight
 into a row of a history on the device (``slot``: the reductions' own
 output, no copy); every ``HISTORY`` steps, and at the write, the rows are
 added to the window's ``running.State`` at once (``running.step_columns``
 and ``running.add_steps``, a fixed number of small kernels whatever the
 number of steps). So a step between writes costs its reductions and no
 bookkeeping kernel of its own, and the host never waits for the device.
+A flag is 1 where a gradient has a NaN or Inf element: the window's
+``grad_nonfinite`` counts steps (a layer's too, however many of its
+parameters had one), the written step's ``last`` slab elements
+(``docs/statistics.md``).
 
 ``HeldWindow`` is for sharded parameters, whose per-step values are partial
 sums until the all-reduce of the write: it keeps every step's row until the
@@ -35,7 +39,7 @@ class DeviceWindow:
     def __init__(self, structure, constants):
         self._structure = structure
         self._constants = constants
-        self._history = None  # float64 [HISTORY, 2, V]: norms and non-finite counts
+        self._history = None  # float64 [HISTORY, 2, V]: norms and non-finite flags
         self._held = []  # the present flags of the rows held
         self._state = None
         self.steps = []
@@ -92,7 +96,7 @@ class DeviceWindow:
 
 
 class HeldWindow:
-    """Each step's partial (per-shard) norms and non-finite counts, held on the device until the write."""
+    """Each step's partial (per-shard) norms and non-finite flags, held on the device until the write."""
 
     def __init__(self, structure, constants):
         self._structure = structure

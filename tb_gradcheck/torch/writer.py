@@ -5,15 +5,16 @@ through ``eventlog``), from the statistics' one definition (``rowstats``):
 a PyTorch run and a TensorFlow run sit in one logdir and compare row by row.
 
 Cost. The host never waits for the device. A step that is not written
-(``every_n_steps > 1``) reduces the window's norms and non-finite counts on
-the gradients' device (``reductions.step_norms``, on a GPU one CUDA graph
-replay: ``graphs``) and reads nothing back. A written step computes every
+(``every_n_steps > 1``) reduces the window's norms and non-finite flags on
+the gradients' device in a fixed number of multi-tensor operators
+(``step``, ``reductions.step_norms``; on a GPU one CUDA graph replay:
+``graphs``) and reads nothing back. A written step computes every
 statistic on the device and starts one copy of them to pinned host memory;
 its rows and event are made once the copy is there, at a later call, or
 at ``flush`` / ``close`` (``host``).
 
-Where each piece lives: rows and units (``modules``), the device
-reductions (``reductions``), a step in one launch (``graphs``), the copy to
+Where each piece lives: rows and units (``modules``), a step's
+reductions (``step``, ``reductions``), a step in one launch (``graphs``), the copy to
 the host and the written step's rows (``host``), what the optimizer did
 (``optimizer``), several processes (``distributed``).
 """
