@@ -96,6 +96,7 @@ def norms(tensors):
     return torch.stack(_by_group(tensors, _l2)[0])
 
 
+@torch.no_grad()
 def step_norms(tensors, out):
     """Writes float64 L2 norms to ``out[0]`` and non-finite flags (1.0: a NaN or Inf element) to ``out[1]``.
 
@@ -171,6 +172,7 @@ def unit_maxima(magnitudes, specs, sparse):
     return torch.cat([p.to(F64) for p in pieces]) if len({p.dtype for p in pieces}) > 1 else torch.cat(pieces).to(F64)
 
 
+@torch.no_grad()
 def extras(tensors, specs, constants, sparse=None):
     """A written step's reductions besides the norms: ``{"max_abs", "nonzero", "nonfinite": [n], "unit_nonzero": [units]}``.
 
