@@ -312,6 +312,14 @@ def test_unit_maxima_match_each_units_definition(tmp_path, dtype):
     largest = [g.float().abs().max() for g in tensors]
     np.testing.assert_array_equal(found["max_abs"].numpy(), largest)
     assert np.isnan(found["max_abs"][1].item()) and not np.isnan(found["max_abs"][0].item())
+    # A GPU's ways (a multi-tensor copy of |g|, nonzero counts of |g| * 0) give the same numbers.
+    tensors[3].reshape(-1)[:2] = torch.tensor([float("inf"), -float("inf")])
+    tensors[2][0] = float("inf")  # a bias: counted from its units
+    on_cpu = reductions.extras(tensors, specs, reductions.Constants(), cpu=True)
+    on_gpu = reductions.extras(tensors, specs, reductions.Constants(), cpu=False)
+    assert on_cpu["nonfinite"][1] == 1 and on_cpu["nonfinite"][2] == 1 and on_cpu["nonfinite"][3] == 2
+    for name, value in on_cpu.items():
+        np.testing.assert_array_equal(value.numpy(), on_gpu[name].numpy(), err_msg=name)
 
 
 def test_sparse_embedding_gradient_is_its_dense_sum(tmp_path):
