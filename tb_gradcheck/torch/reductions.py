@@ -30,7 +30,11 @@ stacked into one vector:
   which is 0 exactly where the unit is dead (NaN keeps it alive); a
   gradient's max |g|, the largest of its units' (one ``segment_reduce``);
   and per gradient a ``count_nonzero`` of it (zeros) and of ``|g| * 0``
-  (NaN and Inf elements: 0 where finite, NaN where not).
+  (NaN and Inf elements: 0 where finite, NaN where not). A CPU, where a
+  fresh copy costs page faults and reading a value waits for nothing, takes
+  each unit's ``amax`` and ``amin`` of the gradient itself instead, and
+  counts NaN and Inf only where max |g| is not finite (``_cpu_unit_maxima``,
+  ``_cpu_nonfinite``).
 
 A sparse gradient (``nn.Embedding(sparse=True)``) is coalesced first (rows
 that repeat are summed, as the optimizer applies them); its values stand
