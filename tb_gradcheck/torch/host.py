@@ -189,6 +189,34 @@ def window_slabs(state, step, weights, structure, last=None):
     return slabs[:, :n_layer], slabs[:, n_layer:]
 
 
+def partial_window(window, group, rows, key, device):
+    """``(step, layer [A, L, C], variable [A, V, C])`` of the steps since the last write, at close; None on a rank
+    that does not write.
+
+    The window's state and the weights' norms now, in one copy (one all-reduce
+    when sharded), written at the window's last step with MISSING optimizer
+    columns (no written step's update is there to measure).
+
+    Args:
+      window: The writer's window, with steps.
+      group: The writer's ``distributed.Group``.
+      rows: The writer's ``modules.Parameters``.
+      key: The last step's layout key ``(present, sparse, columns)``.
+      device: Where the weights' norms go.
+    """
+    pack = Pack()
+    steps = window.take(pack)
+    pack.add("weight", group.weight_norms(rows.params, device))
+    values = group.reduce(pack, key[0], [])
+    if values is None:
+        return None
+    state = window.host_state(values, steps)
+    layer, variable = window_slabs(state, steps[-1], values["weight"], rows.structure)
+    if key[2]:
+        layer, variable = rowstats.fill(layer, variable, key[2], None)
+    return steps[-1], layer, variable
+
+
 def _update_squares(values, n):
     if "update" in values:
         return values["update"]

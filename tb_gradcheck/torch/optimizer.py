@@ -204,7 +204,7 @@ def keep_norms_before_clip(writer, rows):
         return
     dense = [reductions.values(group.local(params[i].grad)) for i in where]
     device = dense[0].device
-    squares = group.sum_shards(torch.stack(reductions.norms(dense)) ** 2)
+    squares = group.sum_shards(reductions.norms(dense) ** 2)
     if group.computes:
         spread = torch.full((len(params),), MISSING, dtype=F64, device=device)
         index = writer._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))

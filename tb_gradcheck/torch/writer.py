@@ -30,7 +30,6 @@ import torch
 from tb_gradcheck.check import report as check_report
 from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
-from tb_gradcheck.core import rowstats
 from tb_gradcheck.torch import distributed
 from tb_gradcheck.torch import host
 from tb_gradcheck.torch import modules
@@ -170,7 +169,7 @@ class GradientWriter:
         key = (present, sparse, self._optimizer_columns(before_clip))
         self._last_key = key
         due = step % self.every_n_steps == 0
-        device = self._device(tensors)
+        device = tensors[0].device if tensors else self._group.local(rows.params[0]).device
         if self.every_n_steps > 1 and self._window is None:
             self._window = self._group.window(rows.structure, self._constants)
         n = len(rows.params)
@@ -323,11 +322,6 @@ class GradientWriter:
                 stacklevel=4,  # the user's write(): past write() and torch.compiler.disable's wrapper
             )
 
-    def _device(self, tensors):
-        if tensors:
-            return tensors[0].device
-        return self._group.local(self._rows.params[0]).device
-
     def _optimizer_columns(self, before_clip):
         """The optimizer columns a step has (made once for clipped steps and once for the others)."""
         clipped = before_clip is not None
@@ -361,20 +355,12 @@ class GradientWriter:
         self._log.stats(self._content(pending.key), layer, variable, pending.step)
 
     def _write_partial_window(self):
-        """At close: the steps since the last write, as one window written at the last of them."""
-        rows = self._rows
-        pack = host.Pack()
-        steps = self._window.take(pack)
-        pack.add("weight", self._group.weight_norms(rows.params, self._device([])))
-        values = self._group.reduce(pack, self._last_key[0], [])
-        if values is None:
-            return
-        state = self._window.host_state(values, steps)
-        layer, variable = host.window_slabs(state, steps[-1], values["weight"], rows.structure)
-        columns = self._last_key[2]
-        if columns:
-            layer, variable = rowstats.fill(layer, variable, columns, None)
-        self._log.stats(self._content(self._last_key), layer, variable, steps[-1])
+        """At close: the steps since the last write, as one window written at the last of them (``host``)."""
+        device = self._group.local(self._rows.params[0]).device
+        written = host.partial_window(self._window, self._group, self._rows, self._last_key, device)
+        if written is not None:
+            step, layer, variable = written
+            self._log.stats(self._content(self._last_key), layer, variable, step)
 
 
 def _step(value):
