@@ -25,9 +25,9 @@ the levels healthy networks show and does not grow (idle units), and a
 phase that is over by the layer's latest writes (recovered: the share is
 back under ``dead_mostly``), are information: shown, never in an exit code.
 
-A layer behind a later one that passes (almost) no gradient at a write (a
-share without gradient of ``dead_silent`` or more) is *cut off* there: its
-writes say nothing of its own units. It is never "recovered": if
+A layer behind a later one none of whose units passes any gradient at a
+write is *cut off* there: it gets no gradient, and its writes say nothing
+of its own units. It is never "recovered": if
 it was dying, mostly dead or silent before it was cut off it is named so
 (with the step it was cut off from), and otherwise it is left to the
 silent layer, whose evidence counts it (``layers_cut_off_behind``).
@@ -76,22 +76,18 @@ def dead(v, t, sparse):
         here &= ~(v.present & ~np.isfinite(v.weight_norm))
     exempt = np.array([name in sparse for name in v.rows])
     here &= ~exempt[None, :]
-    # A layer behind a later silent one (at most a tenth of its units pass
-    # any gradient at that write) says little of its own units: their
-    # gradients flow only through the few units left, and a unit that fires
-    # on none of the examples those fire on gets none, alive or not (a
-    # live layer behind one with 2 of 64 units left shows 80% "dead"). Its
-    # writes are the silent layer's (in a chain, the one nearest the output
-    # is the cause: a saturated head, a dead layer in front of live ones).
-    with np.errstate(invalid="ignore"):
-        blocking = here & (v.dead >= t.dead_silent)
-    later = np.flip(np.logical_or.accumulate(np.flip(blocking, axis=1), axis=1), axis=1)
-    cut_off = here & np.concatenate([later[:, 1:], np.zeros((s, 1), bool)], axis=1)
-    cause = blocking & ~cut_off  # the silent layer a write's cut-off layers are behind
-    valid = here.copy()
-    here &= ~cut_off
     with np.errstate(invalid="ignore"):
         whole = here & (v.dead >= 1)
+    # A layer behind a later layer none of whose units passes any gradient
+    # gets none itself: its writes say nothing of its own units. They are
+    # the later layer's (in a chain, the one nearest the output is the
+    # cause: a saturated head, a dead layer in front of live ones).
+    later = np.flip(np.logical_or.accumulate(np.flip(whole, axis=1), axis=1), axis=1)
+    cut_off = here & np.concatenate([later[:, 1:], np.zeros((s, 1), bool)], axis=1)
+    cause = whole & ~cut_off  # the layer a write's cut-off layers are behind
+    valid = here.copy()
+    here &= ~cut_off
+    whole &= ~cut_off
     share = np.where(here, v.dead, np.nan)
     # The lowest share over the trailing window, not the share at one write:
     # a trained ReLU unit can be selective (active on 2% of the inputs is
@@ -178,10 +174,11 @@ def dead(v, t, sparse):
         # rows x 10,000 steps).
         named = [j for j, name in enumerate(v.rows) if name in evidence]
         together = cut_off[:, cut_rows].T.astype(np.float32) @ cause[:, named].astype(np.float32) > 0
-        writes = (cause[:, named] & cut_off.any(axis=1)[:, None]).sum(axis=0)
-        for k, count, n in zip(named, together.sum(axis=0), writes):
+        cutting = cause[:, named] & cut_off.any(axis=1)[:, None]
+        for i, (k, count) in enumerate(zip(named, together.sum(axis=0))):
             evidence[v.rows[k]]["layers_cut_off_behind"] = int(count)
-            evidence[v.rows[k]]["writes_cutting_off"] = int(n)
+            if count:
+                evidence[v.rows[k]]["last_step_cutting_off"] = int(v.steps[np.flatnonzero(cutting[:, i])[-1]])
     quiet = frozenset(v.rows[j] for j in cut_rows if v.rows[j] not in evidence)
     return rules.Verdict(flags, severity, evidence, "last", quiet)
 
@@ -206,14 +203,9 @@ def describe(f, quote):
     behind = max(x.get("layers_cut_off_behind", 0) for x in e.values())
     after = ""
     if behind:
-        # No gradient at all behind a layer none of whose units passes any; almost none behind one with a few left.
-        almost = "" if all(x["lowest_dead_unit_fraction"] == 1 for x in e.values()) else "(almost) "
-        after = f"; {almost}no gradient reaches the {_count(behind, 'layer')} before it"
-        if not states & {SILENT}:
-            writes = max(x.get("writes_cutting_off", 0) for x in e.values())
-            after = (
-                f"; at {_count(writes, 'write')} {almost}no gradient reached the {_count(behind, 'layer')} before it"
-            )
+        until = max(x.get("last_step_cutting_off", -1) for x in e.values())
+        when = "" if until >= last else f"at times, until step {until}, "
+        after = f"; {when}no gradient {'reaches' if not when else 'reached'} the {_count(behind, 'layer')} before it"
     cut = [n for n in f.layers if "cut_off_from_step" in e[n]]
     if cut:
         after += (

@@ -83,12 +83,3 @@ def test_a_dying_layer_then_cut_off_is_named_dying_and_counted_by_the_silent_lay
     assert e["last_step"] == 79 and "then cut off from step 50 behind last" in diagnose.describe(f, str)
     f, e = dead["last"]
     assert e["state"] == "silent" and e["layers_cut_off_behind"] == 1
-
-
-def test_a_live_layer_behind_an_almost_silent_one_is_cut_off_not_dead(tmp_path):
-    """With 1 of 16 units left after it, a live layer's units get gradient only where that one fires: its zeros say nothing."""
-    dead, _ = _dead_of(tmp_path / "r", lambda step: (range(14) if step >= 20 else (), range(15) if step >= 20 else ()))
-    assert "first" not in dead
-    f, e = dead["last"]
-    assert f.severity == "warning" and e["state"] == "silent" and e["layers_cut_off_behind"] == 1
-    assert "(almost) no gradient reaches the 1 layer before it" in f.message
