@@ -78,12 +78,14 @@ def dead(v, t, sparse):
     here &= ~exempt[None, :]
     with np.errstate(invalid="ignore"):
         whole = here & (v.dead >= 1)
-    # A layer behind a later layer none of whose units passes any gradient
-    # gets none itself: its writes say nothing of its own units. They are
-    # the later layer's (in a chain, the one nearest the output is the
-    # cause: a saturated head, a dead layer in front of live ones).
+    # A wholly silent layer behind a later wholly silent one says nothing of
+    # its own units: no gradient reaches it. Its writes are the later
+    # layer's (in a chain, the one nearest the output is the cause: a
+    # saturated head, a dead layer in front of live ones). Wholly silent
+    # itself too: a layer with a path around the later one (a residual
+    # branch) still gets its gradient.
     later = np.flip(np.logical_or.accumulate(np.flip(whole, axis=1), axis=1), axis=1)
-    cut_off = here & np.concatenate([later[:, 1:], np.zeros((s, 1), bool)], axis=1)
+    cut_off = whole & np.concatenate([later[:, 1:], np.zeros((s, 1), bool)], axis=1)
     cause = whole & ~cut_off  # the layer a write's cut-off layers are behind
     valid = here.copy()
     here &= ~cut_off
