@@ -103,8 +103,9 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
       dead_mostly: A layer is mostly dead where its dead share was at least
         this in every write of the trailing window, whatever it was at the
         start: a warning, where a smaller share there from the start is
-        idle (information), and where a phase over by the latest writes is
-        recovered only once the window's share is back under this. 0.75:
+        idle (information). A dead phase is over only once the window's
+        share is back under this: partly recovered (information) while it
+        is still ``dead_units`` or more, recovered under that. 0.75:
         the idle share a healthy layer can start with comes from a coin
         flip per unit (``dead_units``), which idles about half of a layer at
         most, with a spread of ``0.5 / sqrt(width)``; three quarters is two
