@@ -111,7 +111,7 @@ class Follower:
                 f"tb_gradcheck: {shown} get a gradient but no parameter group of the optimizer holds them, so they "
                 "never move. Pass them to the optimizer (or add_param_group), or set requires_grad=False to "
                 "freeze them.",
-                stacklevel=4,  # past this, _before and torch.compiler.disable's wrapper
+                stacklevel=5,  # the user's optimizer.step(): past this, _before, the compiler wrapper, the step hook
             )
 
     def _copy(self, weights):
