@@ -76,7 +76,7 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
       dead_units: A layer's ``dead_unit_fraction`` (units whose every
         parameter gets exactly zero gradient over the whole batch) of at
         least this in every write of the trailing window is shown, as
-        information, when it is neither dying nor silent
+        information, when it is neither dying, mostly dead nor silent
         (``tb_gradcheck.findings.dead_units``): idle units. The window's minimum,
         because a live but selective ReLU unit (active on 2% of inputs) is
         silent on a batch of 64 about one time in four, while a dead unit is
@@ -100,6 +100,19 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
         mark of a too-high learning rate. Units killed by a learning-rate
         jump or a bad step lose far more (60-95% of the live units in the
         corpus).
+      dead_mostly: A layer is mostly dead where its dead share was at least
+        this in every write of the trailing window, whatever it was at the
+        start: a warning, where a smaller share there from the start is
+        idle (information). A dead phase is over only once the window's
+        share is back under this: partly recovered (information) while it
+        is still ``dead_units`` or more, recovered under that. 0.75:
+        the idle share a healthy layer can start with comes from a coin
+        flip per unit (``dead_units``), which idles about half of a layer at
+        most, with a spread of ``0.5 / sqrt(width)``; three quarters is two
+        of those spreads above half at a width of 16 (a chance of 4% that
+        every unit's flip went that way) and four at 64 (3e-5). A unit dead
+        at initialisation that never comes back is no coin flip: a bias or
+        weight scale initialised wrong puts most of the layer there.
       dead_silent: A layer is silent where its dead share was at least this
         in every write of the trailing window, whatever it was at the start:
         (almost) none of its units passes any gradient to the layers before
@@ -137,6 +150,7 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
     vanishing_orders: float = 3.0
     dead_units: float = 0.25
     dying_share: float = 0.4
+    dead_mostly: float = 0.75
     dead_silent: float = 0.9
     explode_ratio: float = 1e3
 
@@ -169,10 +183,11 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
     Returns:
       A list of ``finding.Finding``, most severe first (errors, warnings,
       then information), each severity in the order of ``KINDS``; the
-      optimizer's findings follow the rest of their severity. A weaker
-      finding that follows from an error about non-finite or exploding
-      gradients on the same layers and steps is attached to that error
-      (``Finding.consequences``), not listed.
+      optimizer's findings follow the rest of their severity. A finding
+      that follows from another on the same layers and steps (anything
+      weaker after an error about non-finite or exploding gradients; layers
+      not learning because their gradient vanishes: ``finding.FOLLOWS``) is
+      attached to it (``Finding.consequences``), not listed.
     """
     out = []
     found = verdicts(stats, checks, thresholds, sparse_rows)
@@ -317,63 +332,10 @@ def _sentence(found, quote):
         )
         return f"Vanishing gradients in {names}: gradient norm {detail}, steps {first}-{last}."
     if f.kind == "dead":
-        return _dead_sentence(f, names, quote)
+        return dead_units.describe(f, quote)
     worst = max(x["max_relative_error"] for x in e.values())
     return f"Gradient check failed for {names}: analytic and numeric gradients differ by up to {worst:.2%}."
 
 
 def _count(n, noun):
     return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _dead_sentence(f, names, quote):
-    e = f.evidence
-    first, last = f.steps
-
-    def shares(key):
-        values = [x[key] for x in e.values()]
-        lo, hi = f"{min(values):.0%}", f"{max(values):.0%}"
-        return lo if lo == hi else f"{lo}-{hi}"
-
-    states = {x["state"] for x in e.values()}
-    if states == {dead_units.IDLE}:
-        return (
-            f"Idle units in {names}: {shares('median_dead_unit_fraction')} of the units get no gradient on whole "
-            f"batches, steps {first}-{last} ({shares('start_dead_unit_fraction')} in the first writes: idle from the "
-            "start, or drifted there, not dying); common in healthy ReLU networks (information, not a problem)."
-        )
-    if states == {dead_units.RECOVERED}:
-        return (
-            f"Units without gradient in {names} recovered: {shares('median_dead_unit_fraction')} of the units got "
-            f"no gradient on whole batches at steps {first}-{last}, {shares('latest_dead_unit_fraction')} at the "
-            "latest write (information, not a problem)."
-        )
-    if f.severity == "info":
-        idle = [n for n in f.layers if e[n]["state"] == dead_units.IDLE]
-        back = [n for n in f.layers if e[n]["state"] == dead_units.RECOVERED]
-        return (
-            f"Units without gradient on whole batches in {names}, steps {first}-{last}: idle in "
-            f"{finding.name_list(idle, quote)}, without gradient for a while and recovered in "
-            f"{finding.name_list(back, quote)} (information, not a problem)."
-        )
-    behind = max(x.get("layers_cut_off_behind", 0) for x in e.values())
-    dying = [n for n in f.layers if e[n]["state"] == dead_units.DYING]
-    after = f"; no gradient reaches the {behind} layer{'s' if behind > 1 else ''} before it." if behind else "."
-    if not dying and all(x.get("lowest_dead_unit_fraction") == 1 for x in e.values()):
-        # Every unit, every write: the stored numbers cannot say why. Units
-        # dead behind a ReLU look the same as a path after the layer that
-        # multiplies its gradient by 0 (a zero gate, a branch scaled by 0,
-        # a saturated tanh), so the sentence names both.
-        return (
-            f"No gradient through {names}: every unit gets an exactly zero gradient on whole batches, "
-            f"steps {first}-{last} (dead units, or a path after it that multiplies the gradient by 0){after}"
-        )
-    how = (
-        f"up from {shares('start_dead_unit_fraction')} in the first writes"
-        if dying
-        else "so (almost) no gradient passes through"
-    )
-    return (
-        f"Dead units in {names}: {shares('median_dead_unit_fraction')} of the units get an exactly zero "
-        f"gradient on whole batches ({how}), steps {first}-{last}" + after
-    )

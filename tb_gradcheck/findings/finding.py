@@ -29,10 +29,11 @@ class Finding:
         calls ``diagnose.describe(f, quote)``.
       evidence: ``{layer: {number name: value}}``, each with its own
         ``first_step`` and ``last_step``.
-      consequences: Weaker findings that follow from this one (an error
-        about non-finite or exploding gradients) on the same layers and
-        steps, each a ``Finding``: one cause, reported once, with what it
-        did attached rather than listed beside it.
+      consequences: Findings that follow from this one on the same layers
+        and steps (``FOLLOWS``: anything weaker after an error about
+        non-finite or exploding gradients; layers not learning because
+        their gradient vanishes), each a ``Finding``: one cause, reported
+        once, with what it did attached rather than listed beside it.
     """
 
     kind: str
@@ -70,22 +71,49 @@ def isolate(name):
     return f"\u2068{name}\u2069"
 
 
-# The kinds whose error is a cause: what goes wrong after a gradient went
-# non-finite or exploded, on the layers it hit, follows from it.
-CAUSES = ("non_finite", "exploding")
+# What follows from what, one tier at a time: ``(cause kind, least severity
+# of a cause, what follows from it)``, where what follows is None (every
+# weaker finding) or ``{kind: reasons}``, reasons None for any or the
+# evidence ``reason`` a layer of that kind must have. What
+# goes wrong after a gradient went non-finite or exploded, on the layers it
+# hit, follows from it (dead units after the weights exploded, clipping that
+# binds because the gradient explodes). A layer whose gradient vanishes
+# does not learn for that reason: its update is its gradient's, too small
+# to move float32 weights or far behind the other layers' (a layer the
+# optimizer leaves out, or a whole network at too small a learning rate,
+# does not learn for another reason). The tiers run in
+# order, so a consequence of a warning that is itself a consequence of an
+# error is attached to the error.
+# The reasons a layer does not learn (``optimizer.find``) that a small
+# gradient gives: its update rounds away in float32, or lags the others'.
+BELOW_FLOAT32 = "below what moves float32 weights"
+BEHIND_OTHERS = "orders of magnitude below the other layers"
+FOLLOWS = (
+    (("non_finite", "error", None), ("exploding", "error", None)),
+    (
+        (
+            "vanishing",
+            "warning",
+            {"not_learning": (BELOW_FLOAT32, BEHIND_OTHERS)},
+        ),
+    ),
+)
+# The kinds whose error is a cause of every weaker finding.
+CAUSES = tuple(kind for kind, _, _ in FOLLOWS[0])
 _RANK = {"error": 2, "warning": 1, "info": 0}
 
 
 def attach_consequences(findings, describe):
-    """The findings with every weaker one that follows from an error of ``CAUSES`` attached to it.
+    """The findings with every one that follows from a cause (``FOLLOWS``) attached to it.
 
-    A layer of a weaker finding (warning or info) follows from a cause when
-    the cause names the same layer and the weaker finding's first step for
-    it lies within the cause's steps for it: dead units after the weights
-    exploded, clipping that binds because the gradient explodes. Such layers
-    move into a copy of the weaker finding attached to the cause
+    A layer of a finding follows from a cause when the cause names the same
+    layer, the finding is of a kind that follows from the cause's and no
+    more severe than it (of a weaker severity, for a cause of every kind),
+    and its first step for the layer lies within the cause's steps for it.
+    Such layers move into a copy of the finding attached to the cause
     (``Finding.consequences``; to the earliest cause when two qualify); the
-    rest of it stays listed.
+    rest of it stays listed. One cause, reported once, with what it did
+    attached rather than listed beside it.
 
     Args:
       findings: A list of ``Finding``, in order.
@@ -95,17 +123,29 @@ def attach_consequences(findings, describe):
     Returns:
       The list without the attached parts, in the same order.
     """
-    causes = [f for f in findings if f.severity == "error" and f.kind in CAUSES]
+    for tier in FOLLOWS:
+        findings = _attach(findings, tier, describe)
+    return findings
+
+
+def _attach(findings, tier, describe):
+    rules = {kind: (_RANK[least], follows) for kind, least, follows in tier}
+    causes = [f for f in findings if f.kind in rules and _RANK.get(f.severity, 0) >= rules[f.kind][0]]
     if not causes:
         return findings
     out = []
     for f in findings:
-        if _RANK.get(f.severity, 0) >= _RANK["error"]:
+        rank = _RANK.get(f.severity, 0)
+        able = [i for i, c in enumerate(causes) if c is not f and _follows(f.kind, rank, c, rules)]
+        if not able:
             out.append(f)
             continue
         moved, kept = {}, []
         for layer in f.layers:
-            owner = _cause_of(causes, layer, f.evidence[layer]["first_step"])
+            e = f.evidence[layer]
+            owner = _cause_of(
+                causes, [i for i in able if _reason_follows(f, e, causes[i], rules)], layer, e["first_step"]
+            )
             (kept if owner is None else moved.setdefault(owner, [])).append(layer)
         for owner, layers in moved.items():
             causes[owner].consequences.append(_part(f, layers, describe))
@@ -117,10 +157,26 @@ def attach_consequences(findings, describe):
     return out
 
 
-def _cause_of(causes, layer, first_step):
+def _follows(kind, rank, cause, rules):
+    """Whether a finding of ``kind`` and severity ``rank`` can follow from ``cause``."""
+    follows = rules[cause.kind][1]
+    cause_rank = _RANK.get(cause.severity, 0)
+    if follows is None:
+        return rank < cause_rank
+    return kind in follows and rank <= cause_rank
+
+
+def _reason_follows(found, evidence, cause, rules):
+    """Whether the reason of one layer of ``found`` (its ``evidence``) is one that follows from ``cause``."""
+    follows = rules[cause.kind][1]
+    reasons = None if follows is None else follows[found.kind]
+    return reasons is None or evidence.get("reason") in reasons
+
+
+def _cause_of(causes, able, layer, first_step):
     best = None
-    for i, cause in enumerate(causes):
-        e = cause.evidence.get(layer)
+    for i in able:
+        e = causes[i].evidence.get(layer)
         if e is not None and e["first_step"] <= first_step <= e["last_step"]:
             if best is None or e["first_step"] < causes[best].evidence[layer]["first_step"]:
                 best = i

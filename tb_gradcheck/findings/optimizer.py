@@ -251,9 +251,7 @@ def _not_learning(run, stats, t, dead):
             "fraction_of_steps": float(fraction),
             "first_step": int(steps[0]),
             "last_step": int(steps[-1]),
-            "reason": "below what moves float32 weights"
-            if below_floor.sum() >= behind.sum()
-            else "orders of magnitude below the other layers",
+            "reason": finding.BELOW_FLOAT32 if below_floor.sum() >= behind.sum() else finding.BEHIND_OTHERS,
         }
     out = []
     for severity, found in (("warning", evidence), ("info", held)):
@@ -367,8 +365,8 @@ def describe(found, quote=None):
         return (
             f"{names} frozen by the optimizer: gradient norm {_span([x['median_grad_norm'] for x in e.values()])} "
             f"but an update of exactly 0 at every step, steps {found.steps[0]}-{found.steps[1]}: an intended freeze "
-            "(a learning rate of 0, optax.set_to_zero), or a parameter group that misses it "
-            "(information, not a problem if meant)."
+            "(a learning rate of 0, optax.set_to_zero), or a parameter group that misses it, which the PyTorch "
+            "writer warns of when it sees the optimizer (information, not a problem if meant)."
         )
     medians = [x["median_update_to_weight"] for x in e.values()]
     return (

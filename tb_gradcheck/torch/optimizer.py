@@ -11,6 +11,9 @@ The columns and their meaning are ``tb_gradcheck.tensorflow.optimizer``' (and
   other step the hooks return at once. A step the ``GradScaler`` refused
   never calls the optimizer: its update is 0, and its event is written at
   the next ``write`` (or ``flush`` / ``close``).
+  At the first written step (and when the parameter groups change) it
+  also warns of recorded parameters with a gradient that no parameter
+  group holds (``Follower._check_held``).
 - ``grad_norm_before_clip``: ``GradientWriter.clip_grad_norm_`` (``clip``)
   computes the per-parameter norms that decide the clip once, keeps them
   on the device for the next ``write``, and clips with them.
@@ -42,6 +45,8 @@ class Follower:
         self._buffers = None  # on a CPU: the weights' copy, kept between written steps (_copy)
         self.active = True
         self._warned = False
+        self._groups_seen = None  # the param_groups the unheld check last ran on (``_check_held``)
+        self._unheld_warned = False
         self._handles = [
             # Eager under a compiled step, as the writer's own calls (writer._eager).
             optimizer.register_step_pre_hook(torch.compiler.disable(self._before)),
@@ -74,10 +79,41 @@ class Follower:
             return
         if writer._pending is None:
             return
+        self._check_held(optimizer)
         local = writer._group.local
         weights = [local(p) for p in writer._rows.params]  # no per-tensor detach: under no_grad
         with torch.no_grad():
             self._snapshot = self._copy(weights)
+
+    def _check_held(self, optimizer):
+        """Warns, once, of recorded parameters with a gradient that no parameter group of ``optimizer`` holds.
+
+        In PyTorch a parameter is frozen with ``requires_grad=False``: one
+        that requires a gradient, gets one, and is in no group was left out
+        by mistake (the optimizer built from a backbone's parameters before
+        a head was added). It never moves, and the stored columns cannot
+        tell that from a group at learning rate 0 (an update of exactly 0
+        either way), so the writer, which sees the groups, says it here.
+        Runs at written steps when the groups change (``add_param_group``):
+        a pass over the parameters' ids, not at every step.
+        """
+        groups = optimizer.param_groups
+        seen = (id(groups), len(groups), sum(len(g["params"]) for g in groups))
+        if self._unheld_warned or seen == self._groups_seen:
+            return
+        self._groups_seen = seen
+        held = {id(p) for g in groups for p in g["params"]}
+        rows = self._writer._rows
+        unheld = [n for n, p in zip(rows.names, rows.params) if p.grad is not None and id(p) not in held]
+        if unheld:
+            self._unheld_warned = True
+            shown = ", ".join(unheld[:5]) + (f" and {len(unheld) - 5} more" if len(unheld) > 5 else "")
+            warnings.warn(
+                f"tb_gradcheck: {shown} get a gradient but no parameter group of the optimizer holds them, so they "
+                "never move. Pass them to the optimizer (or add_param_group), or set requires_grad=False to "
+                "freeze them.",
+                stacklevel=5,  # the user's optimizer.step(): past this, _before, the compiler wrapper, the step hook
+            )
 
     def _copy(self, weights):
         """A copy of ``weights``: one fused copy on a GPU; on a CPU into buffers kept between written steps.

@@ -24,6 +24,7 @@ import time
 from corpus import from_init  # noqa: F401  (registers the scenarios)
 from corpus import healthy  # noqa: F401  (registers the scenarios)
 from corpus import pathological  # noqa: F401  (registers the scenarios)
+from corpus import torch_runs  # noqa: F401  (registers the scenarios)
 from corpus import units  # noqa: F401  (registers the scenarios)
 from corpus.registry import SCENARIOS  # noqa: F401
 from corpus.registry import Expect  # noqa: F401
@@ -100,14 +101,17 @@ class Score:
 
 
 def claims(findings):
-    """Every finding and every consequence attached to one, as one list."""
-    return [c for f in findings for c in [f, *f.get("consequences", [])]]
+    """Every finding and every consequence attached to one, as one list of ``(finding, kind of its cause or "")``."""
+    return [
+        (c, cause) for f in findings for c, cause in [(f, ""), *((c, f["kind"]) for c in f.get("consequences", []))]
+    ]
 
 
 def score(scenario, findings, numbers):
     right, wrong, wrong_severity, notes = [], [], [], []
-    for f in claims(findings):
-        expects = [e for e in scenario.expect if e.kind == f["kind"]]
+    for f, cause in claims(findings):
+        # A claim an Expect wants attached under a cause (``Expect.under``) is right only there.
+        expects = [e for e in scenario.expect if e.kind == f["kind"] and e.under in ("", cause)]
         info = f["severity"] == "info"
         for layer in f["layers"]:
             first = f["evidence"][layer]["first_step"]

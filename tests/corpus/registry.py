@@ -26,6 +26,9 @@ class Expect:
         or before it (the explosion before the first NaN).
       severity: ``"error"``, ``"warning"``, ``"info"`` (shown, no problem:
         the scenario is healthy) or None (error or warning).
+      under: A finding kind, or "": the claim must be attached as a
+        consequence to a finding of that kind (one cause, one finding);
+        listed on its own it is a false alarm.
     """
 
     kind: str
@@ -35,6 +38,7 @@ class Expect:
     at: str = ""
     before: str = ""
     severity: str = None
+    under: str = ""
 
     def covers(self, layer, first_step, numbers):
         required = layer in self.layers

@@ -50,3 +50,23 @@ def test_every_scenario_says_where_it_comes_from():
     healthy = [s for s in corpus.SCENARIOS.values() if s.healthy]
     sick = [s for s in corpus.SCENARIOS.values() if not s.healthy]
     assert len(healthy) >= 12 and len(sick) >= 9
+
+
+def test_a_layer_cut_off_behind_a_silent_one_is_counted_by_it_and_named_dying_not_recovered(results):
+    """dying_then_cut_off: dense_1 dying, then every unit of dense_2 dead: dense_0 and dense_1 get no gradient."""
+    found = results("dying_then_cut_off").findings
+    dead = {n: (f, e) for f, _ in corpus.claims(found) if f["kind"] == "dead" for n, e in f["evidence"].items()}
+    assert set(dead) == {"dense_1", "dense_2"}, dead
+    f, e = dead["dense_1"]
+    assert f["severity"] == "warning" and e["state"] == "dying" and e["cut_off_behind"] == "dense_2"
+    f, e = dead["dense_2"]
+    assert e["state"] == "silent" and e["layers_cut_off_behind"] == 2
+    assert "no gradient reaches the 2 layers before it" in f["message"]
+
+
+def test_units_dead_from_initialisation_are_named_so(results):
+    """dead_from_init_bias: most of dense_1 dead from step 0; under the silent bar at the end, and not recovered."""
+    (f,) = [f for f in results("dead_from_init_bias").findings if f["kind"] == "dead" and "dense_1" in f["layers"]]
+    e = f["evidence"]["dense_1"]
+    assert f["severity"] == "warning" and e["state"] == "mostly_dead" and e["since"] == "initialisation"
+    assert "dead from initialisation" in f["message"]

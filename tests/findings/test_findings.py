@@ -508,8 +508,9 @@ def test_what_follows_from_an_explosion_is_attached_to_it_not_listed(tmp_path):
     found = _findings_of_units(tmp_path / "r", lambda step: range(7), size=1e4, steps=30)
     assert set(found) == {"exploding"}
     (f,) = found["exploding"]
+    # 7 of 8 units without gradient at every write: most of the layer, a warning, attached all the same.
     assert f.severity == "error" and [(c.kind, c.severity, c.layers) for c in f.consequences] == [
-        ("dead", "info", ["layer"])
+        ("dead", "warning", ["layer"])
     ]
     assert "It explains what followed: dead units in \u2068layer\u2069 (steps 0-29)." in f.message
-    assert f.to_dict()["consequences"][0]["evidence"]["layer"]["state"] == "idle"
+    assert f.to_dict()["consequences"][0]["evidence"]["layer"]["state"] == "mostly_dead"

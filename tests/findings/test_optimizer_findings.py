@@ -63,7 +63,10 @@ def test_layer_with_frozen_relative_update_is_not_learning(tmp_path):
     # First layer weights 1e4x larger, output scaled by 1e-4: same forward
     # pass, relative update 1e-8 of the healthy one's.
     found = kinds(fit(tmp_path, keras.optimizers.SGD(0.1), first_scale=1e-4, init_std=500.0))
-    stuck = found["not_learning"]
+    # One cause, one finding: its gradient is too small to move its weights
+    # (vanishing), and that is why it does not learn.
+    assert "not_learning" not in found
+    (stuck,) = [c for c in found["vanishing"].consequences if c.kind == "not_learning"]
     assert stuck.layers == ["net/first"] and stuck.metric == "update_to_weight"
     assert stuck.evidence["net/first"]["median_update_to_weight"] < 1e-7
 
