@@ -100,15 +100,30 @@ def _layer_norms(xp, norm_v, layer_matrix):
     return xp.where(plain < 1e-18, tiny, xp.where(xp.isfinite(plain), plain, big))
 
 
+def steps_flagged(xp, x):
+    """``x`` (``[..., R, 3]`` step columns) with ``grad_nonfinite`` as 1 where some element was not finite, else 0.
+
+    A window's ``sum``, ``max``, ``min`` (and so ``mean``) of ``grad_nonfinite``
+    count *steps* with a non-finite gradient; its ``last`` slab keeps the
+    element count. One definition for every writer (docs/statistics.md): the
+    PyTorch writer sees only whether a norm is finite between writes (one
+    multi-tensor kernel, no per-tensor count), so the others count as it does.
+    """
+    counts = x[..., 1:2]
+    flags = xp.where(counts > 0, counts * 0.0 + 1.0, counts * 0.0)
+    return xp.concatenate([x[..., :1], flags, x[..., 2:]], axis=-1)
+
+
 def add(xp, state, x):
     """``state`` with one step's ``step_columns`` ``x`` added."""
     here = x != MISSING  # NaN != MISSING: NaN is data
     bad = x[:, 1] > 0  # MISSING (-1) is not
+    flagged = steps_flagged(xp, x)
     return State(
         last=x,
-        sum=state.sum + xp.where(here, x, 0.0),
-        max=xp.where(here, xp.maximum(state.max, x), state.max),
-        min=xp.where(here, xp.minimum(state.min, x), state.min),
+        sum=state.sum + xp.where(here, flagged, 0.0),
+        max=xp.where(here, xp.maximum(state.max, flagged), state.max),
+        min=xp.where(here, xp.minimum(state.min, flagged), state.min),
         count=state.count + xp.where(here, 1.0, 0.0),
         first_nonfinite=xp.where(bad & (state.first_nonfinite < 0), state.steps, state.first_nonfinite),
         steps=state.steps + 1.0,
@@ -126,12 +141,13 @@ def add_steps(xp, state, xs):
     bad = xs[..., 1] > 0  # [S, R]; MISSING (-1) is not
     seen_bad = xp.any(bad, axis=0)
     first = xp.argmax(bad * 1.0, axis=0) * 1.0 + state.steps  # the first True along the steps
+    flagged = steps_flagged(xp, xs)
     return State(
         last=xs[-1],
-        sum=state.sum + xp.sum(xp.where(here, xs, 0.0), axis=0),
+        sum=state.sum + xp.sum(xp.where(here, flagged, 0.0), axis=0),
         # NaN propagates through amax and maximum; -inf where absent changes nothing.
-        max=xp.maximum(state.max, xp.amax(xp.where(here, xs, -float("inf")), axis=0)),
-        min=xp.minimum(state.min, xp.amin(xp.where(here, xs, float("inf")), axis=0)),
+        max=xp.maximum(state.max, xp.amax(xp.where(here, flagged, -float("inf")), axis=0)),
+        min=xp.minimum(state.min, xp.amin(xp.where(here, flagged, float("inf")), axis=0)),
         count=state.count + xp.sum(xp.where(here, 1.0, 0.0), axis=0),
         first_nonfinite=xp.where(seen_bad & (state.first_nonfinite < 0), first, state.first_nonfinite),
         steps=state.steps + xs.shape[0] * 1.0,

@@ -73,7 +73,9 @@ class StatsView:
         finite_peak, _, _ = self._pick(FINITE_NORM, ("max", "last"))
         if finite_peak is not None:
             self.peak = np.where(np.isnan(finite_peak), self.peak, finite_peak)
+        # A window's sum counts its steps with a non-finite gradient, its last slab the elements of the write step.
         self.nonfinite, _, self.total = self._pick("grad_nonfinite", ("sum", "last"))
+        self.nonfinite_elements, _, _ = self._pick("grad_nonfinite", ("last",))
         self.ratio, _, _ = self._pick("grad_to_weight", ("mean", "last"))
         self.dead, _, _ = self._pick(DEAD_UNITS, ("last",))
         self.weight_norm, _, _ = self._pick("weight_norm", ("last",))
@@ -136,14 +138,16 @@ def non_finite(v):
         # has it: a write every N steps otherwise only says "by step s".
         offset = v.onset_offset[first, j] if v.onset_offset is not None else np.nan
         onset = int(v.steps[first] - offset) if np.isfinite(offset) else int(v.steps[first])
-        count = v.nonfinite[flags[:, j], j] if v.nonfinite is not None else np.zeros(0)
+        elements = v.nonfinite_elements[flags[:, j], j] if v.nonfinite_elements is not None else np.zeros(0)
         evidence[name] = {
             "writes_with_nonfinite": len(steps),  # writes, not steps: with every_n_steps a write is a window
-            "nonfinite_elements": float(np.nansum(count)),
+            # At the written steps (a window's other steps are counted as steps, below).
+            "nonfinite_elements": float(np.nansum(elements)),
             # The explosion before the first NaN, if any: the largest finite
             # norm up to that write, against the first norm the layer had.
             "max_finite_norm_before": _float(np.nanmax(before)) if np.isfinite(before).any() else None,
             "first_step": onset,
+            **({"steps_with_nonfinite": float(np.nansum(v.nonfinite[flags[:, j], j]))} if v.total == "sum" else {}),
             "last_step": int(steps[-1]),
         }
         at = scale[flagged] if scale is not None else np.nan

@@ -57,10 +57,13 @@ class Window:
         x = tf.concat([layer, variable], axis=0)
         here = tf.not_equal(x, stats.MISSING)  # NaN != MISSING: NaN is data
         self._last.assign(x)
+        # sum, max and min count steps with a non-finite gradient; last keeps the elements (running.steps_flagged).
+        flags = tf.cast(x[:, _NONFINITE : _NONFINITE + 1] > 0, x.dtype)
+        flagged = tf.concat([x[:, :_NONFINITE], flags, x[:, _NONFINITE + 1 :]], axis=1)
         self._count.assign_add(tf.cast(here, tf.float32))
-        self._sum.assign_add(tf.where(here, x, 0.0))
-        self._max.assign(tf.where(here, tf.maximum(self._max, x), self._max))
-        self._min.assign(tf.where(here, tf.minimum(self._min, x), self._min))
+        self._sum.assign_add(tf.where(here, flagged, 0.0))
+        self._max.assign(tf.where(here, tf.maximum(self._max, flagged), self._max))
+        self._min.assign(tf.where(here, tf.minimum(self._min, flagged), self._min))
         first = self._first_nonfinite
         bad = x[:, _NONFINITE] > 0  # MISSING (-1) is not
         first.assign(tf.where(bad & (first < 0), step, first))
