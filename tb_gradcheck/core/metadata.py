@@ -162,6 +162,11 @@ def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
         shapes, in the row's variable order, each a list of ints: a variable
         row has one, a Dense layer row ``[[in, out], [out]]``. Comparing two
         runs by structure aligns rows by them (``tb_gradcheck.reader.align``).
+        ``outside_optimizer`` (optional, stored only when not empty) are
+        rows with a gradient that no parameter group of the optimizer holds
+        (a layer row when any of its parameters is), as the PyTorch writer
+        sees the groups: they never move, which their numbers (an update of
+        exactly 0) cannot tell from a group at learning rate 0.
       variables: The same for the variable rows.
       aggregates: Slab names, in stored order.
       window: Training steps one write summarises (1: every step is written).
@@ -198,8 +203,13 @@ def check_layout(granularity, rows):
     }
 
 
-def _granularity_block(rows, sizes, sparse_rows=(), shapes=None):
+def _granularity_block(rows, sizes, sparse_rows=(), shapes=None, outside_optimizer=()):
     block = {"rows": list(rows), "sizes": [int(s) for s in sizes], "sparse_rows": list(sparse_rows)}
+    if outside_optimizer:
+        # Only when some row is: the layouts of writers that do not see the
+        # optimizer's groups (and of runs whose groups hold every row) keep
+        # their bytes and their tag's fingerprint.
+        block["outside_optimizer"] = list(outside_optimizer)
     if shapes is not None:
         # Optional, so layouts written before it existed (and writers that
         # do not know shapes) keep their bytes and their tag's fingerprint.
@@ -270,13 +280,14 @@ def parse(content_bytes):
                 or not all(isinstance(s, int) and not isinstance(s, bool) for s in sizes)
             ):
                 raise ContentError(f"{granularity} sizes must be one integer per row")
-            sparse = block.get("sparse_rows", [])
-            if (
-                not isinstance(sparse, list)
-                or not all(isinstance(n, str) for n in sparse)
-                or not set(sparse) <= set(block["rows"])
-            ):
-                raise ContentError(f"{granularity} sparse_rows must be a list of row names, got {_short(sparse)}")
+            for field in ("sparse_rows", "outside_optimizer"):
+                names = block.get(field, [])
+                if (
+                    not isinstance(names, list)
+                    or not all(isinstance(n, str) for n in names)
+                    or not set(names) <= set(block["rows"])
+                ):
+                    raise ContentError(f"{granularity} {field} must be a list of row names, got {_short(names)}")
             if "shapes" in block and not _valid_shapes(block["shapes"], len(block["rows"])):
                 raise ContentError(
                     f"{granularity} shapes must be one list of shapes (lists of non-negative integers) per row, "

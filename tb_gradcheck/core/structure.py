@@ -67,11 +67,14 @@ class Structure:
             out[layer].append(list(shape))
         return out
 
-    def blocks(self, sparse=None):
+    def blocks(self, sparse=None, outside=()):
         """``(layers, variables)``: the two row blocks ``metadata.stats_layout`` takes.
 
         ``sparse``: per parameter, whether its gradient is sparse (an
         embedding's): its rows and its layer's are listed as sparse rows.
+        ``outside``: indices of the parameters with a gradient that no
+        parameter group of the optimizer holds: their rows and their layers'
+        are listed as ``outside_optimizer`` (a key only when there are any).
         Each block stores every row's parameter shapes, which compare's
         alignment by structure reads.
         """
@@ -89,6 +92,10 @@ class Structure:
             "sparse_rows": [n for n, s in zip(self.variable_names, sparse) if s],
             "shapes": [[list(shape)] for shape in self.variable_shapes],
         }
+        if outside:
+            outside, outside_layers = set(outside), {self.layer_of[i] for i in outside}
+            layers["outside_optimizer"] = [n for j, n in enumerate(self.layer_names) if j in outside_layers]
+            variables["outside_optimizer"] = [n for i, n in enumerate(self.variable_names) if i in outside]
         return layers, variables
 
     def layer_matrix(self):

@@ -170,7 +170,7 @@ _METRICS = {
 }
 
 
-def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
+def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_optimizer=()):
     """Runs every rule over one run's layer matrices.
 
     Args:
@@ -179,6 +179,9 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
       checks: A ``store.Matrix`` of kind check at layer granularity, or None.
       thresholds: ``Thresholds``; the defaults when None.
       sparse_rows: Names of layers with sparse gradients (exempt from "dead").
+      outside_optimizer: Names of layers with a gradient that no parameter
+        group of the optimizer holds (the layout says so where the writer
+        saw the groups): a warning, not the "frozen" information.
 
     Returns:
       A list of ``finding.Finding``, most severe first (errors, warnings,
@@ -194,7 +197,7 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=()):
     for kind, verdict in found.items():
         out += _findings(kind, run, verdict)
     dead = found["dead"].accounted_for if "dead" in found else ()
-    out += optimizer_findings.find(run, stats, thresholds, dead)
+    out += optimizer_findings.find(run, stats, thresholds, dead, outside_optimizer)
     order = [*KINDS, *optimizer_findings.KINDS]
     out.sort(key=lambda f: (-SEVERITIES.index(f.severity), order.index(f.kind)))
     return finding.attach_consequences(out, describe)

@@ -98,7 +98,7 @@ class OptimizerThresholds:
     vanishing_ratio: float = 6e-8
 
 
-def find(run, stats, thresholds=None, dead=()):
+def find(run, stats, thresholds=None, dead=(), outside_optimizer=()):
     """The optimizer findings of one run.
 
     Args:
@@ -109,6 +109,10 @@ def find(run, stats, thresholds=None, dead=()):
       dead: Names of layers already found dead. Their units get no gradient,
         so they do not move either: that is one cause, reported once, as
         dead, not again as ``not_learning``.
+      outside_optimizer: Names of layers with a gradient that no parameter
+        group of the optimizer holds (the writer saw the groups and stored
+        it): a ``not_learning`` warning of their own, naming them, where
+        the numbers alone would say "frozen by the optimizer".
 
     Returns:
       A list of ``finding.Finding`` (kinds ``clipping``, ``not_learning``).
@@ -116,7 +120,7 @@ def find(run, stats, thresholds=None, dead=()):
     t = _thresholds(thresholds)
     if stats is None or not len(stats.steps):
         return []
-    return _clipping(run, stats, t) + _not_learning(run, stats, t, set(dead))
+    return _clipping(run, stats, t) + _not_learning(run, stats, t, set(dead), set(outside_optimizer))
 
 
 def _thresholds(given):
@@ -189,7 +193,7 @@ def _clipping(run, stats, t):
     return [f]
 
 
-def _not_learning(run, stats, t, dead):
+def _not_learning(run, stats, t, dead, outside=frozenset()):
     ratio, missing = _column(stats, "update_to_weight")
     if ratio is None:
         return []
@@ -209,21 +213,25 @@ def _not_learning(run, stats, t, dead):
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratio = np.where(here, np.log10(ratio), np.nan)  # 0 -> -inf: no update at all
     slow, pace = _slow_network(ratio, here, t)
-    evidence, held = {}, {}
+    evidence, unheld, held = {}, {}, {}
     n = len(stats.rows)
     for j, name in enumerate(stats.rows):
         present = here[:, j]
-        if not present.any() or name in dead:
+        if not present.any():
             continue
-        if frozen[j]:
+        # Outside the groups (the writer saw it, so no "intended freeze";
+        # a layer only some of whose parameters are left out is named too).
+        if name in outside or (frozen[j] and name not in dead):
             steps = stats.steps[present]
-            held[name] = {
-                "median_update_to_weight": 0.0,
+            (unheld if name in outside else held)[name] = {
+                "median_update_to_weight": float(np.median(ratio[present, j])),
                 "median_grad_norm": float(np.median(grad[present, j])),
                 "first_step": int(steps[0]),
                 "last_step": int(steps[-1]),
-                "reason": FROZEN,
+                "reason": OUTSIDE if name in outside else FROZEN,
             }
+            continue
+        if name in dead:
             continue
         network = _slow_evidence(ratio[:, j], present, slow, pace, stats.steps, t)
         below_floor = present & (ratio[:, j] < t.not_learning_floor)
@@ -254,7 +262,7 @@ def _not_learning(run, stats, t, dead):
             "reason": finding.BELOW_FLOAT32 if below_floor.sum() >= behind.sum() else finding.BEHIND_OTHERS,
         }
     out = []
-    for severity, found in (("warning", evidence), ("info", held)):
+    for severity, found in (("warning", evidence), ("warning", unheld), ("info", held)):
         if not found:
             continue
         steps = [min(e["first_step"] for e in found.values()), max(e["last_step"] for e in found.values())]
@@ -266,6 +274,8 @@ def _not_learning(run, stats, t, dead):
 
 # The reason of a layer the optimizer does not update (``_frozen``).
 FROZEN = "frozen by the optimizer"
+# The reason of a layer the writer saw no parameter group hold (``outside_optimizer``).
+OUTSIDE = "no parameter group of the optimizer holds it"
 
 
 def _frozen(ratio, here, grad, no_gradient, to_weight, t):
@@ -361,12 +371,19 @@ def describe(found, quote=None):
                 else "."
             )
         )
+    if all(x["reason"] == OUTSIDE for x in e.values()):
+        return (
+            f"{names} get a gradient (norm {_span([x['median_grad_norm'] for x in e.values()])}) but no parameter "
+            f"group of the optimizer holds them (or some of their parameters): they never move, steps "
+            f"{found.steps[0]}-{found.steps[1]}. Pass them to the optimizer (or add_param_group), or set "
+            "requires_grad=False to freeze them."
+        )
     if found.severity == "info":
         return (
             f"{names} frozen by the optimizer: gradient norm {_span([x['median_grad_norm'] for x in e.values()])} "
             f"but an update of exactly 0 at every step, steps {found.steps[0]}-{found.steps[1]}: an intended freeze "
-            "(a learning rate of 0, optax.set_to_zero), or a parameter group that misses it, which the PyTorch "
-            "writer warns of when it sees the optimizer (information, not a problem if meant)."
+            "(a learning rate of 0, optax.set_to_zero), or a parameter group that misses it, which a PyTorch "
+            "writer given the optimizer reports apart (information, not a problem if meant)."
         )
     medians = [x["median_update_to_weight"] for x in e.values()]
     return (

@@ -289,7 +289,14 @@ def _find(st, ctx, experiment_id, index, run, thresholds):
         stats = matrix(st, ctx, experiment_id, index, metadata.KIND_STATS, layer)
     if index.layouts(metadata.KIND_CHECK, layer):
         checks = matrix(st, ctx, experiment_id, index, metadata.KIND_CHECK, layer)
-    return diagnose.find(run, stats, checks, thresholds, sparse_rows=index.sparse_rows(layer))
+    return diagnose.find(
+        run,
+        stats,
+        checks,
+        thresholds,
+        sparse_rows=index.sparse_rows(layer),
+        outside_optimizer=index.outside_optimizer(layer),
+    )
 
 
 def checks(st, ctx, experiment_id, run, granularity="layer"):

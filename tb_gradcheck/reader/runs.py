@@ -46,6 +46,16 @@ class RunIndex:
             }
         )
 
+    def outside_optimizer(self, granularity):
+        """Rows any layout marks as having a gradient that no parameter group of the optimizer holds."""
+        return sorted(
+            {
+                n
+                for s in self.layouts(metadata.KIND_STATS, granularity)
+                for n in s.content[granularity].get("outside_optimizer", [])
+            }
+        )
+
     def last_write(self):
         """Wall time of the run's newest point, or None: changes whenever new data arrives."""
         times = [s.max_wall_time for layouts in self.series.values() for s in layouts]

@@ -13,7 +13,8 @@ The columns and their meaning are ``tb_gradcheck.tensorflow.optimizer``' (and
   the next ``write`` (or ``flush`` / ``close``).
   At the first written step (and when the parameter groups change) it
   also warns of recorded parameters with a gradient that no parameter
-  group holds (``Follower._check_held``).
+  group holds (``Follower._check_held``), and lists them in the layout
+  (``outside_optimizer``) so the findings can name them.
 - ``grad_norm_before_clip``: ``GradientWriter.clip_grad_norm_`` (``clip``)
   computes the per-parameter norms that decide the clip once, keeps them
   on the device for the next ``write``, and clips with them.
@@ -93,19 +94,24 @@ class Follower:
         by mistake (the optimizer built from a backbone's parameters before
         a head was added). It never moves, and the stored columns cannot
         tell that from a group at learning rate 0 (an update of exactly 0
-        either way), so the writer, which sees the groups, says it here.
+        either way), so the writer, which sees the groups, says it here and
+        in the layouts it writes from then on (``GradientWriter._outside``:
+        the layout's ``outside_optimizer`` rows, which the findings read).
         Runs at written steps when the groups change (``add_param_group``):
         a pass over the parameters' ids, not at every step.
         """
         groups = optimizer.param_groups
         seen = (id(groups), len(groups), sum(len(g["params"]) for g in groups))
-        if self._unheld_warned or seen == self._groups_seen:
+        if seen == self._groups_seen:
             return
         self._groups_seen = seen
         held = {id(p) for g in groups for p in g["params"]}
         rows = self._writer._rows
-        unheld = [n for n, p in zip(rows.names, rows.params) if p.grad is not None and id(p) not in held]
-        if unheld:
+        outside = tuple(i for i, p in enumerate(rows.params) if p.grad is not None and id(p) not in held)
+        # Stored in the layout (``outside_optimizer``) so the findings can say it too.
+        self._writer._outside = outside
+        unheld = [rows.names[i] for i in outside]
+        if unheld and not self._unheld_warned:
             self._unheld_warned = True
             shown = ", ".join(unheld[:5]) + (f" and {len(unheld) - 5} more" if len(unheld) > 5 else "")
             warnings.warn(

@@ -136,6 +136,7 @@ class GradientWriter:
         self._flights = host.Flights(self._write_step)  # written steps on their way to the host
         self._columns = {}  # clipped or not -> the optimizer columns
         self._dense = None  # (False,) * parameters: no gradient is sparse
+        self._outside = ()  # parameters with a gradient that no optimizer group holds (optim.Follower)
         self._before_clip = None  # per-parameter norms from clip_grad_norm_ this step
         self._follower = None if optimizer is None else optim.Follower(self, optimizer)
         self._scale = None if scaler is None else optim.ScaleReader(scaler, optimizer)
@@ -330,10 +331,13 @@ class GradientWriter:
         return self._columns[clipped]
 
     def _content(self, key):
+        # The optimizer's groups as last seen (the follower checks them before
+        # the step's event is written): a change makes a new layout.
+        key = (key, self._outside)
         content = self._contents.get(key)
         if content is None:
-            _, sparse, columns = key
-            layers, variables = self._rows.structure.blocks(sparse)
+            (_, sparse, columns), outside = key
+            layers, variables = self._rows.structure.blocks(sparse, outside)
             aggregates = metadata.SINGLE_STEP_AGGREGATES if self.every_n_steps == 1 else metadata.AGGREGATES
             content = metadata.stats_layout(layers, variables, aggregates, self.every_n_steps, columns)
             self._contents[key] = content

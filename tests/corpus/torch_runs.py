@@ -160,9 +160,9 @@ def deep_sigmoid_default_init(run_dir):
     return {"output_over_input_orders": orders}, [("input layer 3+ orders below the output layer", orders >= 3.0)]
 
 
-@scenario(Expect("not_learning", ("head",), severity="info"))
+@scenario(Expect("not_learning", ("head",), severity="warning"))
 def head_outside_optimizer(run_dir):
-    """A head added after the optimizer was built from the backbone's parameters: it requires and gets a gradient at every step, but no parameter group holds it, so it never moves. The log cannot tell that from a group at learning rate 0 (an update of exactly 0 either way): the finding is the numbers-only "frozen by the optimizer" information, and the writer, which sees the groups, warns at the first written step naming the head."""
+    """A head added after the optimizer was built from the backbone's parameters: it requires and gets a gradient at every step, but no parameter group holds it, so it never moves. The numbers cannot tell that from a group at learning rate 0 (an update of exactly 0 either way), but the writer, which sees the groups, warns at the first written step naming the head and stores it in the layout (``outside_optimizer``): the finding is a warning naming the head, not the "frozen by the optimizer" information."""
     torch.manual_seed(5)
     x, y = _regression(5)
     backbone = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh())

@@ -5,6 +5,9 @@ parameter groups decide which layers move. TensorFlow is not imported here:
 torch imported after it crashes on loading triton.
 """
 
+import warnings
+
+import pytest
 import torch
 from torch import nn
 
@@ -45,8 +48,12 @@ def torch_fit(logdir, groups, steps=60):
     return queries.findings(st, ctx, eid, run)
 
 
-def test_layers_the_optimizer_leaves_out_are_frozen_information_not_a_float32_warning(tmp_path):
-    """A param group that misses a layer, and a group at learning rate 0: a live gradient, an update of exactly 0."""
+def test_a_layer_no_group_holds_is_a_warning_and_a_group_at_learning_rate_0_is_frozen_information(tmp_path):
+    """Layer 2 in no param group, layer 4 in a group at learning rate 0: both a live gradient, an update of exactly 0.
+
+    The numbers cannot tell them apart; the writer, which sees the groups,
+    stores which rows no group holds, and the findings read it back.
+    """
 
     def groups(m):
         return torch.optim.AdamW(
@@ -54,19 +61,49 @@ def test_layers_the_optimizer_leaves_out_are_frozen_information_not_a_float32_wa
             lr=1e-3,
         )
 
-    found = torch_fit(tmp_path, groups)
-    assert [(f.kind, f.severity) for f in found] == [("not_learning", "info")], [f.message for f in found]
-    frozen = found[0]
-    assert frozen.layers == ["2", "4"]
-    assert "frozen by the optimizer" in frozen.message and "a parameter group that misses it" in frozen.message
-    assert "float32" not in frozen.message
-    for e in frozen.evidence.values():
-        assert e["median_update_to_weight"] == 0 and e["median_grad_norm"] > 0
+    with pytest.warns(UserWarning, match=r"2\.weight, 2\.bias get a gradient but no parameter group"):
+        found = torch_fit(tmp_path, groups)
+    assert [(f.kind, f.severity) for f in found] == [("not_learning", "warning"), ("not_learning", "info")], [
+        f.message for f in found
+    ]
+    unheld, frozen = found
+    assert unheld.layers == ["2"]
+    assert "no parameter group of the optimizer holds them" in unheld.message and "never move" in unheld.message
+    assert unheld.evidence["2"]["median_update_to_weight"] == 0 and unheld.evidence["2"]["median_grad_norm"] > 0
+    assert frozen.layers == ["4"]
+    assert "frozen by the optimizer" in frozen.message and "learning rate of 0" in frozen.message
+    assert "float32" not in frozen.message + unheld.message
+    assert frozen.evidence["4"]["median_update_to_weight"] == 0 and frozen.evidence["4"]["median_grad_norm"] > 0
+
+
+def test_the_stored_layout_lists_the_rows_no_group_holds(tmp_path):
+    """``outside_optimizer`` in both blocks of the layout (a layer, its parameters); a run whose groups hold all has none."""
+
+    for name, groups, layers, variables in (
+        ("left_out", lambda m: torch.optim.SGD(m[0].parameters(), lr=0.1), ["2"], ["2.bias", "2.weight"]),
+        ("all_held", lambda m: torch.optim.SGD(m.parameters(), lr=0.1), [], []),
+    ):
+        model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the writer's own warning is tested above
+            st, ctx, eid, run = train(tmp_path / name, model, groups(model), 3)
+        index = st.run(ctx, eid, run)
+        assert index.outside_optimizer("layer") == layers
+        assert index.outside_optimizer("variable") == variables
+        for layouts in index.series.values():
+            for layout in layouts:
+                if "layer" in layout.content:
+                    assert ("outside_optimizer" in layout.content["layer"]) == bool(layers)
 
 
 def test_a_trained_head_behind_a_frozen_backbone_is_not_a_slow_network(tmp_path):
-    """Only the head in the optimizer: three of four layers move 0, and the head's pace alone is the network's."""
-    found = torch_fit(tmp_path, lambda m: torch.optim.SGD(m[6].parameters(), lr=0.1))
+    """The backbone at learning rate 0: three of four layers move 0, and the head's pace alone is the network's."""
+
+    def groups(m):
+        backbone = [p for i in (0, 2, 4) for p in m[i].parameters()]
+        return torch.optim.SGD([{"params": backbone, "lr": 0.0}, {"params": m[6].parameters()}], lr=0.1)
+
+    found = torch_fit(tmp_path, groups)
     assert not [f for f in found if f.severity != "info"], [f.message for f in found]
     assert "6" not in {name for f in found for name in f.layers}
     assert {f.kind: f for f in found}["not_learning"].layers == ["0", "2", "4"]
