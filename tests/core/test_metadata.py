@@ -101,6 +101,19 @@ def test_tag_fingerprint_follows_the_layout():
             ).encode(),
             "sparse_rows",
         ),
+        (
+            json.dumps(
+                {
+                    "version": 1,
+                    "kind": "stats",
+                    "columns": ["x"],
+                    "aggregates": ["last"],
+                    "window": 1,
+                    "layer": {"rows": ["a"], "sizes": [1], "outside_optimizer": ["z"]},
+                }
+            ).encode(),
+            "outside_optimizer",
+        ),
     ],
 )
 def test_parse_refuses_bad_content_with_the_reason(raw, reason):
