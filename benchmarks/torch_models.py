@@ -36,7 +36,6 @@ import warnings
 from benchmarks import torch_ways
 from benchmarks.common import row
 from benchmarks.common import skipped
-from benchmarks.resnet import resnet50
 
 MODELS = ("gpt2", "resnet50")
 SIZES = ("small", "train")
@@ -101,6 +100,8 @@ def _gpt2(torch, size, quick, device):
 
 def _resnet50(torch, size, quick, device):
     """``(name, model, loss_fn)`` of ResNet-50 on random images, cross-entropy over 1,000 classes."""
+    from benchmarks.resnet import resnet50  # imports torch: not at the top, jax_models reads this module's config
+
     batch, side = (2, 32) if quick else ((64, 224) if size == "train" else (2, 64))
     model = resnet50().to(device)
     x = torch.randn(batch, 3, side, side, device=device)
