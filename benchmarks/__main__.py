@@ -18,6 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MODULES = (
     "writer",
     "torch",
+    "torch_models",
     "check_cost",
     "check_power",
     "torch_check",
@@ -29,6 +30,7 @@ MODULES = (
     "load",
     "align",
     "jax",
+    "jax_models",
     "jax_check",
 )
 # Benchmarks whose module is named otherwise (benchmarks/torch.py or jax.py would read as the framework itself).
@@ -79,7 +81,25 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="fewer repeats and smaller models (a smoke run)")
     parser.add_argument("--only", nargs="*", choices=MODULES, help="run only these benchmark modules")
     parser.add_argument("--json", help="also write the rows to this JSON file")
+    # The real models' settings (torch_models, jax_models), passed as the environment variables they read.
+    parser.add_argument("--models", nargs="+", help="torch_models / jax_models: of gpt2, resnet50 (default both)")
+    parser.add_argument("--size", choices=("small", "train"), help="their sizes (default train with a GPU, else small)")
+    parser.add_argument(
+        "--compile", choices=("0", "1", "both"), help="torch_models: torch.compile (default both on CUDA)"
+    )
+    parser.add_argument("--rounds", type=int, help="their interleaved rounds (default 3 small, 5 train)")
+    parser.add_argument("--threads", type=int, help="torch_models: torch.set_num_threads on a CPU")
     args = parser.parse_args(argv)
+    for flag, name in (
+        ("models", "MODELS"),
+        ("size", "SIZE"),
+        ("compile", "COMPILE"),
+        ("rounds", "ROUNDS"),
+        ("threads", "THREADS"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            os.environ[f"TB_GRADCHECK_BENCH_{name}"] = ",".join(value) if isinstance(value, list) else str(value)
     print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}")
     rows = []
     for name in args.only or MODULES:

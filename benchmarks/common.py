@@ -108,3 +108,8 @@ def launch_tensorboard(logdir, extra_flags=()):
         env=env,
     )
     return proc, f"http://127.0.0.1:{port}"
+
+
+def skipped(name, reason):
+    """A row for a measurement that could not run here, saying why (no figures, no target)."""
+    return {"name": f"{name}: skipped, {reason}", "unit": "", "met": None}

@@ -1,38 +1,25 @@
 """The PyTorch writer's overhead against the bare step and against what PyTorch users log today.
 
 Three models (a 20-layer MLP, a CNN with BatchNorm, a 6-block Transformer
-encoder of width 256), each trained with a plain eager loop (zero_grad,
-forward, backward, ``optimizer.step``) in several ways, all timed in the
-same interleaved rounds:
+encoder of width 256), each trained with a plain eager loop in the ways of
+``benchmarks.torch_ways`` (bare, ``tb_gradcheck``, ``add_histogram``, the
+per-parameter ``.item()`` loop, ``wandb.watch`` offline), every step and
+every 10 steps, all timed in the same interleaved rounds. GPT-2 small and
+ResNet-50 are ``benchmarks.torch_models`` (``--only torch_models``).
 
-- ``bare``: nothing recorded;
-- ``tb_gradcheck``: ``tb_gradcheck.torch.GradientWriter`` (with the
-  optimizer, so the update columns too);
-- ``histogram``: ``SummaryWriter.add_histogram`` of every parameter's
-  gradient (what ``torch.utils.tensorboard`` users write);
-- ``norm_item``: one ``p.grad.norm().item()`` per parameter logged with
-  ``add_scalar`` (Lightning's ``grad_norm`` style: a host read each);
-- ``wandb``: ``watch(model, log="gradients", log_freq=N)`` in offline mode
-  (no network: ``WANDB_MODE=offline``, a temporary directory), when wandb
-  is installed. Its ``watch`` logs through the one global run, so both of
-  its ways share one run (``_wandb_run``), each watching its own model.
-
-Each way writes every step and every 10 steps. A timed call runs 10 steps
-and waits for the device, so a window of 10 is exactly one write per call.
 Figures are medians of interleaved rounds, as ratios to the bare step.
 Targets (issue 27): every step, at or below the per-parameter ``.item()``
 loop; every 10 steps, within 5% of the bare step on the CNN and the
 Transformer.
 """
 
-import os
 import tempfile
 import warnings
 
-from benchmarks.common import interleaved
+from benchmarks import torch_ways
 from benchmarks.common import row
 
-STEPS_PER_CALL = 10
+RECORDS = ("tb_gradcheck", "histogram", "norm_item", "wandb")
 TARGET_EVERY10 = 1.05
 TARGETED_EVERY10 = ("cnn_bn", "transformer6_w256")
 
@@ -69,102 +56,6 @@ def _models(torch, quick):
     ]
 
 
-# Offline and quiet: nothing reaches the network, nothing is printed over the table.
-WANDB_ENVIRON = {
-    "WANDB_MODE": "offline",
-    "WANDB_SILENT": "true",
-    "WANDB_CONSOLE": "off",
-    "WANDB_DISABLE_GIT": "true",
-    "WANDB_DISABLE_CODE": "true",
-}
-
-
-def _wandb_run(shared, logdir):
-    """The one offline wandb run of the benchmark (``wandb.watch`` logs through the global run), or None."""
-    if "wandb" not in shared:
-        try:
-            import wandb
-        except ImportError:
-            shared["wandb"] = None
-            return None
-        for name, value in WANDB_ENVIRON.items():
-            os.environ.setdefault(name, value)
-        shared["wandb"] = wandb.init(mode="offline", dir=logdir, project="tb_gradcheck_benchmark")
-    return shared["wandb"]
-
-
-def _ways(torch, name, model, x, y, device, logdir, shared):
-    """``{way: (run 10 steps and wait, close)}`` for one model, each way with its own copy of the model."""
-    import copy
-
-    ways = {}
-    for record in ("bare", "tb_gradcheck", "histogram", "norm_item", "wandb"):
-        for every in (1, 10):
-            if record == "bare" and every == 10:
-                continue
-            made = _make(torch, record, every, copy.deepcopy(model), x, y, device, os.path.join(logdir, name), shared)
-            if made is not None:
-                ways[record if record == "bare" else f"{record}_every{every}"] = made
-    return ways
-
-
-def _make(torch, record, every, model, x, y, device, logdir, shared):
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    directory = os.path.join(logdir, f"{record}_{every}")
-    writer = summary = run = None
-    if record == "tb_gradcheck":
-        from tb_gradcheck.torch import GradientWriter
-
-        writer = GradientWriter(directory, model, every_n_steps=every, optimizer=optimizer)
-    elif record in ("histogram", "norm_item"):
-        from torch.utils.tensorboard import SummaryWriter
-
-        summary = SummaryWriter(directory)
-    elif record == "wandb":
-        run = _wandb_run(shared, os.path.dirname(logdir))
-        if run is None:
-            return None
-        run.watch(model, log="gradients", log_freq=every)
-    named = [(n, p) for n, p in model.named_parameters()]
-    state = {"step": 0}
-
-    def one_step():
-        step = state["step"]
-        optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        if writer is not None:
-            writer.write(step)
-        elif summary is not None and step % every == 0:
-            for n, p in named:
-                if record == "histogram":
-                    summary.add_histogram(n, p.grad, step)
-                else:
-                    summary.add_scalar(f"grad_norm/{n}", p.grad.norm().item(), step)
-        elif run is not None:
-            run.log({"loss": loss.detach()}, commit=True)  # its own step: the ways share the run
-        optimizer.step()
-        state["step"] = step + 1
-
-    def call():
-        for _ in range(STEPS_PER_CALL):
-            one_step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def close():
-        if writer is not None:
-            writer.close()
-        if summary is not None:
-            summary.close()
-        if run is not None:
-            run.unwatch(model)
-
-    for _ in range(2):  # warm up (lazy modules, allocator, first writes)
-        call()
-    return call, close
-
-
 def run(quick=False):
     import torch
 
@@ -181,13 +72,18 @@ def run(quick=False):
                 x = torch.randn(x_shape, device=device)
                 y = torch.randn(y_shape, device=device)
                 model(x)  # materialise lazy modules before the copies
-                ways = _ways(torch, name, model, x, y, device, logdir, shared)
-                timed = interleaved({k: v[0] for k, v in ways.items()}, repeats, 1)
-                for _, close in ways.values():
-                    close()
-                bare = timed.pop("bare") / STEPS_PER_CALL
-                per_step = {k: v / STEPS_PER_CALL for k, v in timed.items()}
                 label = f"torch {name} ({device.type})"
+                bare, per_step, skipped_rows = torch_ways.time_model(
+                    torch,
+                    label,
+                    model,
+                    lambda module, x=x, y=y: torch.nn.functional.mse_loss(module(x), y),
+                    device,
+                    logdir,
+                    shared,
+                    [(record, every) for record in RECORDS for every in (1, 10)],
+                    repeats,
+                )
                 for way, seconds in sorted(per_step.items()):
                     target = None
                     if way == "tb_gradcheck_every10" and any(name.startswith(t) for t in TARGETED_EVERY10):
@@ -203,7 +99,7 @@ def run(quick=False):
                             target=1.0,
                         )
                     )
+                rows += skipped_rows
         finally:
-            if shared.get("wandb") is not None:
-                shared["wandb"].finish()
+            torch_ways.close_shared(shared)
     return rows
