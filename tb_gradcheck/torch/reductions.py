@@ -19,7 +19,9 @@ stacked into one vector:
   sum (6e-4 relative at 16 million elements on a CPU). float64 gradients,
   whose squares can leave float64's range (below 1e-154, above 1e154), are
   divided by their largest |element| first (LAPACK's scaled norm), which
-  ``torch.where`` selects on the device: no branch on the host;
+  ``torch.where`` selects on the device: no branch on the host. A CPU's
+  float32 gradients are summed in float32 instead (``cpu_norms``: no float64
+  copy of the model per step, exact inside a proven band);
 - whether a gradient has a NaN or Inf element, at every step: its norm is
   not finite exactly then (the squares above cannot overflow), so the flag
   costs nothing beside the norm. The window counts such steps (``window``);
@@ -45,8 +47,13 @@ result whose size depends on the data, so on a GPU it waits for the device.
 import torch
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
+from tb_gradcheck.torch import cpu_norms
+
 F64 = torch.float64
 INF = float("inf")
+# A CPU's float32 gradients take ``cpu_norms``' per-tensor float32 sums; False takes the multi-tensor
+# kernels there too (what a GPU runs: the operator-count tests count that way).
+CPU_WAYS = True
 
 
 def values(grad):
@@ -80,6 +87,8 @@ def _by_group(tensors, reduce):
 
 
 def _l2(group):
+    if CPU_WAYS and group[0].device.type == "cpu" and group[0].dtype == torch.float32:
+        return (cpu_norms.l2(group),)  # no float64 copy of the model per step (cpu_norms says why)
     if group[0].dtype != F64:
         return (torch._foreach_norm(group, 2, dtype=F64),)
     # float64: the squares could leave float64's range; the scaled norm is exact at every magnitude.

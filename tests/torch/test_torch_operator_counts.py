@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tb_gradcheck.torch import GradientWriter
+from tb_gradcheck.torch import reductions
 
 EVERY = 10
 # A written step: one reduction per tensor for its dead units is the only per-tensor work left; the
@@ -38,6 +39,14 @@ class _Count(TorchDispatchMode):
     @property
     def total(self):
         return sum(self.ops.values())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_gpu_way_to_norms():
+    """Counts the multi-tensor norms a GPU runs: a CPU's own way sums float32 tensors one by one (``cpu_norms``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reductions, "CPU_WAYS", False)
+        yield
 
 
 def _mlp(layers):
