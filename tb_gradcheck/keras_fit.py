@@ -66,6 +66,29 @@ class AttachedCallback(keras.callbacks.Callback):
         self._session = None
         self._in_batch = False
 
+    def _take_arguments(self, log_dir, every_n_steps, backend, check_instead, **check):
+        """``log_dir`` and ``every_n_steps``, checked, on a backend whose fit runs no gradient check.
+
+        Args:
+          log_dir, every_n_steps: The callback's own.
+          backend: The backend's name in the message ("JAX", "torch").
+          check_instead: What to check a loss with there, for the message.
+          **check: The TensorFlow callback's check arguments as given; each
+            must be unset (None, or False for ``check_training``).
+
+        Raises:
+          TypeError: ``log_dir`` is not a path.
+          ValueError: ``every_n_steps`` is not a positive integer, or a check argument is set.
+        """
+        self.log_dir = validate.path(log_dir, "log_dir")
+        self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        given = sorted(k for k, v in check.items() if v is not None and v is not False)
+        if given:
+            raise ValueError(
+                f"Expected no gradient-check arguments on Keras' {backend} backend: the fit's check runs on "
+                f"TensorFlow. Check {check_instead} and GradientWriter.write_check. Received: {given}"
+            )
+
     def on_train_batch_begin(self, batch, logs=None):
         self._in_batch = True
 

@@ -91,24 +91,16 @@ class GradientCallback(keras_fit.AttachedCallback):
         check_training=False,
     ):
         super().__init__()
-        self.log_dir = validate.path(log_dir, "log_dir")
-        self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
-        given = {
-            k: v
-            for k, v in (
-                ("check_every_n_steps", check_every_n_steps),
-                ("check_data", check_data),
-                ("check_dtype", check_dtype),
-                ("check_training", check_training or None),
-            )
-            if v is not None
-        }
-        if given:
-            raise ValueError(
-                "Expected no gradient-check arguments on Keras' JAX backend: the fit's check runs on TensorFlow. "
-                "Check a JAX loss with tb_gradcheck.jax.check_gradients and GradientWriter.write_check. "
-                f"Received: {sorted(given)}"
-            )
+        self._take_arguments(
+            log_dir,
+            every_n_steps,
+            "JAX",
+            "a JAX loss with tb_gradcheck.jax.check_gradients",
+            check_every_n_steps=check_every_n_steps,
+            check_data=check_data,
+            check_dtype=check_dtype,
+            check_training=check_training,
+        )
 
     def on_train_begin(self, logs=None):
         self._finish()

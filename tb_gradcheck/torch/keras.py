@@ -58,7 +58,6 @@ import numpy as np
 import torch
 
 from tb_gradcheck import keras_fit
-from tb_gradcheck.core import validate
 from tb_gradcheck.torch import keras_rows
 
 APPLY_HOOK = "apply"
@@ -110,24 +109,16 @@ class GradientCallback(keras_fit.AttachedCallback):
         check_training=False,
     ):
         super().__init__()
-        self.log_dir = validate.path(log_dir, "log_dir")
-        self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
-        given = {
-            k: v
-            for k, v in (
-                ("check_every_n_steps", check_every_n_steps),
-                ("check_data", check_data),
-                ("check_dtype", check_dtype),
-                ("check_training", check_training or None),
-            )
-            if v is not None
-        }
-        if given:
-            raise ValueError(
-                "Expected no gradient-check arguments on Keras' torch backend: the fit's check runs on TensorFlow. "
-                "Check a PyTorch loss with tb_gradcheck.torch.check_gradients and GradientWriter.write_check. "
-                f"Received: {sorted(given)}"
-            )
+        self._take_arguments(
+            log_dir,
+            every_n_steps,
+            "torch",
+            "a PyTorch loss with tb_gradcheck.torch.check_gradients",
+            check_every_n_steps=check_every_n_steps,
+            check_data=check_data,
+            check_dtype=check_dtype,
+            check_training=check_training,
+        )
 
     def on_train_begin(self, logs=None):
         self._finish()
