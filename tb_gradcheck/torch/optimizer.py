@@ -239,37 +239,38 @@ def keep_norms_before_clip(writer, rows):
     norms ``clip`` keeps, taken on the device with no host read, and the
     gradients left as they are.
     """
+    _keep_norms(writer, rows)
+
+
+def _keep_norms(writer, rows):
+    """The present gradients and their squared norms, the norms kept for the next ``write``: ``(grads, dense, squares)``.
+
+    ``grads`` is None when no parameter has a gradient. Every rank takes
+    part (``sum_shards`` is a collective when sharded); the ranks that
+    compute keep the norms.
+    """
     group = writer._group
     params = rows.params
     where = [i for i, p in enumerate(params) if p.grad is not None]
-    if not where or not group.computes:  # (sharded ranks all compute: sum_shards is a collective)
-        return
-    dense = [reductions.values(group.local(params[i].grad)) for i in where]
+    if not where:
+        return None, None, None
+    grads = [group.local(params[i].grad) for i in where]
+    dense = [reductions.values(g) for g in grads]
     device = dense[0].device
-    squares = group.sum_shards(reductions.norms(dense) ** 2)
+    squares = group.sum_shards(reductions.norms(dense) ** 2)  # whole-parameter squares when sharded (one all-reduce)
     if group.computes:
         spread = torch.full((len(params),), MISSING, dtype=F64, device=device)
         index = writer._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
         writer._before_clip = spread.index_copy(0, index, torch.sqrt(squares))
+    return grads, dense, squares
 
 
 def clip(writer, rows, max_norm, norm_type, error_if_nonfinite, foreach):
     """``GradientWriter.clip_grad_norm_``: clips the model's gradients, keeping their norms before for ``write``."""
     group = writer._group
-    params = rows.params
-    where = [i for i, p in enumerate(params) if p.grad is not None]
-    if not where:
+    grads, dense, squares = _keep_norms(writer, rows)
+    if grads is None:
         return torch.zeros(())
-    grads = [group.local(params[i].grad) for i in where]
-    dense = [reductions.values(g) for g in grads]
-    device = dense[0].device
-    squares = reductions.norms(dense) ** 2
-    squares = group.sum_shards(squares)  # whole-parameter squares when sharded (one all-reduce)
-    norms = torch.sqrt(squares)
-    if group.computes:
-        spread = torch.full((len(params),), MISSING, dtype=F64, device=device)
-        index = writer._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
-        writer._before_clip = spread.index_copy(0, index, norms)
     if norm_type == 2.0:
         total = torch.sqrt(squares.sum())
     else:
