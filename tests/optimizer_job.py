@@ -40,14 +40,14 @@ def custom(strategy, logdir):
     import keras
     import tensorflow as tf
 
-    from tb_gradcheck.tensorflow import writer as summary
+    from tb_gradcheck.tensorflow.writer import GradientWriter
 
     x, y = arrays()
     with strategy.scope():
         model = model_()
         optimizer = keras.optimizers.Adam(0.01)
         optimizer.build(model.trainable_variables)  # built lazily inside tf.function under a strategy, it fails
-    writer = summary.GradientWriter(logdir)
+    writer = GradientWriter(logdir)
     variables = model.trainable_variables
     halves = strategy.experimental_distribute_values_from_function(
         lambda ctx: (

@@ -6,7 +6,7 @@ one backward pass with a numeric one from central differences of the loss
 along the same direction d. The cost is a fixed number of loss evaluations
 per row, 4 per probe, plus 9 in all and one backward pass: it grows with the
 number of layers, not of parameters. It runs on float64 numpy arrays and
-reaches the framework only through a ``check_evaluator.Evaluator``
+reaches the framework only through a ``Evaluator``
 (TensorFlow: ``checks.check_gradients``; PyTorch:
 ``tb_gradcheck.torch.check_gradients``), so both frameworks get the same
 rows, probes, steps, error bars, verdicts and report.
@@ -14,7 +14,7 @@ rows, probes, steps, error bars, verdicts and report.
 The numerics in short (docs/gradient_check.md has the long form):
 
 - Noise. The rounding noise sigma of one loss evaluation is measured first:
-  8 evaluations at points a few ulps away from theta (``check_probes.measure_noise``).
+  8 evaluations at points a few ulps away from theta (``probes.measure_noise``).
 - Directions. Probe 0 of a row runs along the row's own analytic gradient,
   where the directional derivative is largest (|g|, against ~|g|/sqrt(n) for
   a random direction of an n-parameter row): float32 resolves it even in wide
@@ -30,15 +30,15 @@ The numerics in short (docs/gradient_check.md has the long form):
   shared). The odd residual D(2h) - D(h) (Richardson's comparison) measures
   truncation and kinks off the point, the even fourth difference kinks at the
   point; with the measured noise they make a bound E on the error of the
-  numeric derivative (``check_verdict.error_bound``).
+  numeric derivative (``verdict.error_bound``).
 - Verdict, with tolerance tau and scale = max(|a|, |n|): "ok" if
   |a - n| + E <= tau * scale (the analytic value is within tau of the truth);
   "mismatch" if |a - n| > E + tau * scale (it is off by more than tau even
   granting the numeric value its whole error bar) and the loss is smooth
   within the step; "inconclusive" otherwise: below the noise floor, an error
   bar wider than the tolerance, or a kink. Random directions convict only
-  when confirmed at h/8 and by two probes (``check_probes.Prober.confirm``,
-  ``check_verdict.row_verdict``): in wide ReLU layers they are unreliable.
+  when confirmed at h/8 and by two probes (``probes.Prober.confirm``,
+  ``verdict.row_verdict``): in wide ReLU layers they are unreliable.
 - Blind spots. Directions with a zero analytic derivative (over the
   elements whose gradient is exactly zero, by default; over 64-element
   blocks, orthogonal to their gradient, with ``thorough=True``) see errors
@@ -47,11 +47,11 @@ The numerics in short (docs/gradient_check.md has the long form):
 - Power and location. Each row states the smallest relative error along its
   gradient it would have convicted (``CheckRow.min_detectable_error``); a
   mismatch is bisected to the variable, rows, columns or element at fault
-  (``check_locate``).
+  (``locate``).
 
-The parts: ``check_report`` (report types), ``check_verdict`` (the
-decisions), ``check_probes`` (directions, steps, evaluations),
-``check_locate`` (bisection), ``check_evaluator`` (what a framework
+The parts: ``report`` (report types), ``verdict`` (the
+decisions), ``probes`` (directions, steps, evaluations),
+``locate`` (bisection), ``evaluator`` (what a framework
 provides); this module validates the options and runs them. None of them
 imports a framework.
 """
@@ -61,10 +61,9 @@ import math
 
 import numpy as np
 
-from tb_gradcheck.check import evaluator as check_evaluator
-from tb_gradcheck.check import locate as check_locate
-from tb_gradcheck.check import probes as check_probes
-from tb_gradcheck.check import verdict as check_verdict
+from tb_gradcheck.check import locate
+from tb_gradcheck.check import probes
+from tb_gradcheck.check.evaluator import unit_roundoff
 from tb_gradcheck.check.report import BLOCK
 from tb_gradcheck.check.report import GRADIENT
 from tb_gradcheck.check.report import INCONCLUSIVE
@@ -72,6 +71,7 @@ from tb_gradcheck.check.report import MISMATCH
 from tb_gradcheck.check.report import ZERO_SET
 from tb_gradcheck.check.report import CheckRow
 from tb_gradcheck.check.report import GradientCheckReport
+from tb_gradcheck.check.verdict import row_verdict
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import validate
 
@@ -117,7 +117,7 @@ def options(probes, epsilon, seed, granularity, tolerance, thorough):
 class Layout:
     """The rows of a check: variables named and grouped into layers, layers in order of first appearance.
 
-    ``grouping.Rows`` (TensorFlow's variables) has the same three
+    ``variables.Rows`` (TensorFlow's variables) has the same three
     attributes and can stand in for it.
 
     Args:
@@ -133,7 +133,7 @@ class Layout:
 
 
 def layer_members(rows):
-    """For each layer of ``rows`` (a ``Layout`` or ``grouping.Rows``), the indices of its variables."""
+    """For each layer of ``rows`` (a ``Layout`` or ``variables.Rows``), the indices of its variables."""
     return [[i for i, layer in enumerate(rows.layer_of) if layer == j] for j in range(len(rows.layer_names))]
 
 
@@ -141,9 +141,9 @@ def run(evaluator, layout, opts):
     """Runs the check with every parameter already snapshot by ``evaluator``; the caller restores them.
 
     Args:
-      evaluator: A ``check_evaluator.Evaluator`` over the checked parameters,
+      evaluator: A ``Evaluator`` over the checked parameters,
         in the order of ``layout.variable_names``.
-      layout: A ``Layout`` (or ``grouping.Rows``).
+      layout: A ``Layout`` (or ``variables.Rows``).
       opts: ``Options``.
 
     Returns:
@@ -170,7 +170,7 @@ def _run(evaluator, rows, opts):
     granularity, tolerance = opts.granularity, opts.tolerance
     f0 = evaluator.loss()
     units = [evaluator.unit(v) for v in checked]
-    loss_unit = check_evaluator.unit_roundoff(evaluator.loss_dtype)
+    loss_unit = unit_roundoff(evaluator.loss_dtype)
     if tolerance is None:
         tolerance = default_tolerance(max(units + [loss_unit]))
     members = layer_members(rows)
@@ -203,8 +203,8 @@ def _run(evaluator, rows, opts):
     grads = [None if g is None else np.asarray(g, np.float64) for g in gradients]
     rng = np.random.default_rng(opts.seed)
     # One rounding of the loss itself is the least noise there can be.
-    sigma = max(check_probes.measure_noise(evaluator, checked, theta, grads, units, f0, rng), loss_unit * abs(f0))
-    prober = check_probes.Prober(evaluator, f0, sigma, tolerance, opts.epsilon, rng)
+    sigma = max(probes.measure_noise(evaluator, checked, theta, grads, units, f0, rng), loss_unit * abs(f0))
+    prober = probes.Prober(evaluator, f0, sigma, tolerance, opts.epsilon, rng)
 
     groups = [("layer", members, rows.layer_names)]
     if granularity == "variable":
@@ -215,7 +215,7 @@ def _run(evaluator, rows, opts):
     out = {"layer": [], "variable": []}
     for kind, index_lists, names in groups:
         for index, name in zip(index_lists, names):
-            row = check_probes.RowParams(
+            row = probes.RowParams(
                 [checked[i] for i in index],
                 [rows.variable_names[i] for i in index],
                 [theta[i] for i in index],
@@ -244,7 +244,7 @@ def _check_row(prober, row, name, kind, probes, thorough):
             judged.append((prober.probe(row, direction, GRADIENT), direction))
         for masks in row.blocks():
             judged += prober.blind_spot(row, masks, BLOCK)
-    verdict = check_verdict.row_verdict(name, kind, row.size, [p for p, _ in judged], prober.tolerance)
+    verdict = row_verdict(name, kind, row.size, [p for p, _ in judged], prober.tolerance)
     if verdict.status != MISMATCH:
         return verdict
     # Locate along the convicting probe with the widest margin: the largest
@@ -255,7 +255,7 @@ def _check_row(prober, row, name, kind, probes, thorough):
     probe, direction = max(
         convicted, key=lambda pd: abs(pd[0].analytic - pd[0].numeric) / max(pd[0].error_bound, 1e-300)
     )
-    return dataclasses.replace(verdict, location=check_locate.locate(prober, row, direction, probe))
+    return dataclasses.replace(verdict, location=locate.locate(prober, row, direction, probe))
 
 
 def default_tolerance(unit):

@@ -1,10 +1,10 @@
 """What the gradient check asks of a framework: evaluate the loss and its gradient, write parameters; numpy only.
 
-The check's algorithm (``check_run``, ``check_probes``, ``check_locate``,
-``check_verdict``) works on float64 numpy arrays and calls a framework only
-through an ``Evaluator``. A framework module (``check_state`` for
-TensorFlow, ``tb_gradcheck.torch.evaluator`` for PyTorch) subclasses it
-and fills in five methods; everything built on them (perturbing a row,
+The check's algorithm (``algorithm``, ``probes``, ``locate``,
+``verdict``) works on float64 numpy arrays and calls a framework only
+through an ``Evaluator``. Each framework's ``evaluator`` module
+(``tb_gradcheck.tensorflow.evaluator``, ``tb_gradcheck.torch.evaluator``,
+``tb_gradcheck.jax.check``) subclasses it and fills in five methods; everything built on them (perturbing a row,
 slopes a step away, the evaluation count) is written once, here.
 
 The parameters are opaque handles (a ``tf.Variable``, a ``torch.nn.Parameter``)

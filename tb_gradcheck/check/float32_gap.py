@@ -26,7 +26,7 @@ which draws the same numbers at every evaluation.
 
 ``gap`` is the gradient comparison on gradients already computed;
 ``own_gap`` computes the model's loss, noise and gradient through a
-``check_evaluator.Evaluator`` (any framework, no TensorFlow import) and
+``Evaluator`` (any framework, no TensorFlow import) and
 applies the rule above; ``tb_gradcheck.tensorflow.float64_twin.float32_gap`` does it with TensorFlow, which it
 imports when called.
 """
@@ -37,8 +37,8 @@ import math
 import numpy as np
 
 from tb_gradcheck.check import algorithm
-from tb_gradcheck.check import evaluator as check_evaluator
 from tb_gradcheck.check import probes
+from tb_gradcheck.check.evaluator import unit_roundoff
 from tb_gradcheck.check.report import MISMATCH
 
 # The float32 check's tolerance (checks.DEFAULT_TOLERANCE): a gap it would
@@ -52,11 +52,11 @@ def own_gap(report, evaluator, references, rows, tolerance=FLOAT32_TOLERANCE):
     Args:
       report: The twin's ``GradientCheckReport`` (its ``loss`` is the twin's
         loss at the parameters both share).
-      evaluator: A ``check_evaluator.Evaluator`` of the model's own loss
+      evaluator: A ``Evaluator`` of the model's own loss
         over its checked parameters, in the twin's variable order; it
         evaluates and writes them, and the caller restores them after.
       references: The twin's gradient per variable (numpy, or None).
-      rows: The twin's rows (``algorithm.Layout`` or ``grouping.Rows``).
+      rows: The twin's rows (``algorithm.Layout`` or ``variables.Rows``).
       tolerance: The relative gap above which a row is a mismatch.
 
     Returns:
@@ -105,7 +105,7 @@ def _loss_difference(evaluator, loss, twin_loss, gradients, seed):
     of the units) moves the loss by a share of order p: percents, two
     orders above both bounds.
     """
-    unit = check_evaluator.unit_roundoff(evaluator.loss_dtype or "float32")
+    unit = unit_roundoff(evaluator.loss_dtype or "float32")
     checked = evaluator.checked
     theta = [evaluator.saved64(v) for v in checked]
     units = [evaluator.unit(v) for v in checked]
@@ -122,7 +122,7 @@ def gap(report, gradients, references, rows, tolerance=FLOAT32_TOLERANCE):
       report: The twin's ``GradientCheckReport``.
       gradients: The model's gradient per variable (numpy, or None), in the twin's variable order.
       references: The twin's gradient per variable (numpy, or None).
-      rows: The twin's rows (``algorithm.Layout`` or ``grouping.Rows``).
+      rows: The twin's rows (``algorithm.Layout`` or ``variables.Rows``).
       tolerance: The relative gap above which a row is a mismatch.
 
     Returns:

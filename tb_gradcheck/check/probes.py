@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from tb_gradcheck.check import verdict as check_verdict
+from tb_gradcheck.check import verdict
 from tb_gradcheck.check.report import GRADIENT
 from tb_gradcheck.check.report import INCONCLUSIVE
 from tb_gradcheck.check.report import MISMATCH
@@ -18,7 +18,7 @@ from tb_gradcheck.check.report import RANDOM
 # the relative step near sqrt(u) too: the perturbation is then ~1/sqrt(u)
 # ulps of each parameter (its own rounding is a sqrt(u) effect, and is
 # measured exactly anyway), truncation is O(h^2) ~ u, and the error bar E,
-# ~14x the rounding error (see check_verdict.error_bound), is 0.3% of the derivative in
+# ~14x the rounding error (see verdict.error_bound), is 0.3% of the derivative in
 # float32 and 2e-7 in float64: inside DEFAULT_TOLERANCE either way. The
 # central-difference optimum u^(1/3) would be larger still; a smaller step
 # makes ReLU kinks inside it rarer, which matters more here.
@@ -279,9 +279,9 @@ class Prober:
         ``reference`` (a larger step, a proportionally smaller error bar).
         """
         m = measure(self.evaluator, row, direction, kind, self.f0, self.sigma, self.epsilon, step, reference * resolve)
-        judged = check_verdict.judge(m, self.sigma, self.tolerance, reference)
+        judged = verdict.judge(m, self.sigma, self.tolerance, reference)
         needs = kind != GRADIENT and judged.status == MISMATCH and math.isfinite(judged.analytic)
-        if step is None and (needs or check_verdict.blocked_by_kink(m, self.sigma, self.tolerance)):
+        if step is None and (needs or verdict.blocked_by_kink(m, self.sigma, self.tolerance)):
             judged = self.confirm(row, direction, judged, reference)
         if judged.status == MISMATCH and math.isfinite(judged.analytic) and math.isfinite(judged.numeric):
             judged = self.off_the_point(row, direction, judged)
@@ -333,12 +333,12 @@ class Prober:
         for a second such direction. And a probe held back only by its fourth
         difference is either at a kink (which stays within h/8, or leaves)
         or at smooth curvature (which shrinks 4096-fold at h/8): the verdict
-        at h/8 tells them apart (check_verdict.blocked_by_kink).
+        at h/8 tells them apart (verdict.blocked_by_kink).
         """
         m = measure(
             self.evaluator, row, direction, probe.direction, self.f0, self.sigma, None, probe.step / _CONFIRM_RATIO
         )
-        again = check_verdict.judge(m, self.sigma, self.tolerance, reference)
+        again = verdict.judge(m, self.sigma, self.tolerance, reference)
         if again.status == MISMATCH:
             why = "smooth at h/8: curvature, not a kink" if probe.status != MISMATCH else "confirmed at step h/8"
             return dataclasses.replace(probe, status=MISMATCH, reason=why)

@@ -121,7 +121,7 @@ class GradientCheckReport:
         (``check_gradients(thorough=True)``).
       notes: Lines on what the check did not do and why (e.g. a float64
         twin whose loss is not the model's, so the model's own gradient was
-        not held against it: ``twin_gap``); empty when it did all of it.
+        not held against it: ``float32_gap``); empty when it did all of it.
     """
 
     layers: tuple

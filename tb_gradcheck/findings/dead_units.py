@@ -37,7 +37,7 @@ import numpy as np
 
 from tb_gradcheck.findings import finding
 from tb_gradcheck.findings import rules
-from tb_gradcheck.findings import windows as trailing
+from tb_gradcheck.findings import windows
 
 IDLE, DYING, MOSTLY, SILENT = "idle", "dying", "mostly_dead", "silent"
 RECOVERED, PARTLY = "recovered", "partly_recovered"
@@ -96,13 +96,13 @@ def dead(v, t, sparse):
     # silent on a batch of 64 one time in four), but a dead unit is silent on
     # every batch, so the share dead is at most the window's minimum, and the
     # minimum over enough batches leaves the selective units out.
-    lowest = trailing.through(share, t.baseline_writes, trailing.nanmin)  # writes (t - window, t]
-    enough = trailing.through(here, t.baseline_writes, trailing.count) >= t.min_writes
+    lowest = windows.through(share, t.baseline_writes, windows.nanmin)  # writes (t - window, t]
+    enough = windows.through(here, t.baseline_writes, windows.count) >= t.min_writes
     start = _start(share, here, t.min_writes)
     # A layer none of whose units gets any gradient on min_writes batches in
     # a row is silent without waiting for a whole window: selectivity leaves
     # some unit of a live layer active on some example of a batch.
-    in_a_row = trailing.through(whole, t.min_writes, trailing.count) >= t.min_writes
+    in_a_row = windows.through(whole, t.min_writes, windows.count) >= t.min_writes
     with np.errstate(invalid="ignore"):
         died = lowest - start  # of the layer's units, since the first writes
         dying = here & enough & (died > 0) & (died >= t.dying_share * (1 - start))
@@ -140,7 +140,7 @@ def dead(v, t, sparse):
             else:
                 held = share[:, j] >= bar
         confirmed = int(np.argmax(shown))
-        onset = trailing.run_start(here[:, j] & held, confirmed)
+        onset = windows.run_start(here[:, j] & held, confirmed)
         steps = v.steps[shown]
         e = {
             "state": state,
@@ -160,7 +160,7 @@ def dead(v, t, sparse):
             # The window's lowest: the share that is at most truly dead now.
             e["latest_dead_unit_fraction"] = float(lowest[last, j])
         if ends_cut[j]:
-            tail = trailing.run_start(cut_off[:, j], int(last_valid[j]))
+            tail = windows.run_start(cut_off[:, j], int(last_valid[j]))
             e["cut_off_from_step"] = int(v.steps[tail])
             e["cut_off_behind"] = v.rows[j + 1 + int(np.argmax(cause[last_valid[j], j + 1 :]))]
             e["last_step"] = int(v.steps[last_valid[j]])

@@ -14,16 +14,16 @@ import dataclasses
 from tb_gradcheck.core import metadata
 from tb_gradcheck.findings import dead_units
 from tb_gradcheck.findings import finding
-from tb_gradcheck.findings import optimizer as optimizer_findings
+from tb_gradcheck.findings import optimizer
 from tb_gradcheck.findings import rules
 
 
 @dataclasses.dataclass(frozen=True)
-class Thresholds(optimizer_findings.OptimizerThresholds):
+class Thresholds(optimizer.OptimizerThresholds):
     """When a pattern becomes a finding. Every field can be overridden.
 
     The optimizer findings' thresholds (clipping, not_learning) are fields
-    too, inherited from ``optimizer_findings.OptimizerThresholds`` where
+    too, inherited from ``optimizer.OptimizerThresholds`` where
     their reasoning is written, so ``--threshold`` reaches them as well.
 
     No threshold is an absolute gradient norm: a layer in front of a
@@ -71,7 +71,7 @@ class Thresholds(optimizer_findings.OptimizerThresholds):
         largest norm among the layers after it (toward the output) before it
         is vanishing. 3: healthy deep nets keep layer norms within one or two
         orders; a thousandfold drop means the input side barely learns.
-      vanishing_ratio: See ``optimizer_findings.OptimizerThresholds``, which
+      vanishing_ratio: See ``optimizer.OptimizerThresholds``, which
         reads it too.
       dead_units: A layer's ``dead_unit_fraction`` (units whose every
         parameter gets exactly zero gradient over the whole batch) of at
@@ -197,8 +197,8 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_
     for kind, verdict in found.items():
         out += _findings(kind, run, verdict)
     dead = found["dead"].accounted_for if "dead" in found else ()
-    out += optimizer_findings.find(run, stats, thresholds, dead, outside_optimizer)
-    order = [*KINDS, *optimizer_findings.KINDS]
+    out += optimizer.find(run, stats, thresholds, dead, outside_optimizer)
+    order = [*KINDS, *optimizer.KINDS]
     out.sort(key=lambda f: (-SEVERITIES.index(f.severity), order.index(f.kind)))
     return finding.attach_consequences(out, describe)
 
@@ -260,7 +260,7 @@ def describe(found, quote=None):
       The sentence.
     """
     quote = quote or finding.isolate
-    text = (optimizer_findings.describe if found.kind not in KINDS else _sentence)(found, quote)
+    text = (optimizer.describe if found.kind not in KINDS else _sentence)(found, quote)
     if found.consequences:
         parts = [
             f"{_CONSEQUENCE.get(c.kind, c.kind.replace('_', ' '))} in {finding.name_list(c.layers, quote)} "

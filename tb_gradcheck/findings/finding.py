@@ -1,6 +1,6 @@
 """A finding, the record every rule's verdict becomes, and how layer names appear in its sentence; no TensorFlow.
 
-``diagnose`` and ``optimizer_findings`` both make findings; ``diagnose``
+``diagnose`` and ``optimizer`` both make findings; ``diagnose``
 words every one of them (``diagnose.describe``) with the helpers here.
 """
 
@@ -12,7 +12,7 @@ class Finding:
     """One diagnosis.
 
     Attributes:
-      kind: One of ``diagnose.KINDS`` or ``optimizer_findings.KINDS``.
+      kind: One of ``diagnose.KINDS`` or ``optimizer.KINDS``.
       severity: ``"error"``, ``"warning"`` or ``"info"``: error for
         non-finite gradients, failed checks, and explosions that are
         sustained or end in non-finite values; warning for everything weaker

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 
 from tb_gradcheck.findings import finding
-from tb_gradcheck.findings import windows as trailing
+from tb_gradcheck.findings import windows
 
 KINDS = ("clipping", "not_learning")
 
@@ -321,8 +321,8 @@ def _slow_network(ratio, here, t):
     largest pace so far, so the slow writes are the run's first ones, up to
     where it speeds up.
     """
-    per_write = trailing.nanmedian(np.where(here & (ratio > 0), ratio, np.nan), axis=1)  # [S], NaN where none moved
-    pace = trailing.through(per_write[:, None], t.slow_pace_writes, trailing.nanmedian)[:, 0]
+    per_write = windows.nanmedian(np.where(here & (ratio > 0), ratio, np.nan), axis=1)  # [S], NaN where none moved
+    pace = windows.through(per_write[:, None], t.slow_pace_writes, windows.nanmedian)[:, 0]
     best = np.maximum.accumulate(np.where(np.isnan(pace), -np.inf, pace))
     seen = np.cumsum(np.isfinite(per_write)) >= t.slow_pace_writes
     return seen & (best < t.slow_pace), pace
@@ -334,7 +334,7 @@ def _slow_evidence(ratio, present, slow, pace, steps, t):
     The layer must be slow itself: its own pace, measured as the network's,
     never reached ``slow_pace_spread`` orders above ``slow_pace``.
     """
-    own = trailing.through(np.where(present, ratio, np.nan)[:, None], t.slow_pace_writes, trailing.nanmedian)[:, 0]
+    own = windows.through(np.where(present, ratio, np.nan)[:, None], t.slow_pace_writes, windows.nanmedian)[:, 0]
     best = np.maximum.accumulate(np.where(np.isnan(own), -np.inf, own))
     flagged = slow & present & (best < t.slow_pace * 10.0**t.slow_pace_spread)
     if not flagged.any():

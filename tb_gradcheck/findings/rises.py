@@ -6,7 +6,7 @@ each lasts, and where the norm grows steadily instead.
 
 import numpy as np
 
-from tb_gradcheck.findings import windows as trailing
+from tb_gradcheck.findings import windows
 
 
 def spans(onsets, level, lt, lp, bad):
@@ -73,8 +73,8 @@ def growth(lt, t):
     s, n_rows = lt.shape
     half = max(1, t.baseline_writes // 2)
     pad = np.full((half, n_rows), np.nan)
-    recent = trailing.through(lt, half, trailing.nanmedian)  # writes (t - half, t]
-    counts = trailing.through(np.isfinite(lt), half, trailing.count)
+    recent = windows.through(lt, half, windows.nanmedian)  # writes (t - half, t]
+    counts = windows.through(np.isfinite(lt), half, windows.count)
     earlier = np.concatenate([pad, recent])[:s]  # writes (t - 2 half, t - half]
     earlier_counts = np.concatenate([np.zeros((half, n_rows)), counts])[:s]
     filled = np.where(np.isnan(lt), -np.inf, lt)

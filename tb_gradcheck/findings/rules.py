@@ -18,7 +18,7 @@ import numpy as np
 
 from tb_gradcheck.core import metadata
 from tb_gradcheck.findings import rises
-from tb_gradcheck.findings import windows as trailing
+from tb_gradcheck.findings import windows
 
 # Stored columns this module reads when a log has them (metadata.py says what
 # each holds). Older logs lack them and the rules that need them stay silent
@@ -132,7 +132,7 @@ def non_finite(v):
         name = v.rows[j]
         steps = v.steps[flags[:, j]]
         flagged = int(np.argmax(flags[:, j]))
-        first = trailing.run_start(bad[:, j], flagged)  # with the refused writes that led to it
+        first = windows.run_start(bad[:, j], flagged)  # with the refused writes that led to it
         before = peak[: first + 1, j]
         # The window's own record of its first non-finite step, when the log
         # has it: a write every N steps otherwise only says "by step s".
@@ -186,12 +186,12 @@ def exploding(v, t):
     otherwise.
     """
     s, n_rows = v.norm.shape
-    lt = trailing.log_level(v.norm, v.present)
-    lp = trailing.log_level(v.peak, v.present)
+    lt = windows.log_level(v.norm, v.present)
+    lp = windows.log_level(v.peak, v.present)
     bad = v.bad()
-    base = trailing.before(lt, t.baseline_writes, trailing.nanmedian)
-    top = trailing.before(lp, t.baseline_writes, trailing.nanmax)  # the window's largest peak
-    high = trailing.running_max_before(lt)
+    base = windows.before(lt, t.baseline_writes, windows.nanmedian)
+    top = windows.before(lp, t.baseline_writes, windows.nanmax)  # the window's largest peak
+    high = windows.running_max_before(lt)
     network = np.nanmax(np.where(np.isnan(base), -np.inf, base), axis=1, keepdims=True)  # [S, 1]
     rise = lp - base
     with np.errstate(invalid="ignore"):
@@ -332,7 +332,7 @@ def vanishing(v, t, exclude=()):
             tiny &= ~(v.update >= t.not_learning_floor)
     excluded = np.array([name in exclude for name in v.rows])
     sick = (decayed | tiny) & ~excluded[None, :]
-    flags = trailing.persistent(sick, finite, t)
+    flags = windows.persistent(sick, finite, t)
     evidence = {}
     for j in flagged_columns(flags):
         name = v.rows[j]
@@ -342,7 +342,7 @@ def vanishing(v, t, exclude=()):
         # the finding starts where that unbroken run of sick writes began, as
         # dead's does (writes without a gradient are passed over, not breaks).
         confirmed = int(np.argmax(f))
-        onset = trailing.run_start(sick[:, j] | ~finite[:, j], confirmed)
+        onset = windows.run_start(sick[:, j] | ~finite[:, j], confirmed)
         onset += int(np.argmax(finite[onset : confirmed + 1, j]))  # the first of them with a gradient
         d = decay[f & decayed[:, j], j]
         d = d[np.isfinite(d)]

@@ -1,7 +1,7 @@
-"""Numeric-vs-analytic gradient check per layer for JAX: ``check_run``'s algorithm on a JAX evaluator.
+"""Numeric-vs-analytic gradient check per layer for JAX: ``check.algorithm`` on a JAX evaluator.
 
 The algorithm (rows, noise, probes, steps, error bars, verdicts, bisection,
-the report) is ``check_run``'s, written once for every framework; this
+the report) is ``check.algorithm``'s, written once for every framework; this
 module names the rows as the JAX writer does (``layout``: a parameter's
 path, its layer the parent path), orders them by the loss's first read of
 each parameter (``layout.depth_order``), builds the float64 twin under
@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tb_gradcheck.check import algorithm as check_run
-from tb_gradcheck.check import evaluator as check_evaluator
-from tb_gradcheck.check import float32_gap as twin_gap
+from tb_gradcheck.check import algorithm
+from tb_gradcheck.check import evaluator
+from tb_gradcheck.check import float32_gap
 from tb_gradcheck.core import validate
-from tb_gradcheck.jax import layout as layouts
+from tb_gradcheck.jax import layout
 
 DTYPES = (None, "float64")
 
@@ -30,7 +30,7 @@ def check_gradients(
     batch=None,
     *,
     dtype=None,
-    probes=check_run.DEFAULT_PROBES,
+    probes=algorithm.DEFAULT_PROBES,
     epsilon=None,
     seed=None,
     granularity="layer",
@@ -65,7 +65,7 @@ def check_gradients(
         floating-point leaves cast to float64, traced and run under
         ``jax.enable_x64``. Its error bar is ~1e-7 of the derivative instead
         of ~3e-3. A float32 model also has its own gradient held against the
-        twin's (``twin_gap``): a row more than 1% off, or not finite where
+        twin's (``float32_gap``): a row more than 1% off, or not finite where
         the twin's is, is a mismatch (float32 arithmetic the twin cannot see);
         not when the twin's loss is not the model's (more than float32
         rounding apart): under ``jax_enable_x64`` the same key can draw other
@@ -89,7 +89,7 @@ def check_gradients(
     """
     if not callable(loss_fn):
         raise TypeError(f"Expected `loss_fn` to be a callable. Received: {type(loss_fn).__name__}")
-    opts = check_run.options(probes, epsilon, seed, granularity, tolerance, thorough)
+    opts = algorithm.options(probes, epsilon, seed, granularity, tolerance, thorough)
     dtype = validate.one_of(dtype, "dtype", DTYPES)
     tree, fn = _pure(loss_fn, params, batch)
     with jax.default_matmul_precision("float32"):
@@ -107,7 +107,7 @@ def check_gradients(
         # (dropout masks): own_gap holds the two losses first, and compares
         # the gradients only when the twin computes the model's function.
         own = Evaluator(fn, tree, checked)
-        return twin_gap.own_gap(report, own, reference, check_run.Layout(names, owners))
+        return float32_gap.own_gap(report, own, reference, algorithm.Layout(names, owners))
 
 
 class _Leaf:
@@ -117,7 +117,7 @@ class _Leaf:
         self.index = index
 
 
-class Evaluator(check_evaluator.Evaluator):
+class Evaluator(evaluator.Evaluator):
     """The loss and its gradient at the parameters as they are, through two jitted functions of the leaves.
 
     Args:
@@ -176,7 +176,7 @@ class Evaluator(check_evaluator.Evaluator):
 
 def _pure(loss_fn, params, batch):
     """``(parameter pytree, loss as a function of it)``; an NNX module becomes its Param state."""
-    rebuild = layouts.nnx_rebuild(params)
+    rebuild = layout.nnx_rebuild(params)
     if rebuild is not None:
         tree, merge = rebuild
         return tree, (lambda p: loss_fn(merge(p))) if batch is None else (lambda p: loss_fn(merge(p), batch))
@@ -186,15 +186,15 @@ def _pure(loss_fn, params, batch):
 def _rows(fn, tree):
     """``(names, owners, checked leaf indices)`` of the floating-point leaves, in the order ``fn`` first reads them."""
     leaves = jax.tree_util.tree_leaves(tree)
-    parts = layouts.path_names(tree)
+    parts = layout.path_names(tree)
     floating = [i for i, x in enumerate(leaves) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
     if not floating:
         raise ValueError(
             "Expected floating-point parameters to check. Received: a pytree with no floating-point arrays"
         )
     names = ["/".join(p) for p in parts]
-    rank = {n: k for k, n in enumerate(layouts.depth_order(fn, tree))}
-    order = sorted(floating, key=lambda i: (rank.get(names[i], len(rank)), layouts.natural_key(parts[i])))
+    rank = {n: k for k, n in enumerate(layout.depth_order(fn, tree))}
+    order = sorted(floating, key=lambda i: (rank.get(names[i], len(rank)), layout.natural_key(parts[i])))
     owners = ["/".join(parts[i][:-1]) or parts[i][0] for i in order]
     return [names[i] for i in order], owners, order
 
@@ -202,7 +202,7 @@ def _rows(fn, tree):
 def _check(fn, tree, opts):
     names, owners, checked = _rows(fn, tree)
     evaluator = Evaluator(fn, tree, checked)
-    return check_run.run(evaluator, check_run.Layout(names, owners), opts)
+    return algorithm.run(evaluator, algorithm.Layout(names, owners), opts)
 
 
 def _gradient(fn, tree, checked):

@@ -45,7 +45,7 @@ import numpy as np
 from tb_gradcheck import keras_fit
 from tb_gradcheck.core import structure
 from tb_gradcheck.core import validate
-from tb_gradcheck.jax import layout as layouts
+from tb_gradcheck.jax import layout
 from tb_gradcheck.jax import transform
 from tb_gradcheck.jax.writer import GradientWriter
 
@@ -162,7 +162,7 @@ class _Session:
         names = structure.unique([validate.variable_name(v) for v in variables])
         axes = keras_fit.keras_unit_axes(model)
         shapes = [tuple(int(d) for d in v.shape) for v in variables]
-        lay = layouts.Layout(
+        lay = layout.Layout(
             names=tuple(names),
             owners=tuple(keras_fit.keras_owner(v, n) for v, n in zip(variables, names)),
             shapes=tuple(shapes),

@@ -14,11 +14,11 @@ A written step is one whose update index (the monitor's own count, from 0,
 kept in its state, so it survives a checkpoint) is a multiple of
 ``every_n_steps``. What each step costs:
 
-- ``every_n_steps=1``: every reduction at every step (``reduce.full``: a
+- ``every_n_steps=1``: every reduction at every step (``reductions.full``: a
   per-unit pass and a scaled norm pass per gradient, the weights' norms,
   and the updates' norms when it wraps an optimizer);
 - a window's other steps: one pass per gradient for its sum of squares and
-  sum of |g| (``reduce.quick``) and one ``lax.cond`` whose taken branch is empty, unless the step is
+  sum of |g| (``reductions.quick``) and one ``lax.cond`` whose taken branch is empty, unless the step is
   written or a sum fell outside float32's exact band (a NaN, an Inf, a
   vanishing gradient): then the branch takes every reduction, so the
   window's norms are exact at any scale and its NaN counts exact.
@@ -33,8 +33,8 @@ import numpy as np
 import optax
 
 from tb_gradcheck.core import running
-from tb_gradcheck.jax import layout as layouts
-from tb_gradcheck.jax import reductions as reduce
+from tb_gradcheck.jax import layout
+from tb_gradcheck.jax import reductions
 from tb_gradcheck.jax import stacks
 
 
@@ -152,7 +152,7 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
     unit_axes = dict(unit_axes or {})
 
     def init(params):
-        lay = layouts.make(params, every_n_steps, optimizer is not None, order, unit_axes, stacked, found)
+        lay = layout.make(params, every_n_steps, optimizer is not None, order, unit_axes, stacked, found)
         inner = optimizer.init(params) if optimizer is not None else optax.EmptyState()
         return initial_state(lay, _float_dtype(jax.tree_util.tree_leaves(params)), inner=inner)
 
@@ -212,7 +212,7 @@ def advance(state, grads, weights=None, applied=None, inner=None):
     due = count % lay.every_n_steps == 0
     sums, magnitudes = (_in_rows(lay, v) for v in zip(*[_quick_part(g, axes) for g, axes in grads]))
     skipped = jax.eval_shape(take)
-    taken = jax.lax.cond(due | ~reduce.in_band(sums, magnitudes), take, lambda: _quick(skipped, sums))
+    taken = jax.lax.cond(due | ~reductions.in_band(sums, magnitudes), take, lambda: _quick(skipped, sums))
     s = lay.structure
     columns = running.step_columns(
         jnp,
@@ -268,19 +268,19 @@ def _in_rows(lay, values, dtype=None):
     rows, _ = stacks.gathers(lay)
     if rows is None:
         return jnp.stack([cast(v) for v in values])
-    return jnp.concatenate([reduce.flat(cast(v)) for v in values])[rows]
+    return jnp.concatenate([reductions.flat(cast(v)) for v in values])[rows]
 
 
 def _quick_part(g, axes):
-    return reduce.quick(g) if axes == 0 else reduce.quick_slices(g, axes)
+    return reductions.quick(g) if axes == 0 else reductions.quick_slices(g, axes)
 
 
 def _full_part(g, units, axes):
-    return reduce.full(g, units) if axes == 0 else reduce.full_slices(g, units, axes)
+    return reductions.full(g, units) if axes == 0 else reductions.full_slices(g, units, axes)
 
 
 def _norm_part(x, axes):
-    return reduce.norm(x) if axes == 0 else reduce.norm_slices(x, axes)
+    return reductions.norm(x) if axes == 0 else reductions.norm_slices(x, axes)
 
 
 def _taker(lay, grads, weights, applied, template):
@@ -299,7 +299,7 @@ def _taker(lay, grads, weights, applied, template):
         if dead_rows is None:
             dead = jnp.concatenate(dead)
         else:  # one sharding for all (a Dense's units may be split over devices, a slice's flags are not)
-            dead = jnp.concatenate([reduce.flat(d) for d in dead])[dead_rows]
+            dead = jnp.concatenate([reductions.flat(d) for d in dead])[dead_rows]
         weight = (
             _missing(len(lay.names), floats)
             if weights is None

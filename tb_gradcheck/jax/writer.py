@@ -117,10 +117,10 @@ class GradientWriter:
 
     def write_check(self, report, step):
         """Records a gradient check report for the tab's ``check_error`` heatmap (``GradientWriter.write_check``'s format)."""
-        from tb_gradcheck.check import report as check_report
+        from tb_gradcheck.check.report import stored_checks
 
         self._check_open()
-        stored = check_report.stored_checks(report)
+        stored = stored_checks(report)
         step = _step(step)
         for content, matrix in stored:
             self._log.tensor(content, matrix, step)

@@ -17,10 +17,12 @@ from tb_gradcheck.core import metadata
 from tb_gradcheck.core import tags
 from tb_gradcheck.findings import diagnose
 from tb_gradcheck.reader import align
-from tb_gradcheck.reader import export as export_format
 from tb_gradcheck.reader import merge
 from tb_gradcheck.reader import spans
 from tb_gradcheck.reader import store
+from tb_gradcheck.reader.export import filename
+from tb_gradcheck.reader.export import to_csv
+from tb_gradcheck.reader.export import to_json
 
 NotFound = store.NotFound
 BadRequest = store.BadRequest
@@ -346,5 +348,5 @@ def checks(st, ctx, experiment_id, run, granularity="layer"):
 def export(st, ctx, experiment_id, run, metric, granularity, aggregate, fmt):
     """``(body, filename)``: the unbinned matrix as CSV text or a JSON-able dict (``export.FORMATS``)."""
     heat = heatmap(st, ctx, experiment_id, run, metric, granularity, aggregate)
-    body = export_format.to_csv(heat) if fmt == "csv" else export_format.to_json(heat)
-    return body, export_format.filename(heat, fmt)
+    body = to_csv(heat) if fmt == "csv" else to_json(heat)
+    return body, filename(heat, fmt)

@@ -26,7 +26,7 @@ from tb_gradcheck.reader import merge
 from tb_gradcheck.reader import points
 from tb_gradcheck.reader import runs
 from tb_gradcheck.reader import spans
-from tb_gradcheck.reader import tag_blocks as kept
+from tb_gradcheck.reader import tag_blocks
 from tb_gradcheck.reader.points import Problem
 
 # Enough for the runs a tab shows at once (one run, or two compared) at
@@ -92,7 +92,7 @@ class Store:
         layouts = index.layouts(kind, granularity)
         summaries = []
         for s in layouts:
-            summary, [((values,), _)] = self._tag(ctx, experiment_id, index.run, s, [kept.VALUES], keep)
+            summary, [((values,), _)] = self._tag(ctx, experiment_id, index.run, s, [tag_blocks.VALUES], keep)
             summaries.append(summary)
             parts.append(merge.Part(s.content, summary.steps, values))
             problems += summary.problems
@@ -112,7 +112,7 @@ class Store:
         out, summaries = [], []
         layouts = index.layouts(kind, granularity)
         for s in layouts:
-            product = kept.block_product(s.content, granularity, column, aggregate)
+            product = tag_blocks.block_product(s.content, granularity, column, aggregate)
             if product is None:  # this layout does not store that column or aggregate
                 summary, _ = self._tag(ctx, experiment_id, index.run, s)
                 out.append(merge.Block(summary.steps, metadata.rows_of(s.content, granularity)[0]))
@@ -223,8 +223,8 @@ class Store:
         the summary has steps; ``source`` is the object they are kept in,
         which stays the same while the product only grows (``merge.grow``).
 
-        A product is what is kept of a tag's values: ``kept.VALUES`` (every
-        readable point, ``[S, ...]``) or a block (``kept.block_product``: one
+        A product is what is kept of a tag's values: ``tag_blocks.VALUES`` (every
+        readable point, ``[S, ...]``) or a block (``tag_blocks.block_product``: one
         column's data and keep, ``[S, r]`` each). Each is a cache entry of its
         own, next to the tag's small ``Summary``. The provider is read at most
         once per call, and only when the listed version moved on or a wanted
@@ -266,7 +266,7 @@ class Store:
         summary, fresh, arrays = points.decode(series, data, limit, previous and previous[1])
         whole = arrays if fresh == 0 else None
         read_back = points.point_bytes(series.content) * max(1, len(summary.steps))
-        made = set(wanted) | kept.opening_products(series.content)
+        made = set(wanted) | tag_blocks.opening_products(series.content)
         products = made | set(state[2] if state is not None else ())
         # Read again at the same version because a product was missing: the
         # products still held stand, if the points are the ones they were made of.
@@ -277,14 +277,14 @@ class Store:
             if held is None and previous is not None and fresh:
                 held = self._held(base, product, previous[0])
                 if held is not None and len(held[0]) == fresh:
-                    for stack, rows in zip(held, kept.rows(series.content, product, arrays)):
+                    for stack, rows in zip(held, tag_blocks.rows(series.content, product, arrays)):
                         stack.extend(rows)
                 else:
                     held = None
             if held is None and (product in made or whole is not None):
                 if whole is None:
                     whole = points.decode(series, data, limit)[2]
-                rows = kept.rows(series.content, product, whole)
+                rows = tag_blocks.rows(series.content, product, whole)
                 held = tuple(growing_arrays.Stack(np.ascontiguousarray(r)) for r in rows)
             if held is None:  # neither held nor wanted: not worth decoding the whole tag for
                 self.cache.pop((product, *base))
@@ -299,7 +299,7 @@ class Store:
             # A decoded tag's values cost what they take; a block, a share of
             # them, costs the whole tag to read back, so it outlives them.
             self.cache.put(
-                (product, *base), (version, held), nbytes, cost=nbytes if product == kept.VALUES else read_back
+                (product, *base), (version, held), nbytes, cost=nbytes if product == tag_blocks.VALUES else read_back
             )
         self.cache.put(
             ("summary", *base), (version, summary, frozenset(products)), summary.nbytes + 512, cost=read_back

@@ -1,12 +1,12 @@
 """Numeric-vs-analytic gradient check per layer for TensorFlow: directional derivatives by central differences.
 
 ``check_gradients`` compares, for each layer (grouped as the writer groups
-them, see ``grouping.Rows``) and optionally each variable, the analytic
+them, see ``Rows``) and optionally each variable, the analytic
 directional derivative <g, d> from one backward pass with a numeric one from
 central differences of the loss along the same direction d. The algorithm
-and its numerics live in ``check_run`` (written once, for every framework);
+and its numerics live in ``check.algorithm`` (written once, for every framework);
 this module validates TensorFlow's arguments, turns TensorFloat-32 off, and
-runs it on a ``check_state.Evaluator`` (tracing, snapshot, restoration).
+runs it on a ``Evaluator`` (tracing, snapshot, restoration).
 PyTorch's front is ``tb_gradcheck.torch.check_gradients``.
 
 Nothing is lost: every variable the loss reads is snapshot before the first
@@ -18,7 +18,7 @@ import warnings
 
 import tensorflow as tf
 
-from tb_gradcheck.check import algorithm as check_run
+from tb_gradcheck.check import algorithm
 from tb_gradcheck.check.algorithm import DEFAULT_PROBES
 from tb_gradcheck.check.algorithm import DEFAULT_TOLERANCE  # noqa: F401  (public here, as before)
 from tb_gradcheck.check.algorithm import default_tolerance  # noqa: F401  (public here, as before)
@@ -29,8 +29,10 @@ from tb_gradcheck.check.report import STATUSES
 from tb_gradcheck.check.report import CheckRow
 from tb_gradcheck.check.report import GradientCheckReport
 from tb_gradcheck.check.report import Probe
-from tb_gradcheck.tensorflow import evaluator as check_state
-from tb_gradcheck.tensorflow import variables as grouping
+from tb_gradcheck.tensorflow.evaluator import Evaluator
+from tb_gradcheck.tensorflow.evaluator import tf_variable
+from tb_gradcheck.tensorflow.variables import Rows
+from tb_gradcheck.tensorflow.variables import checked_variables
 
 __all__ = ["INCONCLUSIVE", "MISMATCH", "OK", "STATUSES", "CheckRow", "GradientCheckReport", "Probe", "check_gradients"]
 
@@ -122,11 +124,11 @@ def check_gradients(
         )
     if not callable(loss_fn):
         raise TypeError(f"Expected `loss_fn` to be a zero-argument callable. Received: {type(loss_fn).__name__}")
-    variables = grouping.variables(variables)  # non-empty, distinct, floating-point variables
-    rows = grouping.Rows(variables)
-    opts = check_run.options(probes, epsilon, seed, granularity, tolerance, thorough)
+    variables = checked_variables(variables)  # non-empty, distinct, floating-point variables
+    rows = Rows(variables)
+    opts = algorithm.options(probes, epsilon, seed, granularity, tolerance, thorough)
 
-    checked = [check_state.tf_variable(v) for v in variables]
+    checked = [tf_variable(v) for v in variables]
     # On Ampere and newer GPUs TensorFlow runs float32 matmuls and
     # convolutions in TensorFloat-32 by default: inputs rounded to 10 mantissa
     # bits (relative 2**-11 = 4.9e-4), coarser than a float32 step of sqrt(u)
@@ -137,9 +139,9 @@ def check_gradients(
     tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(False)
     try:
-        evaluator = check_state.Evaluator(loss_fn, checked)
+        evaluator = Evaluator(loss_fn, checked)
         try:
-            report = check_run.run(evaluator, rows, opts)
+            report = algorithm.run(evaluator, rows, opts)
         finally:
             changed = evaluator.restore_all()
     finally:

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck.tensorflow import distributed
-from tb_gradcheck.tensorflow import statistics as stats
+from tb_gradcheck.tensorflow import statistics
 
 # Steps a stash holds when every step is written. Writing is a host round
 # trip of about a millisecond after the compiled step (as much as a small
@@ -28,7 +28,7 @@ class Stash:
     """One layout's statistics of the latest compiled steps, until they are written.
 
     Args:
-      rows: The layout's ``grouping.Rows``.
+      rows: The layout's ``variables.Rows``.
       columns: The statistic columns the layout stores.
       extra: Names of the optimizer values kept (``store_extra``).
       depth: Steps held: a step goes to slot ``step % depth``, so the last
@@ -88,8 +88,8 @@ class Stash:
         """
         step = tf.cast(step, tf.int64)
         if layer is None:
-            layer = tf.fill(self.layer.shape[1:], stats.MISSING)
-            variable = tf.fill(self.variable.shape[1:], stats.MISSING)
+            layer = tf.fill(self.layer.shape[1:], statistics.MISSING)
+            variable = tf.fill(self.variable.shape[1:], statistics.MISSING)
         slot = self._slot(step)
         self.layer.scatter_nd_update(slot, layer[None])
         self.variable.scatter_nd_update(slot, variable[None])

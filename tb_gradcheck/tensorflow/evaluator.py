@@ -5,10 +5,10 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from tb_gradcheck.check import evaluator as check_evaluator
+from tb_gradcheck.check import evaluator
 
 
-class Evaluator(check_evaluator.Evaluator):
+class Evaluator(evaluator.Evaluator):
     """The TensorFlow evaluator: traces the loss, and owns the snapshot of every variable it reads."""
 
     def __init__(self, loss_fn, checked):

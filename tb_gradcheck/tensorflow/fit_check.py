@@ -4,12 +4,12 @@ import warnings
 
 import tensorflow as tf
 
-from tb_gradcheck.tensorflow import check as checks
-from tb_gradcheck.tensorflow import float64_twin as twin
+from tb_gradcheck.tensorflow import check
+from tb_gradcheck.tensorflow import float64_twin
 
 
 class PeriodicCheck:
-    """Runs ``checks.check_gradients`` on a fixed batch once every N training steps and writes its report.
+    """Runs ``check.check_gradients`` on a fixed batch once every N training steps and writes its report.
 
     Args:
       model: The model being fitted.
@@ -52,8 +52,8 @@ class PeriodicCheck:
         model, loss_fn = self.model, _loss(self.model, x, y, sample_weight, self.training)
         if self.dtype == "float64":
             if self.twin is None:
-                self.twin = twin.float64_twin(model)
-            twin.sync_twin(model, self.twin)
+                self.twin = float64_twin.float64_twin(model)
+            float64_twin.sync_twin(model, self.twin)
             model = self.twin
             data = (tf.nest.map_structure(_to_float64, v) for v in (x, y, sample_weight))
             loss_fn, model_loss_fn = _loss(model, *data, self.training), loss_fn
@@ -67,7 +67,7 @@ class PeriodicCheck:
                     # Expected in training mode (BatchNorm's moving statistics,
                     # Dropout's seed), and put back: not news at every check.
                     warnings.filterwarnings("ignore", "loss_fn changed variables other than the ones checked")
-                report = checks.check_gradients(loss_fn, model.trainable_variables)
+                report = check.check_gradients(loss_fn, model.trainable_variables)
         finally:
             for v, value in snapshot:
                 v.assign(value)
@@ -75,7 +75,7 @@ class PeriodicCheck:
             # What the twin cannot see: float32 arithmetic (tb_gradcheck.tensorflow.float64_twin.float32_gap).
             # Under mixed precision the model's gradient is float16 arithmetic,
             # inexact by design, and is not held against float64.
-            report = twin.float32_gap(
+            report = float64_twin.float32_gap(
                 report, model_loss_fn, self.model.trainable_variables, loss_fn, model.trainable_variables
             )
         self.writer.write_check(report, step)

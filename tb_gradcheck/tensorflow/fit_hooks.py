@@ -11,12 +11,12 @@ import keras
 import tensorflow as tf
 
 from tb_gradcheck.tensorflow import branches
-from tb_gradcheck.tensorflow import compiled as stash
-from tb_gradcheck.tensorflow import distributed as replica
+from tb_gradcheck.tensorflow import compiled
+from tb_gradcheck.tensorflow import distributed
 from tb_gradcheck.tensorflow import fit_check
-from tb_gradcheck.tensorflow import optimizer as updates
+from tb_gradcheck.tensorflow import optimizer
 from tb_gradcheck.tensorflow import units
-from tb_gradcheck.tensorflow import writer as summary
+from tb_gradcheck.tensorflow import writer
 
 # Steps a LossScaleOptimizer skipped, per optimizer (a host int64 variable),
 # kept across fit() calls so that the step axis never runs backwards.
@@ -74,7 +74,7 @@ class Session:
         self.target = target
         self.loss_scale = optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else None
         self.strategy = self.model.distribute_strategy
-        self.writer = summary.GradientWriter(
+        self.writer = writer.GradientWriter(
             os.path.join(log_dir, "train"),
             every_n_steps=every_n_steps,
             unit_axes=units.unit_axes(self.model),
@@ -83,15 +83,15 @@ class Session:
         # function left behind by a fit that raised past this callback counts
         # no refused step once detached (the writes need no such flag: the
         # session's writer is closed by then, and writes nothing).
-        self.enabled = replica.host_variable(True, tf.bool, "tb_gradcheck_enabled")
+        self.enabled = distributed.host_variable(True, tf.bool, "tb_gradcheck_enabled")
         self.skipped = None
         if self.loss_scale is not None:
             self.skipped = _SKIPPED.get(optimizer)
             if self.skipped is None:
-                self.skipped = replica.host_variable(0, tf.int64, "tb_gradcheck_skipped")
+                self.skipped = distributed.host_variable(0, tf.int64, "tb_gradcheck_skipped")
                 _SKIPPED[optimizer] = self.skipped
-            # The skipped count at this fit's previous write (updates.LossScale).
-            self.skipped_written = replica.host_variable(self.skipped.numpy(), tf.int64, "tb_gradcheck_skipped")
+            # The skipped count at this fit's previous write (optimizer.LossScale).
+            self.skipped_written = distributed.host_variable(self.skipped.numpy(), tf.int64, "tb_gradcheck_skipped")
         self.checker = None
         if check_every_n_steps is not None:
             self.checker = fit_check.PeriodicCheck(
@@ -118,9 +118,9 @@ class Session:
                 self.model.jit_compile = False
         # When the host writes what compiled steps stashed, and which calls
         # are known not to be written.
-        self.schedule = stash.Schedule(self.writer)
+        self.schedule = compiled.Schedule(self.writer)
         # Read while a compiled train function is traced: it runs only at
-        # steps known not to be written (``stash.Schedule.between_writes_next``).
+        # steps known not to be written (``compiled.Schedule.between_writes_next``).
         self.between_writes = False
         self.saved = []
         # The apply() being traced (see _update_hook), per thread: under
@@ -231,7 +231,7 @@ class Session:
         scale = None if self.loss_scale is None else tf.convert_to_tensor(self.loss_scale.dynamic_scale)
         due = False if self.between_writes else self.writer.due(step)
         try:
-            with updates.UpdateBracket(variables, due, compiled=self.compiled) as bracket:
+            with optimizer.UpdateBracket(variables, due, compiled=self.compiled) as bracket:
                 result = original(grads, trainable_variables)
         finally:
             self._calls.call = None
@@ -240,10 +240,10 @@ class Session:
             # Keras clips each replica's gradient before the all-reduce: the
             # sum of those is what the optimizer received (every replica
             # takes part in this all-reduce; one replica records).
-            before_clip = replica.sum_over_replicas(self._in_order(*call["before_clip"], variables))
-        if call["grads"] is None or replica.writing_replica() is False:
+            before_clip = distributed.sum_over_replicas(self._in_order(*call["before_clip"], variables))
+        if call["grads"] is None or distributed.writing_replica() is False:
             return result
-        extra = updates.Extra(
+        extra = optimizer.Extra(
             update=bracket,
             before_clip=before_clip if self.clips else None,
             loss_scale=self._loss_scale_columns(scale),
@@ -259,7 +259,7 @@ class Session:
     def _loss_scale_columns(self, scale):
         if scale is None:
             return None
-        return updates.LossScale(scale, self.skipped, self.skipped_written)
+        return optimizer.LossScale(scale, self.skipped, self.skipped_written)
 
     def _step(self):
         # Before this step's update (apply increments after the update).
@@ -279,7 +279,7 @@ class Session:
         return out
 
     def _record_applied(self, grads_and_vars):
-        if self.call is None and replica.writing_replica() is False:
+        if self.call is None and distributed.writing_replica() is False:
             return
         variables = self._variables()
         index = {self._key(v): i for i, v in enumerate(variables)}
@@ -300,7 +300,7 @@ class Session:
         self._write(grads, variables, self._step())
 
     def _record_if_skipped(self, grads, finite):
-        if replica.writing_replica() is False:
+        if distributed.writing_replica() is False:
             return
         variables = self._variables()
         if len(grads) != len(variables):
@@ -317,8 +317,8 @@ class Session:
             # so the gradient before clipping is the refused one.
             extra = None
             if self.has_update_hook:
-                extra = updates.Extra(
-                    update=updates.RefusedUpdate(),
+                extra = optimizer.Extra(
+                    update=optimizer.RefusedUpdate(),
                     before_clip=unscaled if self.clips else None,
                     loss_scale=self._loss_scale_columns(scale),
                 )

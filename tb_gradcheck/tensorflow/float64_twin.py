@@ -11,7 +11,8 @@ float32 rounding of it, which is what a gradient check is about.
 
 import numpy as np
 
-from tb_gradcheck.check import float32_gap as gaps
+from tb_gradcheck.check.float32_gap import FLOAT32_TOLERANCE
+from tb_gradcheck.check.float32_gap import own_gap
 
 
 def float64_twin(model):
@@ -133,7 +134,7 @@ def _name(tensor):
     return name.split(":")[0] if isinstance(name, str) else None
 
 
-def float32_gap(report, loss_fn, variables, twin_loss_fn, twin_variables, tolerance=gaps.FLOAT32_TOLERANCE):
+def float32_gap(report, loss_fn, variables, twin_loss_fn, twin_variables, tolerance=FLOAT32_TOLERANCE):
     """``report`` (the twin's check) with each row's float32 gradient held against the twin's float64 one.
 
     Args:
@@ -165,21 +166,23 @@ def float32_gap(report, loss_fn, variables, twin_loss_fn, twin_variables, tolera
             "Expected the model's variables and the twin's, in the same order and shapes. Received: "
             f"{len(variables)} and {len(twin_variables)} variables"
         )
-    from tb_gradcheck.tensorflow import evaluator as check_state
-    from tb_gradcheck.tensorflow import variables as grouping
+    from tb_gradcheck.tensorflow.evaluator import Evaluator
+    from tb_gradcheck.tensorflow.evaluator import tf_variable
+    from tb_gradcheck.tensorflow.variables import Rows
 
     twin = _gradients(twin_loss_fn, twin_variables)
-    evaluator = check_state.Evaluator(loss_fn, [check_state.tf_variable(v) for v in variables])
+    evaluator = Evaluator(loss_fn, [tf_variable(v) for v in variables])
     try:
-        return gaps.own_gap(report, evaluator, twin, grouping.Rows(twin_variables), tolerance)
+        return own_gap(report, evaluator, twin, Rows(twin_variables), tolerance)
     finally:
         evaluator.restore_all()
 
 
 def _gradients(loss_fn, variables):
-    from tb_gradcheck.tensorflow import evaluator as check_state
+    from tb_gradcheck.tensorflow.evaluator import Evaluator
+    from tb_gradcheck.tensorflow.evaluator import tf_variable
 
-    evaluator = check_state.Evaluator(loss_fn, [check_state.tf_variable(v) for v in variables])
+    evaluator = Evaluator(loss_fn, [tf_variable(v) for v in variables])
     try:
         return [None if g is None else np.asarray(g, np.float64) for g in evaluator.gradients()]
     finally:

@@ -47,11 +47,11 @@ import warnings
 # package, unless the tb_gradcheck/tensorflow/ folder itself is put on sys.path.
 import keras
 
-from tb_gradcheck import keras_fit as fit_callback
+from tb_gradcheck import keras_fit
 from tb_gradcheck.core import validate
 
 
-class GradientCallback(fit_callback.AttachedCallback):
+class GradientCallback(keras_fit.AttachedCallback):
     """Writes per-layer statistics of the gradients ``model.fit`` applies, for the Gradients tab.
 
     Writes into ``log_dir/train``, the run ``keras.callbacks.TensorBoard(log_dir)``
@@ -69,7 +69,7 @@ class GradientCallback(fit_callback.AttachedCallback):
     writes run a second compiled train function, which takes only what the
     window reduces: one more compilation per fit); XLA is turned off for the fit, with a
     warning, only with ``steps_per_execution > 1``, several replicas or a
-    ``LossScaleOptimizer`` (see ``hooks.why_not_compiled``).
+    ``LossScaleOptimizer`` (see ``fit_hooks.why_not_compiled``).
 
     Training is not changed: the callback only reads, and the weights and
     optimizer state after a fit with it are those of the same fit without it,
@@ -128,7 +128,7 @@ class GradientCallback(fit_callback.AttachedCallback):
     def __new__(cls, *args, **kwargs):
         if cls is GradientCallback:
             # Another backend: its sibling, which reads that backend's train step.
-            backend_class = fit_callback.backend_callback()
+            backend_class = keras_fit.backend_callback()
             if backend_class is not cls:
                 return backend_class(*args, **kwargs)
         return super().__new__(cls)
@@ -170,7 +170,7 @@ class GradientCallback(fit_callback.AttachedCallback):
     # -- Keras hooks ---------------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        from tb_gradcheck.tensorflow import fit_hooks as hooks  # TensorFlow: imported on this backend only
+        from tb_gradcheck.tensorflow import fit_hooks  # TensorFlow: imported on this backend only
 
         self._finish()  # an earlier fit of this callback that raised outside the step
         if self.check_data is not None and self.check_every_n_steps is None:
@@ -188,10 +188,10 @@ class GradientCallback(fit_callback.AttachedCallback):
             )
             return
         target = optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
-        if not callable(getattr(target, hooks.APPLIED_HOOK, None)):
+        if not callable(getattr(target, fit_hooks.APPLIED_HOOK, None)):
             warnings.warn(
                 f"GradientCallback cannot record the gradients of a {type(target).__name__}: it has no "
-                f"`{hooks.APPLIED_HOOK}` (expected on Keras 3 optimizers with the TensorFlow backend; "
+                f"`{fit_hooks.APPLIED_HOOK}` (expected on Keras 3 optimizers with the TensorFlow backend; "
                 f"this is Keras {keras.__version__} with backend {keras.backend.backend()!r}). "
                 "Nothing is recorded in this fit.",
                 stacklevel=2,
@@ -199,7 +199,7 @@ class GradientCallback(fit_callback.AttachedCallback):
             return
         self._warn_if_window_too_long()
         self._attach(
-            hooks.Session(
+            fit_hooks.Session(
                 self.model,
                 optimizer,
                 target,
@@ -252,10 +252,10 @@ class GradientCallback(fit_callback.AttachedCallback):
             warnings.warn(message, stacklevel=2)
 
     def _guarded(self, function, between_writes=None):
-        """The hooked train function, run in this callback's batches only (``fit_callback.AttachedCallback._guard``).
+        """The hooked train function, run in this callback's batches only (``keras_fit.AttachedCallback._guard``).
 
         ``between_writes``: the train function for the steps the session
-        knows are not written (``stash.Schedule.between_writes_next``), or None.
+        knows are not written (``compiled.Schedule.between_writes_next``), or None.
         """
         import tensorflow as tf
 

@@ -34,9 +34,9 @@ import sys
 import tensorflow as tf
 
 from tb_gradcheck.core import metadata
-from tb_gradcheck.tensorflow import branches as conds
-from tb_gradcheck.tensorflow import full_sums as sums
-from tb_gradcheck.tensorflow import statistics as stats
+from tb_gradcheck.tensorflow import branches
+from tb_gradcheck.tensorflow import full_sums
+from tb_gradcheck.tensorflow import statistics
 
 UPDATE_COLUMNS = ("update_norm", "update_to_weight")
 BEFORE_CLIP_COLUMN = "grad_norm_before_clip"
@@ -78,7 +78,7 @@ class UpdateBracket:
                 return [tf.zeros_like(_value(v)) for v in self.variables]
             return [tf.zeros([0], _value(v).dtype) for v in self.variables]
 
-        self._before = conds.cond(self.due, read, skip)
+        self._before = branches.cond(self.due, read, skip)
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -98,7 +98,7 @@ class UpdateBracket:
             n = len(self.variables)
             return tf.fill([n], tf.constant(-1.0, tf.float64)), tf.fill([n], tf.constant(-1.0, tf.float64))
 
-        self._update, self._weight = conds.cond(self.due, measure, skip)
+        self._update, self._weight = branches.cond(self.due, measure, skip)
         self._before = None  # the snapshot is not needed past this point
         return False
 
@@ -130,12 +130,15 @@ class UpdateBracket:
                 "before the update). update_norm is not recorded at this step.",
                 output_stream=sys.stderr,
             )
-            layer_w, variable_w = stats.weight_norms(rows)
-            missing = (tf.fill(tf.shape(layer_w), stats.MISSING), tf.fill(tf.shape(variable_w), stats.MISSING))
+            layer_w, variable_w = statistics.weight_norms(rows)
+            missing = (
+                tf.fill(tf.shape(layer_w), statistics.MISSING),
+                tf.fill(tf.shape(variable_w), statistics.MISSING),
+            )
             return missing, missing, (layer_w, variable_w)
 
         measured = tf.reduce_all(self._update >= 0)
-        return dict(zip(names, conds.cond(measured, lambda: self._measured(rows), unmeasured)))
+        return dict(zip(names, branches.cond(measured, lambda: self._measured(rows), unmeasured)))
 
     def _measured(self, rows):
         """``(update_norm, update_to_weight, weight_norm)``, each ``(layer [L], variable [V])`` float32."""
@@ -170,7 +173,7 @@ class RefusedUpdate:
         return {
             "update_norm": (zeros_l, zeros_v),
             "update_to_weight": (zeros_l, zeros_v),
-            "weight_norm": stats.weight_norms(rows),
+            "weight_norm": statistics.weight_norms(rows),
         }
 
 
@@ -180,22 +183,22 @@ def before_clip_columns(gradients, rows, compiled=False):
     Args:
       gradients: One per variable of ``rows`` (None where missing), already
         summed over replicas.
-      rows: The ``grouping.Rows`` of the write.
-      compiled: Whether the step is XLA-compiled (``stats.norms``).
+      rows: The ``variables.Rows`` of the write.
+      compiled: Whether the step is XLA-compiled (``statistics.norms``).
     """
-    return {BEFORE_CLIP_COLUMN: stats.norms(gradients, rows, compiled)}
+    return {BEFORE_CLIP_COLUMN: statistics.norms(gradients, rows, compiled)}
 
 
 def _ratio(num, den):
     ok = (num >= 0) & (den > 0)
-    return tf.where(ok, num / tf.where(ok, den, 1.0), stats.MISSING)
+    return tf.where(ok, num / tf.where(ok, den, 1.0), statistics.MISSING)
 
 
 def _sumsq(x, compiled=False):
     if x.shape.num_elements() == 0:
         return tf.constant(0.0, tf.float64)
     if compiled:  # as stats' compiled norms: no cond, and no underflow of a tiny update
-        return sums.sumsq64(x, compiled=True)
+        return full_sums.sumsq64(x, compiled=True)
     return tf.cast(tf.nn.l2_loss(x), tf.float64) * 2.0
 
 
@@ -238,7 +241,7 @@ class Extra:
       before_clip: The gradients before clipping (one per variable, summed
         over replicas), or None.
       loss_scale: A ``LossScale``, or None.
-      compiled: Whether the step is XLA-compiled (``stats.norms``).
+      compiled: Whether the step is XLA-compiled (``statistics.norms``).
     """
 
     def __init__(self, update=None, before_clip=None, loss_scale=None, compiled=False):
@@ -296,10 +299,10 @@ def fill(layer, variable, names, values):
         for name in names:
             if name in values:
                 v = values[name][k]
-                rest = tf.fill(tf.stack([slabs - 1, tf.shape(v)[0]]), tf.constant(stats.MISSING, tf.float32))
+                rest = tf.fill(tf.stack([slabs - 1, tf.shape(v)[0]]), tf.constant(statistics.MISSING, tf.float32))
                 extra.append(tf.concat([v[None], rest], axis=0))
             else:
-                extra.append(tf.fill(tf.shape(part)[:2], tf.constant(stats.MISSING, tf.float32)))
+                extra.append(tf.fill(tf.shape(part)[:2], tf.constant(statistics.MISSING, tf.float32)))
         if extra:
             part = tf.concat([part, tf.stack(extra, axis=-1)], axis=-1)
         out.append(part)

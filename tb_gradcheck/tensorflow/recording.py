@@ -11,11 +11,11 @@ import tensorflow as tf
 
 from tb_gradcheck.core import metadata
 from tb_gradcheck.tensorflow import branches
-from tb_gradcheck.tensorflow import compiled as stash
-from tb_gradcheck.tensorflow import optimizer as updates
-from tb_gradcheck.tensorflow import statistics as stats
-from tb_gradcheck.tensorflow import variables as grouping
+from tb_gradcheck.tensorflow import compiled
+from tb_gradcheck.tensorflow import optimizer
+from tb_gradcheck.tensorflow import statistics
 from tb_gradcheck.tensorflow import window
+from tb_gradcheck.tensorflow.variables import Rows
 
 
 class Recording:
@@ -32,7 +32,7 @@ class Recording:
     """
 
     def __init__(self, variables, sparse, every_n_steps, unit_axes, events, optimizer_columns=()):
-        self.rows = grouping.Rows(variables, unit_axes)
+        self.rows = Rows(variables, unit_axes)
         self.every_n_steps = every_n_steps
         self._events = events
         aggregates = metadata.SINGLE_STEP_AGGREGATES if every_n_steps == 1 else metadata.AGGREGATES
@@ -44,15 +44,15 @@ class Recording:
         )
         self.optimizer_columns = tuple(optimizer_columns)
         # An update bracket measures the weights' norms before the update,
-        # and its weight_norm replaces the writer's own (updates.fill): then
+        # and its weight_norm replaces the writer's own (optimizer.fill): then
         # the writer does not read the weights itself, one pass less.
-        self.own_weights = not any(c in updates.UPDATE_COLUMNS for c in self.optimizer_columns)
+        self.own_weights = not any(c in optimizer.UPDATE_COLUMNS for c in self.optimizer_columns)
         # Statistic columns this layout stores (before the optimizer ones).
         self.columns = len(metadata.stored_columns(every_n_steps))
         self.window = None
         if every_n_steps > 1:
             self.window = window.Window(len(self.rows.layer_names), len(self.rows.variable_names))
-        self._stash = None  # a stash.Stash once a compiled step records
+        self._stash = None  # a compiled.Stash once a compiled step records
         self._write_held = None  # the traced writer of stashed statistics
 
     def measure(self, gradients, step, compiled=False):
@@ -60,13 +60,13 @@ class Recording:
 
         Returns ``(layer, variable)`` stats, and for a window also
         ``(layer, variable)`` weight norms. ``compiled``: the step is
-        XLA-compiled (``stats.compute``).
+        XLA-compiled (``statistics.compute``).
         """
         if self.every_n_steps == 1:
-            return stats.compute(gradients, self.rows, weights=self.own_weights, onset=False, compiled=compiled)
+            return statistics.compute(gradients, self.rows, weights=self.own_weights, onset=False, compiled=compiled)
         # Between writes only what a window needs: one fused pass per
         # gradient for the norm (and, on a bad step only, the NaN count).
-        layer, variable = stats.quick(gradients, self.rows)
+        layer, variable = statistics.quick(gradients, self.rows)
         return layer, variable, self._weight_norms(step)
 
     def _weight_norms(self, step, compiled=False, due=None):
@@ -81,19 +81,19 @@ class Recording:
         n_l, n_v = len(self.rows.layer_names), len(self.rows.variable_names)
 
         def missing():
-            return tf.fill([n_l], stats.MISSING), tf.fill([n_v], stats.MISSING)
+            return tf.fill([n_l], statistics.MISSING), tf.fill([n_v], statistics.MISSING)
 
         if not self.own_weights or due is False:
             return missing()
         return branches.cond(
-            tf.equal(step % self.every_n_steps, 0), lambda: stats.weight_norms(self.rows, compiled), missing
+            tf.equal(step % self.every_n_steps, 0), lambda: statistics.weight_norms(self.rows, compiled), missing
         )
 
     def record(self, measured, gradients, step, writer, extra, guard):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics.
 
         ``writer`` is the ``tf.summary`` writer; ``extra`` (an
-        ``updates.Extra``) gives the optimizer columns of the write step.
+        ``optimizer.Extra``) gives the optimizer columns of the write step.
         ``guard(write)`` runs ``write`` (a function returning a bool tensor)
         if the writer is still open (``closing.Guard.run``). Leaving
         ``writer.as_default()`` flushes it: that makes every written step
@@ -115,7 +115,7 @@ class Recording:
 
         def write_window():
             with writer.as_default():
-                full = stats.compute(gradients, self.rows, weights=False)
+                full = statistics.compute(gradients, self.rows, weights=False)
                 return self.flush_window(step, measured[2], full, extra)
 
         return branches.cond(
@@ -128,12 +128,12 @@ class Recording:
             return layer, variable
         if values is None and extra is not None:
             values = extra.columns(self.rows)
-        return updates.fill(layer, variable, self.optimizer_columns, values)
+        return optimizer.fill(layer, variable, self.optimizer_columns, values)
 
     def stash(self, gradients, step, extra=None, between_writes=False):
-        """Inside an XLA-compiled step: this step's statistics into variables (``stash.Stash``).
+        """Inside an XLA-compiled step: this step's statistics into variables (``compiled.Stash``).
 
-        With ``extra`` (an ``updates.Extra``), its optimizer columns (and the
+        With ``extra`` (an ``optimizer.Extra``), its optimizer columns (and the
         weight norm it measured) are kept too, computed at write steps only.
 
         No cond here takes a gradient: under XLA a cond's branch is a
@@ -159,8 +159,8 @@ class Recording:
                 "every step of this writer is written. Received: every_n_steps=1"
             )
         if self._stash is None:
-            depth = stash.DEPTH if self.every_n_steps == 1 else 1
-            self._stash = stash.Stash(self.rows, self.columns, self._extra_names(), depth)
+            depth = compiled.DEPTH if self.every_n_steps == 1 else 1
+            self._stash = compiled.Stash(self.rows, self.columns, self._extra_names(), depth)
         held = self._stash
         if held.extra:
             held.store_extra(step, self._extra_values(extra, step, due=False if between_writes else None))
@@ -168,18 +168,18 @@ class Recording:
             held.store(step, *self.measure(gradients, step, compiled=True))
             return
         if between_writes:
-            layer, variable = stats.quick(gradients, self.rows, compiled=True)
+            layer, variable = statistics.quick(gradients, self.rows, compiled=True)
             self.window.add(layer, variable, step)
             held.store(step, None, None, weights=self._weight_norms(step, due=False))
             return
-        layer, variable = stats.compute(gradients, self.rows, weights=False, compiled=True)
-        self.window.add(stats.window_columns(layer), stats.window_columns(variable), step)
+        layer, variable = statistics.compute(gradients, self.rows, weights=False, compiled=True)
+        self.window.add(statistics.window_columns(layer), statistics.window_columns(variable), step)
         held.store(step, layer, variable, weights=self._weight_norms(step, compiled=True))
 
     def _extra_names(self):
         """The stashed optimizer values: the layout's optimizer columns, and weight_norm with an update bracket."""
         names = list(self.optimizer_columns)
-        if any(n in updates.UPDATE_COLUMNS for n in names):
+        if any(n in optimizer.UPDATE_COLUMNS for n in names):
             names.append("weight_norm")
         return tuple(names)
 
@@ -191,8 +191,8 @@ class Recording:
         def missing():
             return {
                 n: (
-                    tf.fill([n_l], tf.constant(stats.MISSING, tf.float32)),
-                    tf.fill([n_v], tf.constant(stats.MISSING, tf.float32)),
+                    tf.fill([n_l], tf.constant(statistics.MISSING, tf.float32)),
+                    tf.fill([n_v], tf.constant(statistics.MISSING, tf.float32)),
                 )
                 for n in names
             }
@@ -275,7 +275,7 @@ class Recording:
         self.write_stashed(writer)
         if self.window is not None and bool(self.window.pending()):
             with writer.as_default():
-                self.flush_window(self.window.last_step.read_value(), stats.weight_norms(self.rows))
+                self.flush_window(self.window.last_step.read_value(), statistics.weight_norms(self.rows))
 
     def flush_window(self, step, weight_norms, last=None, extra=None, values=None):
         """Writes the window; with this step's full statistics ``last``, its ``last`` slab has every statistic."""

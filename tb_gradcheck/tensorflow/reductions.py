@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck.tensorflow import branches
-from tb_gradcheck.tensorflow import full_sums as sums
+from tb_gradcheck.tensorflow import full_sums
 from tb_gradcheck.tensorflow import units
 
 # float32 squares of values below ~1e-19 underflow and above ~1e19 overflow,
@@ -95,7 +95,7 @@ def compiled_columns(gradients, where, rows):
     values = compiled_values(gradients, where, rows)
     tops, bottoms = zip(*[units.extremes(v, rows.variable_units[i]) for v, i in zip(values, where)])
     norms = compiled_norms(values)
-    nonzero = tf.stack([sums.count(tf.not_equal(v, 0), compiled=True) for v in values])
+    nonzero = tf.stack([full_sums.count(tf.not_equal(v, 0), compiled=True) for v in values])
     nonfinite = compiled_nonfinite(values)
     max_abs, dead_v, dead_l = units.fractions(tops, bottoms, where, rows)
     zeros = tf.constant([float(rows.variable_sizes[i]) for i in where], tf.float64) - nonzero
@@ -109,7 +109,7 @@ def compiled_values(gradients, where, rows):
 
 def compiled_nonfinite(values):
     """float64 count of the non-finite elements of each tensor, with no cond (one count of a mask each)."""
-    return tf.stack([sums.count(tf.logical_not(tf.math.is_finite(v)), compiled=True) for v in values])
+    return tf.stack([full_sums.count(tf.logical_not(tf.math.is_finite(v)), compiled=True) for v in values])
 
 
 def compiled_norms(values):
@@ -120,7 +120,7 @@ def compiled_norms(values):
     below 1e-154 or above 1e154, and a norm made of such elements is 0 or
     Inf in the float32 it is stored as whichever way it is computed.
     """
-    return tf.sqrt(tf.stack([sums.sumsq64(v, compiled=True) for v in values]))
+    return tf.sqrt(tf.stack([full_sums.sumsq64(v, compiled=True) for v in values]))
 
 
 def gather(parts, where, rows):

@@ -1,7 +1,7 @@
 """Per-layer and per-variable gradient statistics, computed inside the training step.
 
 ``compute`` turns one step's gradients into two float32 matrices, one row per
-layer and one row per variable (``grouping.Rows``), one column per name in
+layer and one row per variable (``variables.Rows``), one column per name in
 ``metadata.STORED_STAT_COLUMNS``. The passes over each gradient are in
 ``tb_gradcheck.tensorflow.reductions``; this module lays their results out. Missing
 gradients are written as ``MISSING`` (-1): every gradient column is
@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck.core import metadata
-from tb_gradcheck.tensorflow import reductions as passes
+from tb_gradcheck.tensorflow import reductions
 from tb_gradcheck.tensorflow import units
 
 # Stored in every gradient column of a row whose gradient is None (the
@@ -36,7 +36,7 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
       gradients: One checked gradient per variable (``validate.gradients``):
         a dense tensor, a ``tf.IndexedSlices`` (summed over repeated indices,
         as the optimizer would apply it) or None (recorded as missing).
-      rows: The ``grouping.Rows`` of the variables, in the order of ``gradients``.
+      rows: The ``variables.Rows`` of the variables, in the order of ``gradients``.
       weights: Bool, default True. When False the weight column holds
         MISSING; the windowed writer takes ``weight_norms`` itself.
       onset: Bool, default True: include ``metadata.ONSET_STAT_COLUMNS``
@@ -44,7 +44,7 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
         not store them).
       compiled: Bool, default False: the step is XLA-compiled. The numbers
         are the same; they are computed with no cond
-        (``passes.compiled_columns``) and with the sums that are cheap there
+        (``reductions.compiled_columns``) and with the sums that are cheap there
         (``tb_gradcheck.tensorflow.full_sums``).
 
     Returns:
@@ -60,10 +60,10 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
     n_var, n_layer = len(variables), len(rows.layer_names)
     if where:
         if compiled:
-            columns = passes.compiled_columns(gradients, where, rows)
+            columns = reductions.compiled_columns(gradients, where, rows)
         else:
-            parts = [passes.graph_partials(gradients[i], variables[i], rows.unit_axes[i]) for i in where]
-            columns = passes.gather(parts, where, rows)
+            parts = [reductions.graph_partials(gradients[i], variables[i], rows.unit_axes[i]) for i in where]
+            columns = reductions.gather(parts, where, rows)
         norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v, dead_l = columns
         norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v = _spread(
             (norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v), where, n_var
@@ -144,21 +144,23 @@ def norms(gradients, rows, compiled=False):
 def _norms_and_nonfinite(gradients, rows, compiled, nonfinite=True):
     """float64 ``[V]``: each variable's gradient norm and non-finite element count, 0 where it has no gradient.
 
-    Compiled, the count is a pass of its own (``passes.compiled_nonfinite``),
+    Compiled, the count is a pass of its own (``reductions.compiled_nonfinite``),
     taken only with ``nonfinite`` (None without it). Outside XLA it comes with
     the norms: a finite sum of squares proves there are none, and only a bad
-    step counts them (``passes.gather``).
+    step counts them (``reductions.gather``).
     """
     where = [i for i, g in enumerate(gradients) if g is not None]
     n_var = len(rows.variables)
     if not where:
         return tf.zeros([n_var], tf.float64), tf.zeros([n_var], tf.float64)
     if compiled:
-        values = passes.compiled_values(gradients, where, rows)
-        columns = (passes.compiled_norms(values),) + ((passes.compiled_nonfinite(values),) if nonfinite else ())
+        values = reductions.compiled_values(gradients, where, rows)
+        columns = (reductions.compiled_norms(values),) + ((reductions.compiled_nonfinite(values),) if nonfinite else ())
     else:
-        parts = [passes.graph_partials(gradients[i], rows.variables[i], rows.unit_axes[i], full=False) for i in where]
-        norm_v, _, _, nonfinite_v, _, _ = passes.gather(parts, where, rows)
+        parts = [
+            reductions.graph_partials(gradients[i], rows.variables[i], rows.unit_axes[i], full=False) for i in where
+        ]
+        norm_v, _, _, nonfinite_v, _, _ = reductions.gather(parts, where, rows)
         columns = (norm_v, nonfinite_v)
     columns = _spread(columns, where, n_var)
     return columns[0], columns[1] if len(columns) > 1 else None
@@ -180,7 +182,7 @@ def window_columns(full):
 
 def _window_columns(norm, nonfinite, present):
     """float32 ``[R, 3]``: ``WINDOW_COLUMNS`` of one step, MISSING where not ``present`` (a static list)."""
-    finite_norm = passes.where(tf.math.is_finite(norm), norm, MISSING)
+    finite_norm = reductions.where(tf.math.is_finite(norm), norm, MISSING)
     return _missing_where_absent(tf.stack([norm, nonfinite, finite_norm], axis=1), present)
 
 
@@ -198,8 +200,8 @@ def _layers_present(rows, present):
 
 def weight_norms(rows, compiled=False):
     """Returns ``(per_layer, per_variable)`` L2 norms of the variables' values (float32 vectors)."""
-    values = [passes.as_float(tf.convert_to_tensor(v)) for v in rows.variables]
-    w_norm_v = passes.tensor_norms(values, compiled)
+    values = [reductions.as_float(tf.convert_to_tensor(v)) for v in rows.variables]
+    w_norm_v = reductions.tensor_norms(values, compiled)
     seg = tf.constant(rows.layer_of, tf.int32)
     w_norm_l = _combine_norms(w_norm_v, seg, len(rows.layer_names), _narrow(rows.variables))
     return tf.cast(w_norm_l, tf.float32), tf.cast(w_norm_v, tf.float32)
@@ -233,11 +235,11 @@ def _combine_norms(norms, segments, n, narrow):
     top = tf.math.unsorted_segment_max(norms, segments, n)
     top = tf.maximum(top, 0.0)  # empty segments reduce to -inf
     finite_top = tf.math.is_finite(top) & (top > 0)
-    scale = tf.gather(passes.where(finite_top, top, 1.0), segments)
+    scale = tf.gather(reductions.where(finite_top, top, 1.0), segments)
     combined = top * tf.sqrt(tf.math.unsorted_segment_sum(tf.square(norms / scale), segments, n))
     # NaN anywhere stays NaN (NaN propagates through the sum); +Inf stays Inf.
     has_nan = tf.math.unsorted_segment_max(tf.cast(tf.math.is_nan(norms), tf.int32), segments, n) > 0
-    return passes.where(has_nan, np.nan, passes.where(finite_top, combined, top))
+    return reductions.where(has_nan, np.nan, reductions.where(finite_top, combined, top))
 
 
 def _narrow(tensors):
@@ -247,14 +249,14 @@ def _narrow(tensors):
 
 def _assemble(norm, max_abs, zeros, nonfinite, dead, size, present, onset):
     """Stacks the columns, float32, MISSING where absent; the weight column MISSING."""
-    zero_fraction = passes.where(size > 0, zeros / tf.maximum(size, 1.0), 0.0)
+    zero_fraction = reductions.where(size > 0, zeros / tf.maximum(size, 1.0), 0.0)
     cols = [norm, max_abs, zero_fraction, nonfinite, dead, tf.fill(tf.shape(norm), tf.constant(MISSING, tf.float64))]
     if onset:
         # The onset columns of a window of one step: its norm if finite, and
         # offset 0 (this step) if it had a non-finite element.
-        cols.append(passes.where(tf.math.is_finite(norm), norm, MISSING))
+        cols.append(reductions.where(tf.math.is_finite(norm), norm, MISSING))
         cols.append(tf.where(nonfinite > 0, tf.zeros_like(nonfinite), MISSING))
-    return tf.cast(passes.where(present[:, None], tf.stack(cols, axis=1), MISSING), tf.float32)
+    return tf.cast(reductions.where(present[:, None], tf.stack(cols, axis=1), MISSING), tf.float32)
 
 
 def _blank_cells(stats, column, rows_):

@@ -76,7 +76,7 @@ def fractions(top, bottom, where, rows):
         element (``extremes``).
       bottom: The same for the smallest element.
       where: Indices (into ``rows``) of the present variables.
-      rows: The ``grouping.Rows``.
+      rows: The ``variables.Rows``.
 
     Returns:
       ``(max_abs [P], dead_fraction [P], layer_dead_fraction [L])``, float64.

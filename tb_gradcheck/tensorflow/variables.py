@@ -57,7 +57,7 @@ class Rows(structure.Structure):
 # The checks of what a writer is given ("Expected ... Received: ..."), on TensorFlow's types.
 
 
-def step(value, name="step"):
+def checked_step(value, name="step"):
     """A training step as a scalar int64 tensor.
 
     Accepts a Python int in 0..2**63-1 or a scalar integer tensor or variable
@@ -83,7 +83,7 @@ def step(value, name="step"):
     raise TypeError(f"Expected `{name}` to be an integer. Received: {value!r} of type {type(value).__name__}")
 
 
-def variables(values, name="variables"):
+def checked_variables(values, name="variables"):
     """A non-empty list of distinct floating-point ``tf.Variable`` or Keras variables."""
     values = validate.non_empty_list(values, name)
     seen = {}
@@ -108,7 +108,7 @@ def variables(values, name="variables"):
     return values
 
 
-def gradients(values, variables_, name="gradients"):
+def checked_gradients(values, variables_, name="gradients"):
     """One gradient per variable: None, a ``tf.IndexedSlices`` or a floating-point tensor of the variable's shape.
 
     Args:

@@ -1,29 +1,29 @@
 """The window of a writer with ``every_n_steps > 1``: per-step reductions between writes, and the onset.
 
-State lives in host variables (``replica.host_variable``), updated inside
+State lives in host variables (``distributed.host_variable``), updated inside
 the training step by the replica that records. Layer and variable rows are
 kept as one matrix (layers first), so a step's bookkeeping is a fixed
 handful of small ops whatever the number of variables: the per-step cost of
-a window is its one fused norm pass per gradient (``stats.quick``).
+a window is its one fused norm pass per gradient (``statistics.quick``).
 """
 
 import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck.core import metadata
-from tb_gradcheck.tensorflow import distributed as replica
-from tb_gradcheck.tensorflow import statistics as stats
+from tb_gradcheck.tensorflow import distributed
+from tb_gradcheck.tensorflow import statistics
 
-_REDUCED = [metadata.STORED_STAT_COLUMNS.index(c) for c in stats.WINDOW_COLUMNS]
-_NONFINITE = stats.WINDOW_COLUMNS.index("grad_nonfinite")
+_REDUCED = [metadata.STORED_STAT_COLUMNS.index(c) for c in statistics.WINDOW_COLUMNS]
+_NONFINITE = statistics.WINDOW_COLUMNS.index("grad_nonfinite")
 _FIRST_NONFINITE = metadata.STORED_STAT_COLUMNS.index("first_nonfinite_offset")
 _WEIGHT_NORM = metadata.STORED_STAT_COLUMNS.index("weight_norm")
 
 
 class Window:
-    """Running last/sum/max/min/count of ``stats.WINDOW_COLUMNS`` since the last write, and the onset.
+    """Running last/sum/max/min/count of ``statistics.WINDOW_COLUMNS`` since the last write, and the onset.
 
-    What a window reduces is what ``stats.quick`` gives at every step:
+    What a window reduces is what ``statistics.quick`` gives at every step:
     grad_norm, grad_nonfinite and grad_norm_finite (one fused pass per
     gradient). max |g|, the zero fraction and dead units need passes of
     their own, so they are taken at the write step only (the ``last`` slab)
@@ -38,24 +38,26 @@ class Window:
 
     def __init__(self, n_layers, n_variables):
         self._split = n_layers
-        shape = (n_layers + n_variables, len(stats.WINDOW_COLUMNS))
+        shape = (n_layers + n_variables, len(statistics.WINDOW_COLUMNS))
 
         def var(value):
-            return replica.host_variable(np.full(shape, value, np.float32), tf.float32, "tb_gradcheck_window")
+            return distributed.host_variable(np.full(shape, value, np.float32), tf.float32, "tb_gradcheck_window")
 
-        self._last = var(stats.MISSING)
+        self._last = var(statistics.MISSING)
         self._sum = var(0.0)
         self._max = var(-np.inf)
         self._min = var(np.inf)
         self._count = var(0.0)
-        self._first_nonfinite = replica.host_variable(np.full(shape[0], -1, np.int64), tf.int64, "tb_gradcheck_window")
-        self.last_step = replica.host_variable(0, tf.int64, "tb_gradcheck_last_step")
+        self._first_nonfinite = distributed.host_variable(
+            np.full(shape[0], -1, np.int64), tf.int64, "tb_gradcheck_window"
+        )
+        self.last_step = distributed.host_variable(0, tf.int64, "tb_gradcheck_last_step")
 
     def add(self, layer, variable, step):
-        """Adds one step's ``stats.quick`` columns (layer ``[L, 3]``, variable ``[V, 3]``)."""
+        """Adds one step's ``statistics.quick`` columns (layer ``[L, 3]``, variable ``[V, 3]``)."""
         step = tf.cast(step, tf.int64)
         x = tf.concat([layer, variable], axis=0)
-        here = tf.not_equal(x, stats.MISSING)  # NaN != MISSING: NaN is data
+        here = tf.not_equal(x, statistics.MISSING)  # NaN != MISSING: NaN is data
         self._last.assign(x)
         # sum, max and min count steps with a non-finite gradient; last keeps the elements (running.steps_flagged).
         flags = tf.cast(x[:, _NONFINITE : _NONFINITE + 1] > 0, x.dtype)
@@ -79,7 +81,7 @@ class Window:
           step: The write step (int64), which onset offsets count back from.
           weight_norms: ``(layer, variable)`` float32 weight norms of the write
             step, put in every slab's ``weight_norm`` column.
-          last: ``(layer, variable)`` full statistics (``stats.compute``) of
+          last: ``(layer, variable)`` full statistics (``statistics.compute``) of
             the write step for the ``last`` slab, or None to use the last
             step's windowed columns.
         """
@@ -92,16 +94,16 @@ class Window:
             "sum": self._sum,
         }
         reduced = tf.stack(
-            [slabs[a] if a == "last" else tf.where(seen, slabs[a], stats.MISSING) for a in metadata.AGGREGATES]
+            [slabs[a] if a == "last" else tf.where(seen, slabs[a], statistics.MISSING) for a in metadata.AGGREGATES]
         )
         # Spread the reduced columns into the stored layout; every other
         # column reads MISSING (index 3: the pad).
-        pad = tf.fill(tf.concat([tf.shape(reduced)[:2], [1]], 0), stats.MISSING)
-        source = np.full(len(metadata.STORED_STAT_COLUMNS), len(stats.WINDOW_COLUMNS))
+        pad = tf.fill(tf.concat([tf.shape(reduced)[:2], [1]], 0), statistics.MISSING)
+        source = np.full(len(metadata.STORED_STAT_COLUMNS), len(statistics.WINDOW_COLUMNS))
         source[_REDUCED] = np.arange(len(_REDUCED))
         out = tf.gather(tf.concat([reduced, pad], axis=-1), source, axis=-1)
         first = self._first_nonfinite
-        offset = tf.where(first >= 0, tf.cast(tf.cast(step, tf.int64) - first, tf.float32), stats.MISSING)
+        offset = tf.where(first >= 0, tf.cast(tf.cast(step, tf.int64) - first, tf.float32), statistics.MISSING)
         weights = tf.concat(weight_norms, axis=0)
         column = np.arange(len(metadata.STORED_STAT_COLUMNS))
         out = tf.where(column == _FIRST_NONFINITE, offset[None, :, None], out)
@@ -128,5 +130,5 @@ def _with_last(slabs, full):
     """
     keep = np.zeros(len(metadata.STORED_STAT_COLUMNS), bool)
     keep[[_FIRST_NONFINITE, _WEIGHT_NORM]] = True
-    last = tf.where(keep | tf.equal(full, stats.MISSING), slabs[0], full)
+    last = tf.where(keep | tf.equal(full, statistics.MISSING), slabs[0], full)
     return tf.concat([last[None], slabs[1:]], axis=0)

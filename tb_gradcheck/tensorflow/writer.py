@@ -9,26 +9,25 @@ does the work for one list of variables, ``lifetime`` guards a closed writer's t
 
 import tensorflow as tf
 
-from tb_gradcheck.check import report as check_report
+from tb_gradcheck.check.report import stored_checks
 from tb_gradcheck.core import validate
 from tb_gradcheck.tensorflow import branches
-from tb_gradcheck.tensorflow import distributed as replica
+from tb_gradcheck.tensorflow import distributed
 from tb_gradcheck.tensorflow import events
-from tb_gradcheck.tensorflow import lifetime as closing
-from tb_gradcheck.tensorflow import optimizer as updates
+from tb_gradcheck.tensorflow import lifetime
+from tb_gradcheck.tensorflow import optimizer
 from tb_gradcheck.tensorflow import recording
-from tb_gradcheck.tensorflow import variables as grouping
+from tb_gradcheck.tensorflow.variables import checked_gradients
+from tb_gradcheck.tensorflow.variables import checked_step
+from tb_gradcheck.tensorflow.variables import checked_variables
 
-# Flush policy. Every write() ends by flushing its events to the operating
-# system: tf.summary's writer.as_default() flushes when its block exits,
-# eagerly and inside tf.function alike, and write() runs inside one. So a
-# process killed with SIGKILL loses nothing that write() had recorded (only a
-# step whose graph was still running); what the OS had not yet put on disk is
-# lost only if the machine itself goes down (there is no fsync). The cost is
-# one write(2) of a few kilobytes per written step. The two settings below are
-# the underlying tf.summary writer's: they bound how long events of *other*
-# summaries wait when the writer is shared (GradientWriter(writer=...)).
-# close() and interpreter exit (atexit) flush and close as well.
+# Flush policy. Every write() ends by flushing its events to the operating system: tf.summary's
+# writer.as_default() flushes when its block exits, eagerly and inside tf.function alike, and write()
+# runs inside one. So a process killed with SIGKILL loses nothing that write() had recorded (only a step
+# whose graph was still running); what the OS had not yet put on disk is lost only if the machine itself
+# goes down (there is no fsync). The cost is one write(2) of a few kilobytes per written step. The two
+# settings below are the underlying tf.summary writer's: they bound how long events of *other* summaries
+# wait when the writer is shared (GradientWriter(writer=...)). close() and exit (atexit) flush and close.
 DEFAULT_FLUSH_MILLIS = 10_000
 # Events queued in memory before the tf.summary writer flushes regardless of time.
 DEFAULT_MAX_QUEUE = 100
@@ -100,8 +99,8 @@ class GradientWriter:
         self._closed = False
         self._layouts = {}  # (variable ids, sparse flags) -> recording.Recording
         self._events = events.Events()  # tags, fresh flags, the header row's write counter
-        self._guard = closing.Guard()  # what traced graphs do after close()
-        closing.opened(self)
+        self._guard = lifetime.Guard()  # what traced graphs do after close()
+        lifetime.opened(self)
 
     # -- public API ---------------------------------------------------------
 
@@ -146,19 +145,19 @@ class GradientWriter:
             ``close()`` and run after it skips the write with one warning.)
         """
         self._check_open("write")
-        variables = grouping.variables(variables)
-        gradients = grouping.gradients(gradients, variables)
-        step = grouping.step(step)
+        variables = checked_variables(variables)
+        gradients = checked_gradients(gradients, variables)
+        step = checked_step(step)
         if gradients_before_clip is not None:
-            gradients_before_clip = replica.sum_over_replicas(grouping.gradients(gradients_before_clip, variables))
-        if update is not None and not isinstance(update, updates.UpdateBracket):
+            gradients_before_clip = distributed.sum_over_replicas(checked_gradients(gradients_before_clip, variables))
+        if update is not None and not isinstance(update, optimizer.UpdateBracket):
             raise TypeError(
                 f"Expected `update` to be the bracket from GradientWriter.applying(). Received: {type(update).__name__}"
             )
         extra = None
         if gradients_before_clip is not None or update is not None:
-            extra = updates.Extra(update=update, before_clip=gradients_before_clip)
-        self.record(replica.sum_over_replicas(gradients), variables, step, extra)
+            extra = optimizer.Extra(update=update, before_clip=gradients_before_clip)
+        self.record(distributed.sum_over_replicas(gradients), variables, step, extra)
 
     def applying(self, variables, step):
         """A context manager around one optimizer update, to record the update it applied.
@@ -179,12 +178,12 @@ class GradientWriter:
           step: The step given to ``write``.
 
         Returns:
-          An ``updates.UpdateBracket`` to pass to ``write(..., update=...)``.
+          An ``optimizer.UpdateBracket`` to pass to ``write(..., update=...)``.
         """
         self._check_open("applying")
-        variables = grouping.variables(variables)
-        step = grouping.step(step)
-        return updates.UpdateBracket(variables, self.due(step))
+        variables = checked_variables(variables)
+        step = checked_step(step)
+        return optimizer.UpdateBracket(variables, self.due(step))
 
     def due(self, step):
         """Whether ``step`` (an int64 tensor) is a write step: a bool tensor (a Python True when every step is)."""
@@ -216,7 +215,7 @@ class GradientWriter:
         Each ``write_stashed()`` is a host round trip (about a millisecond
         on a CPU), and fewer calls are enough: with ``every_n_steps=N > 1``,
         one after each step that is a multiple of N; written every step, one
-        at least every ``stash.DEPTH`` (8) steps, since the stash holds the
+        at least every ``compiled.DEPTH`` (8) steps, since the stash holds the
         last 8. ``close()`` writes what is still held.
 
         With a window, ``between_writes=True`` (a Python bool) says that
@@ -231,9 +230,9 @@ class GradientWriter:
         """
         self._check_open("write")
         between_writes = validate.flag(between_writes, "between_writes")
-        variables = grouping.variables(variables)
-        gradients = grouping.gradients(gradients, variables)
-        self.record_compiled(gradients, variables, grouping.step(step), between_writes=between_writes)
+        variables = checked_variables(variables)
+        gradients = checked_gradients(gradients, variables)
+        self.record_compiled(gradients, variables, checked_step(step), between_writes=between_writes)
 
     def write_stashed(self):
         """Writes what ``stash`` recorded since the last call and still holds (see ``stash`` for how often to call)."""
@@ -253,7 +252,7 @@ class GradientWriter:
             ``validate.gradients`` returns), already summed over replicas.
           variables: The variables (what ``validate.variables`` returns).
           step: A scalar int64 tensor (what ``validate.step`` returns).
-          extra: An ``updates.Extra`` (the optimizer columns), or None.
+          extra: An ``optimizer.Extra`` (the optimizer columns), or None.
 
         Returns:
           None. On a replica or worker that does not write, nothing is
@@ -261,7 +260,7 @@ class GradientWriter:
         """
         self._check_open("write")
         layout = self._layout_for(variables, gradients, () if extra is None else extra.names)
-        writing = replica.writing_replica()
+        writing = distributed.writing_replica()
         if writing is False:
             return
         if writing is True:
@@ -331,13 +330,13 @@ class GradientWriter:
             ``tf.function`` (a report is a Python object, computed eagerly).
         """
         self._check_open("write_check")
-        stored = check_report.stored_checks(report)
+        stored = stored_checks(report)
         if tf.inside_function():
             raise ValueError(
                 "Expected write_check to be called eagerly, outside tf.function. "
                 "Received: a call while tracing a tf.function"
             )
-        step = grouping.step(step)
+        step = checked_step(step)
         with self._writer.as_default():
             for content, matrix in stored:
                 self._events.tensor(content, tf.constant(matrix), step)
@@ -365,7 +364,7 @@ class GradientWriter:
             if self._owns_writer:
                 self._summary_writer.close()
         self._closed = True
-        closing.closed(self)
+        lifetime.closed(self)
 
     def __enter__(self):
         return self

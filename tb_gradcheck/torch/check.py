@@ -1,11 +1,11 @@
 """Numeric-vs-analytic gradient check per layer for PyTorch: the TensorFlow check's algorithm on a torch evaluator.
 
 The algorithm (rows, noise, probes, steps, error bars, verdicts, bisection,
-the report) is ``check_run``'s, written once for every framework; this
+the report) is ``algorithm``'s, written once for every framework; this
 module validates PyTorch's arguments, names the rows (the module path that
 owns each parameter, as the writer names them), builds the float64 twin,
-turns TensorFloat-32 off, and runs ``check_run`` on a
-``check_state.Evaluator``. The report is the same ``GradientCheckReport``
+turns TensorFloat-32 off, and runs ``algorithm`` on a
+``Evaluator``. The report is the same ``GradientCheckReport``
 the TensorFlow check returns, for ``GradientWriter.write_check``.
 """
 
@@ -15,11 +15,13 @@ import warnings
 
 import torch
 
-from tb_gradcheck.check import algorithm as check_run
-from tb_gradcheck.check import float32_gap as twin_gap
+from tb_gradcheck.check import algorithm
+from tb_gradcheck.check import float32_gap
 from tb_gradcheck.core import validate
-from tb_gradcheck.torch import evaluator as check_state
 from tb_gradcheck.torch import modules
+from tb_gradcheck.torch.evaluator import Evaluator
+from tb_gradcheck.torch.evaluator import gradients
+from tb_gradcheck.torch.evaluator import parameters
 
 DTYPES = (None, "float64")
 
@@ -30,7 +32,7 @@ def check_gradients(
     batch=None,
     *,
     dtype=None,
-    probes=check_run.DEFAULT_PROBES,
+    probes=algorithm.DEFAULT_PROBES,
     epsilon=None,
     seed=None,
     granularity="layer",
@@ -82,7 +84,7 @@ def check_gradients(
         cost. A float32 model also has its own gradient held against the
         twin's (one backward pass of each): a row more than 1% off, or not
         finite where the twin's is, is a mismatch (float32 arithmetic the
-        twin cannot see; ``twin_gap``); not when the twin's loss is not the
+        twin cannot see; ``float32_gap``); not when the twin's loss is not the
         model's (more than float32 rounding apart): from the same seed,
         float64 noise (``torch.randn``) is other numbers than float32's, and
         the report's ``notes`` say the gradients were not compared. The
@@ -115,7 +117,7 @@ def check_gradients(
     """
     if not callable(loss_fn):
         raise TypeError(f"Expected `loss_fn` to be a callable. Received: {type(loss_fn).__name__}")
-    opts = check_run.options(probes, epsilon, seed, granularity, tolerance, thorough)
+    opts = algorithm.options(probes, epsilon, seed, granularity, tolerance, thorough)
     dtype = validate.one_of(dtype, "dtype", DTYPES)
     if dtype is None:
         fn = loss_fn if batch is None else (lambda: loss_fn(model, batch))
@@ -139,21 +141,21 @@ def check_gradients(
             torch.set_default_dtype(default)
 
     report = _check(twin_fn, twin, opts)
-    names, checked, _ = check_state.parameters(model)
+    names, checked, _ = parameters(model)
     if any(p.dtype != torch.float32 for p in checked):
         return report  # float16 or bfloat16 arithmetic is inexact by design; float64 is the twin's own
     own_fn = lambda: loss_fn(model, batch)  # noqa: E731
-    layout = check_run.Layout(names, [modules.owner_path(n) for n in names])
+    layout = algorithm.Layout(names, [modules.owner_path(n) for n in names])
     with _ieee_float32():
-        reference = check_state.gradients(twin_fn, twin, opts.seed)
+        reference = gradients(twin_fn, twin, opts.seed)
         # From the same seed torch.randn draws other numbers in float64 than
         # in float32 (dropout's masks happen to agree on a CPU): own_gap holds
         # the two losses first, and compares the gradients only when the
         # twin computes the model's function.
-        _, checked, state = check_state.parameters(model)
-        own = check_state.Evaluator(own_fn, checked, state, opts.seed)
+        _, checked, state = parameters(model)
+        own = Evaluator(own_fn, checked, state, opts.seed)
         try:
-            return twin_gap.own_gap(report, own, reference, layout)
+            return float32_gap.own_gap(report, own, reference, layout)
         finally:
             own.restore_all()
 
@@ -178,12 +180,12 @@ def float64_twin(model):
 
 
 def _check(fn, model, opts):
-    names, checked, state = check_state.parameters(model)
-    layout = check_run.Layout(names, [modules.owner_path(n) for n in names])
+    names, checked, state = parameters(model)
+    layout = algorithm.Layout(names, [modules.owner_path(n) for n in names])
     with _ieee_float32():
-        evaluator = check_state.Evaluator(fn, checked, state, opts.seed)
+        evaluator = Evaluator(fn, checked, state, opts.seed)
         try:
-            report = check_run.run(evaluator, layout, opts)
+            report = algorithm.run(evaluator, layout, opts)
         finally:
             changed = evaluator.restore_all()
     if changed:

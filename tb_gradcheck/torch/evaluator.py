@@ -1,7 +1,7 @@
 """The gradient check's PyTorch evaluator: parameters and rows, deterministic evaluations, bit-exact restoration.
 
-``check_evaluator.Evaluator`` is what the framework-neutral check
-(``check_run``) asks of a framework; this module answers it for PyTorch.
+``evaluator.Evaluator`` is what the framework-neutral check
+(``check.algorithm``) asks of a framework; this module answers it for PyTorch.
 Every evaluation runs with the random number generators forked and seeded
 the same way (``torch.random.fork_rng``), so dropout draws the same mask at
 every point and the loss is a function of the parameters; the state a
@@ -18,7 +18,7 @@ import contextlib
 import numpy as np
 import torch
 
-from tb_gradcheck.check import evaluator as check_evaluator
+from tb_gradcheck.check import evaluator
 from tb_gradcheck.torch import modules
 
 
@@ -60,9 +60,9 @@ def parameters(model):
     for name, p in named:
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"Expected torch tensors as parameters. Received: {name!r} of type {type(p).__name__}")
-        if _dtype_name(p.dtype) not in check_evaluator.FLOATING:
+        if _dtype_name(p.dtype) not in evaluator.FLOATING:
             raise TypeError(
-                f"Expected floating-point parameters ({', '.join(check_evaluator.FLOATING)}). "
+                f"Expected floating-point parameters ({', '.join(evaluator.FLOATING)}). "
                 f"Received: {name!r} of dtype {p.dtype}"
             )
         if not (p.is_leaf and p.requires_grad):
@@ -98,7 +98,7 @@ def _named(values):
     return [(str(i), x) for i, x in enumerate(items)]
 
 
-class Evaluator(check_evaluator.Evaluator):
+class Evaluator(evaluator.Evaluator):
     """Evaluates ``loss_fn`` and its gradient deterministically, and owns the snapshot of every tensor in ``state``.
 
     Args:

@@ -27,14 +27,14 @@ import weakref
 
 import torch
 
-from tb_gradcheck.check import report as check_report
+from tb_gradcheck.check.report import stored_checks
 from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
 from tb_gradcheck.torch import distributed
 from tb_gradcheck.torch import host
 from tb_gradcheck.torch import modules
 from tb_gradcheck.torch import optimizer as optim
-from tb_gradcheck.torch import step as step_reductions
+from tb_gradcheck.torch import step
 
 INT64_MAX = 2**63 - 1
 F64 = torch.float64
@@ -126,7 +126,7 @@ class GradientWriter:
         self._log = eventlog.EventLog(logdir, sink=sink)
         self._order = modules.Order(self._model)
         self._rows = None  # modules.Parameters, at the first write
-        self._reduce = step_reductions.StepReductions(self._group)
+        self._reduce = step.StepReductions(self._group)
         self._constants = self._reduce.constants
         self._graphs = self._reduce.graphs
         self._contents = {}  # layout key -> stats content
@@ -247,7 +247,7 @@ class GradientWriter:
           step: The training step.
         """
         self._check_open("write_check")
-        stored = check_report.stored_checks(report)
+        stored = stored_checks(report)
         step = _step(step)
         if not self._group.writes:
             return

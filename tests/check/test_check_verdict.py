@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from tb_gradcheck.check import report as check_report
-from tb_gradcheck.check import verdict as check_verdict
+from tb_gradcheck.check import report
+from tb_gradcheck.check import verdict
 from tb_gradcheck.check.report import BLOCK
 from tb_gradcheck.check.report import GRADIENT
 from tb_gradcheck.check.report import RANDOM
@@ -69,14 +69,14 @@ JUDGE_CASES = [
 
 @pytest.mark.parametrize("measured, tolerance, reference, status, word", JUDGE_CASES)
 def test_judge_decides_each_case_of_the_table(measured, tolerance, reference, status, word):
-    probe = check_verdict.judge(measured, SIGMA, tolerance, reference)
+    probe = verdict.judge(measured, SIGMA, tolerance, reference)
     assert probe.status == status, probe
     assert word in probe.reason, probe.reason
 
 
 def test_judge_never_says_noise_floor_for_a_derivative_far_above_it():
     # The small_init/output/bias: derivative 2.37e-1, floor 3.24e-3.
-    probe = check_verdict.judge(m(0.237, 0.2368, h=1e-4), SIGMA, 0.01)
+    probe = verdict.judge(m(0.237, 0.2368, h=1e-4), SIGMA, 0.01)
     assert probe.status == "inconclusive" and probe.error_bound > 0.01 * 0.237
     assert "noise floor" not in probe.reason and "error bound" in probe.reason
 
@@ -85,22 +85,22 @@ def test_judge_never_says_noise_floor_for_a_derivative_far_above_it():
 # and adds only 5e-3 to the bar: the 3% disagreement would convict without it.
 @pytest.mark.parametrize("even, expected", [(0.0, False), (1e-5, True)])
 def test_blocked_by_kink_only_when_the_fourth_difference_alone_holds_back_a_conviction(even, expected):
-    assert check_verdict.blocked_by_kink(m(1.03, 1.0, even=even), SIGMA, 0.01) is expected
+    assert verdict.blocked_by_kink(m(1.03, 1.0, even=even), SIGMA, 0.01) is expected
     # A probe that agrees is not "blocked", kink or not.
-    assert check_verdict.blocked_by_kink(m(1.0, 1.0, even=even), SIGMA, 0.01) is False
+    assert verdict.blocked_by_kink(m(1.0, 1.0, even=even), SIGMA, 0.01) is False
 
 
 def test_error_bound_grows_with_each_residual_and_shrinks_with_the_step():
-    base, _, _ = check_verdict.error_bound(m(1.0, 1.0), SIGMA)
+    base, _, _ = verdict.error_bound(m(1.0, 1.0), SIGMA)
     assert base == pytest.approx(NOISE)
-    assert check_verdict.error_bound(m(1.0, 1.0, odd=1e-3), SIGMA)[0] == pytest.approx(NOISE + 2e-3)
-    assert check_verdict.error_bound(m(1.0, 1.0, even=1e-6), SIGMA)[0] == pytest.approx(NOISE + 0.5e-6 / H)
-    assert check_verdict.error_bound(m(1.0, 1.0, h=2 * H), SIGMA)[0] == pytest.approx(NOISE / 2)
+    assert verdict.error_bound(m(1.0, 1.0, odd=1e-3), SIGMA)[0] == pytest.approx(NOISE + 2e-3)
+    assert verdict.error_bound(m(1.0, 1.0, even=1e-6), SIGMA)[0] == pytest.approx(NOISE + 0.5e-6 / H)
+    assert verdict.error_bound(m(1.0, 1.0, h=2 * H), SIGMA)[0] == pytest.approx(NOISE / 2)
 
 
 def probe(direction, status, a=1.0, n=1.0, bound=1e-3, reason=""):
     rel = abs(a - n) / max(abs(a), abs(n), bound)
-    return check_report.Probe(direction, H, a, n, bound, rel, status, reason)
+    return report.Probe(direction, H, a, n, bound, rel, status, reason)
 
 
 ROW_CASES = [
@@ -126,7 +126,7 @@ ROW_CASES = [
 
 @pytest.mark.parametrize("probes, status", ROW_CASES)
 def test_row_verdict_decides_each_case_of_the_table(probes, status):
-    row = check_verdict.row_verdict("layer", "layer", 10, probes, 0.01, location="layer/kernel[1, 2]")
+    row = verdict.row_verdict("layer", "layer", 10, probes, 0.01, location="layer/kernel[1, 2]")
     assert row.status == status
     # The location is reported for mismatches only.
     assert row.location == ("layer/kernel[1, 2]" if status == "mismatch" else "")
@@ -134,16 +134,16 @@ def test_row_verdict_decides_each_case_of_the_table(probes, status):
 
 def test_power_is_the_smallest_gradient_error_that_convicts_whatever_the_rounding():
     truth = 0.2
-    measured = check_verdict.judge(m(truth, truth), SIGMA, 0.01)  # its bar is the rounding part, NOISE
-    row = check_verdict.row_verdict("r", "layer", 4, [measured], 0.01)
+    measured = verdict.judge(m(truth, truth), SIGMA, 0.01)  # its bar is the rounding part, NOISE
+    row = verdict.row_verdict("r", "layer", 4, [measured], 0.01)
     r = row.min_detectable_error
     assert r == pytest.approx((0.01 + 2 * NOISE / truth) / 0.99)
     # A gradient too large by a fraction just above r convicts for every
     # numeric error the bar allows; at 60% of r some such error hides it.
     for error in (-0.999 * NOISE, 0.0, 0.999 * NOISE):
-        assert check_verdict.judge(m(truth * (1 + 1.01 * r), truth + error), SIGMA, 0.01).status == "mismatch"
-    assert check_verdict.judge(m(truth * (1 + 0.6 * r), truth + 0.999 * NOISE), SIGMA, 0.01).status != "mismatch"
-    no_gradient = check_verdict.row_verdict("r", "layer", 4, [probe(RANDOM, "ok")], 0.01)
+        assert verdict.judge(m(truth * (1 + 1.01 * r), truth + error), SIGMA, 0.01).status == "mismatch"
+    assert verdict.judge(m(truth * (1 + 0.6 * r), truth + 0.999 * NOISE), SIGMA, 0.01).status != "mismatch"
+    no_gradient = verdict.row_verdict("r", "layer", 4, [probe(RANDOM, "ok")], 0.01)
     assert no_gradient.min_detectable_error == math.inf
 
 
@@ -161,14 +161,14 @@ SPLIT_CASES = [
 
 @pytest.mark.parametrize("discrepancy, part, error, a_part, a_rest, side", SPLIT_CASES)
 def test_split_tells_which_half_holds_the_discrepancy(discrepancy, part, error, a_part, a_rest, side):
-    assert check_verdict.split(discrepancy, part, error, a_part, a_rest, 0.01) == side
+    assert verdict.split(discrepancy, part, error, a_part, a_rest, 0.01) == side
 
 
 def test_report_types_and_decisions_import_no_tensorflow():
     # The report types and the decisions are plain data and arithmetic: the
     # tab's side and these table tests need no TensorFlow.
-    assert "tensorflow" not in check_report.__dict__ and "tensorflow" not in check_verdict.__dict__
-    for module in (check_report, check_verdict):
+    assert "tensorflow" not in report.__dict__ and "tensorflow" not in verdict.__dict__
+    for module in (report, verdict):
         with open(module.__file__) as f:
             source = f.read()
         assert "import tensorflow" not in source, module.__name__

@@ -19,8 +19,8 @@ from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import rowstats
 from tb_gradcheck.core import running
-from tb_gradcheck.tensorflow import statistics as stats
-from tb_gradcheck.tensorflow import variables as grouping
+from tb_gradcheck.tensorflow import statistics
+from tb_gradcheck.tensorflow.variables import Rows
 
 
 def _values(run_dir):
@@ -88,10 +88,10 @@ def test_eventlog_writes_the_same_summary_values_as_the_tensorflow_writer(tmp_pa
 
 def test_rowstats_rows_match_tensorflow_stats_compute():
     variables = _variables()
-    rows = grouping.Rows(variables)
+    rows = Rows(variables)
     for step in range(6):
         gradients = _gradients(step)
-        tf_layer, tf_variable = stats.compute([None if g is None else tf.constant(g) for g in gradients], rows)
+        tf_layer, tf_variable = statistics.compute([None if g is None else tf.constant(g) for g in gradients], rows)
         weights = np.array([np.linalg.norm(v.numpy().astype(np.float64)) for v in variables])
         layer, variable = rowstats.rows(_reductions(gradients, rows), rows, weight_norms=weights, onset=True)
         # float32 storage on both sides; the sums run in another order (relative 1e-6 covers it).
@@ -102,7 +102,7 @@ def test_rowstats_rows_match_tensorflow_stats_compute():
 @pytest.mark.parametrize("scale", [1e-30, 1e25])
 def test_rowstats_norms_neither_under_nor_overflow(scale):
     variables = _variables()
-    rows = grouping.Rows(variables)
+    rows = Rows(variables)
     gradients = [np.full(v.shape, scale, np.float32) for v in variables]
     layer, _ = rowstats.rows(_reductions(gradients, rows), rows)
     expected = scale * np.sqrt([16.0, 10.0])  # 12 + 4 elements, then 8 + 2
@@ -111,7 +111,7 @@ def test_rowstats_norms_neither_under_nor_overflow(scale):
 
 def test_running_window_matches_the_tensorflow_window(tmp_path):
     variables = _variables()
-    rows = grouping.Rows(variables)
+    rows = Rows(variables)
     n = 3
     with GradientWriter(tmp_path, every_n_steps=n) as writer:
         for step in range(1, 7):

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tb_gradcheck.core import validate
-from tb_gradcheck.tensorflow import variables as grouping
+from tb_gradcheck.tensorflow import variables
 
 
 @pytest.mark.parametrize("value", [1, 7, np.int64(3)])
@@ -52,43 +52,45 @@ def test_non_empty_list_refuses_iterables_that_are_not_lists(value):
 
 
 def test_step_forms():
-    assert grouping.step(5).dtype == tf.int64 and int(grouping.step(5)) == 5
-    assert int(grouping.step(tf.Variable(3, dtype=tf.int32))) == 3
+    assert variables.checked_step(5).dtype == tf.int64 and int(variables.checked_step(5)) == 5
+    assert int(variables.checked_step(tf.Variable(3, dtype=tf.int32))) == 3
     with pytest.raises(ValueError, match="non-negative int64"):
-        grouping.step(2**63)
+        variables.checked_step(2**63)
     with pytest.raises(ValueError, match="non-negative. Received: -2"):
-        grouping.step(tf.constant(-2))
+        variables.checked_step(tf.constant(-2))
     with pytest.raises(ValueError, match="scalar. Received: shape \\(2,\\)"):
-        grouping.step(tf.constant([1, 2]))
+        variables.checked_step(tf.constant([1, 2]))
     with pytest.raises(TypeError, match="Received: a float32 tensor"):
-        grouping.step(tf.constant(1.0))
+        variables.checked_step(tf.constant(1.0))
     with pytest.raises(TypeError, match="Received: True"):
-        grouping.step(True)
+        variables.checked_step(True)
 
 
 def test_variables_refuses_empty_duplicates_integers_and_arrays():
     v = tf.Variable(1.0, name="v")
     with pytest.raises(ValueError, match="non-empty list of variables"):
-        grouping.variables([])
+        variables.checked_variables([])
     with pytest.raises(ValueError, match="variables\\[0\\] and variables\\[1\\] are the same variable 'v'"):
-        grouping.variables([v, v])
+        variables.checked_variables([v, v])
     with pytest.raises(TypeError, match="floating-point variables.*int32"):
-        grouping.variables([tf.Variable(1, name="count")])
+        variables.checked_variables([tf.Variable(1, name="count")])
     with pytest.raises(TypeError, match="variables\\[0\\] of type ndarray"):
-        grouping.variables([np.ones(3)])
+        variables.checked_variables([np.ones(3)])
 
 
 def test_gradients_checks_length_kind_dtype_and_shape():
     v = tf.Variable([1.0, 2.0], name="v")
     slices = tf.IndexedSlices(tf.ones((1,)), tf.constant([0]), tf.constant([2]))
-    out = grouping.gradients([[1.0, 2.0]], [v])
+    out = variables.checked_gradients([[1.0, 2.0]], [v])
     assert isinstance(out[0], tf.Tensor)
-    assert grouping.gradients([None], [v]) == [None] and grouping.gradients([slices], [v])[0] is slices
+    assert (
+        variables.checked_gradients([None], [v]) == [None] and variables.checked_gradients([slices], [v])[0] is slices
+    )
     with pytest.raises(ValueError, match="len\\(gradients\\)=2, len\\(variables\\)=1"):
-        grouping.gradients([tf.ones(2), tf.ones(2)], [v])
+        variables.checked_gradients([tf.ones(2), tf.ones(2)], [v])
     with pytest.raises(ValueError, match="shape \\(3,\\) for variable 'v' of shape \\(2,\\)"):
-        grouping.gradients([tf.ones(3)], [v])
+        variables.checked_gradients([tf.ones(3)], [v])
     with pytest.raises(TypeError, match="floating-point gradients.*int32"):
-        grouping.gradients([tf.constant([1, 2])], [v])
+        variables.checked_gradients([tf.constant([1, 2])], [v])
     with pytest.raises(TypeError, match="gradients\\[0\\] of type object"):
-        grouping.gradients([object()], [v])
+        variables.checked_gradients([object()], [v])

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tb_gradcheck.findings import windows as trailing
+from tb_gradcheck.findings import windows
 
 
 def naive(values, lo, hi, reduce):
@@ -17,8 +17,8 @@ def test_before_and_through_hold_the_writes_they_say():
     values = np.random.default_rng(0).normal(size=(30, 3))
     values[4, 1] = np.nan
     for length in (1, 3, 20):
-        got_before = trailing.before(values, length, np.nanmax)
-        got_through = trailing.through(values, length, np.nanmax)
+        got_before = windows.before(values, length, np.nanmax)
+        got_through = windows.through(values, length, np.nanmax)
         for t in range(len(values)):
             np.testing.assert_array_equal(got_before[t], naive(values, t - length, t - 1, np.nanmax))
             np.testing.assert_array_equal(got_through[t], naive(values, t - length + 1, t, np.nanmax))
@@ -27,17 +27,17 @@ def test_before_and_through_hold_the_writes_they_say():
 def test_through_counts_the_first_write():
     # The first write belongs to every window that reaches back to it: a
     # layer dead from write 0 has min_writes behind it at write min_writes - 1.
-    counts = trailing.through(np.ones((6, 1)), 20, np.nansum)[:, 0]
+    counts = windows.through(np.ones((6, 1)), 20, np.nansum)[:, 0]
     assert counts.tolist() == [1, 2, 3, 4, 5, 6]
 
 
 def test_run_start_walks_back_over_the_unbroken_run_only():
     mask = np.array([True, False, True, True, True, False])
-    assert trailing.run_start(mask, 4) == 2  # not past the gap at write 1
-    assert trailing.run_start(mask, 0) == 0
+    assert windows.run_start(mask, 4) == 2  # not past the gap at write 1
+    assert windows.run_start(mask, 0) == 0
 
 
-@pytest.mark.parametrize("reduce", [trailing.nanmedian, trailing.nanmax, trailing.nanmin, trailing.count])
+@pytest.mark.parametrize("reduce", [windows.nanmedian, windows.nanmax, windows.nanmin, windows.count])
 @pytest.mark.filterwarnings("ignore:All-NaN slice")
 def test_sliding_reducers_give_the_numbers_of_the_stacked_windows(reduce):
     # The module's reducers slide (sorted contiguous windows, doubling,
@@ -51,10 +51,10 @@ def test_sliding_reducers_give_the_numbers_of_the_stacked_windows(reduce):
         values[rng.random((s, n)) < 0.15] = 0.5  # ties
         if n > 3:
             values[:, 3] = np.nan  # a layer never written
-        if reduce is trailing.count:
+        if reduce is windows.count:
             values = (rng.random((s, n)) < 0.5).astype(float)
         for length in (1, 2, 5, 10, 20, 75):
-            stacked = trailing._windows(values, length, reduce)
-            np.testing.assert_array_equal(trailing.before(values, length, reduce), stacked)
-            ends = trailing._windows(np.concatenate([values, np.full((1, n), np.nan)]), length, reduce)[1:]
-            np.testing.assert_array_equal(trailing.through(values, length, reduce), ends)
+            stacked = windows._windows(values, length, reduce)
+            np.testing.assert_array_equal(windows.before(values, length, reduce), stacked)
+            ends = windows._windows(np.concatenate([values, np.full((1, n), np.nan)]), length, reduce)[1:]
+            np.testing.assert_array_equal(windows.through(values, length, reduce), ends)

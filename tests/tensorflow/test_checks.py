@@ -342,11 +342,11 @@ def test_report_table_dict_and_failures():
 
 
 def test_rows_follow_the_writers_grouping_and_order():
-    from tb_gradcheck.tensorflow import variables as grouping
+    from tb_gradcheck.tensorflow.variables import Rows
 
     case = check_models.cnn().reseed(0)
     report = check_gradients(case.loss, case.variables, seed=0, granularity="variable")
-    rows = grouping.Rows(case.variables)
+    rows = Rows(case.variables)
     assert [r.name for r in report.layers] == rows.layer_names
     assert [r.name for r in report.variables] == rows.variable_names
     assert [r.size for r in report.layers] == rows.layer_sizes

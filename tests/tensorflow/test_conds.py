@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tb_gradcheck import GradientWriter
-from tb_gradcheck.tensorflow import branches as conds
+from tb_gradcheck.tensorflow import branches
 
 LOWER = "_lower_using_switch_merge"
 
@@ -20,7 +20,7 @@ def test_cond_is_kept_as_one_if_op_and_takes_the_right_branch():
     @tf.function
     def f(flag):
         # Both branches capture every tensor: lowered, that is a Switch each.
-        return conds.cond(flag, lambda: tf.add_n(xs), lambda: tf.add_n(xs) * -1.0)
+        return branches.cond(flag, lambda: tf.add_n(xs), lambda: tf.add_n(xs) * -1.0)
 
     graph = f.get_concrete_function(tf.TensorSpec([], tf.bool)).graph
     (op,) = _ifs(graph)
@@ -30,12 +30,12 @@ def test_cond_is_kept_as_one_if_op_and_takes_the_right_branch():
 
 
 def test_static_predicates_pick_in_python_and_xla_compiles_the_rest():
-    assert conds.cond(True, lambda: 1, lambda: 2) == 1
-    assert conds.cond(tf.constant(False), lambda: 1, lambda: 2) == 2
+    assert branches.cond(True, lambda: 1, lambda: 2) == 1
+    assert branches.cond(tf.constant(False), lambda: 1, lambda: 2) == 2
 
     @tf.function(jit_compile=True)
     def g(x):
-        return conds.cond(x > 0, lambda: x * 2.0, lambda: x - 1.0)
+        return branches.cond(x > 0, lambda: x * 2.0, lambda: x - 1.0)
 
     assert g(tf.constant(3.0)).numpy() == 6.0 and g(tf.constant(-3.0)).numpy() == -4.0
 

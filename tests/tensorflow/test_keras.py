@@ -16,7 +16,7 @@ from conftest import wait_for_steps
 from tb_gradcheck import GradientWriter
 from tb_gradcheck.core import metadata
 from tb_gradcheck.keras import GradientCallback
-from tb_gradcheck.tensorflow import compiled as stash
+from tb_gradcheck.tensorflow import compiled
 
 COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 LAST = 0  # the "last" slab: every step is written
@@ -406,9 +406,9 @@ def test_xla_stays_on_and_records_what_the_uncompiled_fit_records(tmp_path, monk
     calls, between = [], []
     write_compiled = GradientWriter.write_compiled
     monkeypatch.setattr(GradientWriter, "write_compiled", lambda self: calls.append(1) or write_compiled(self))
-    between_writes_next = stash.Schedule.between_writes_next
+    between_writes_next = compiled.Schedule.between_writes_next
     monkeypatch.setattr(
-        stash.Schedule, "between_writes_next", lambda self: between.append(between_writes_next(self)) or between[-1]
+        compiled.Schedule, "between_writes_next", lambda self: between.append(between_writes_next(self)) or between[-1]
     )
     for jit, callback in ((True, True), (True, False), (False, True)):
         model = tanh_mlp()

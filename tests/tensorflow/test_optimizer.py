@@ -19,7 +19,7 @@ from conftest import stats_content
 from conftest import wait_for_steps
 from tb_gradcheck.keras import GradientCallback
 from tb_gradcheck.tensorflow import statistics
-from tb_gradcheck.tensorflow import writer as summary
+from tb_gradcheck.tensorflow.writer import GradientWriter
 
 LAST = 0
 
@@ -216,7 +216,7 @@ def test_custom_loop_bracket_inside_tf_function(tmp_path):
     x, y = data()
     model = tanh_mlp()
     befores, afters = custom_loop(
-        summary.GradientWriter(tmp_path, every_n_steps=2), model, keras.optimizers.Adam(0.01), x, y, steps=4
+        GradientWriter(tmp_path, every_n_steps=2), model, keras.optimizers.Adam(0.01), x, y, steps=4
     )
     written = columns(tmp_path)
     assert [s for s, _ in written] == [2, 4]
@@ -239,7 +239,7 @@ def test_bracket_given_another_step_than_write_stores_no_update_and_says_why(tmp
     x, y = data()
     model = tanh_mlp()
     optimizer = keras.optimizers.SGD(0.01)
-    writer = summary.GradientWriter(tmp_path, every_n_steps=2)
+    writer = GradientWriter(tmp_path, every_n_steps=2)
 
     @tf.function
     def step():
@@ -300,7 +300,7 @@ def test_update_and_before_clip_under_mirrored_strategy(tmp_path):
 
 def test_write_refuses_an_update_that_is_not_a_bracket(tmp_path):
     v = tf.Variable([1.0, 2.0])
-    with summary.GradientWriter(tmp_path) as writer:
+    with GradientWriter(tmp_path) as writer:
         with pytest.raises(TypeError, match="Expected `update` to be the bracket"):
             writer.write([tf.constant([0.1, 0.1])], [v], 1, update="not a bracket")
         with pytest.raises(ValueError, match="Expected"):
@@ -309,7 +309,7 @@ def test_write_refuses_an_update_that_is_not_a_bracket(tmp_path):
 
 def test_eager_bracket_with_no_write_step_reads_nothing_and_writes_missing_at_close(tmp_path):
     v = tf.Variable([3.0, 4.0])
-    writer = summary.GradientWriter(tmp_path, every_n_steps=5)
+    writer = GradientWriter(tmp_path, every_n_steps=5)
     for step in (1, 2):
         with writer.applying([v], step) as update:
             v.assign_sub([0.3, 0.4])

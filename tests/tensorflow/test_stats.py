@@ -6,9 +6,9 @@ import tensorflow as tf
 
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core.validate import variable_name as validate_name
-from tb_gradcheck.tensorflow import statistics as stats
+from tb_gradcheck.tensorflow import statistics
 from tb_gradcheck.tensorflow import units
-from tb_gradcheck.tensorflow import variables as grouping
+from tb_gradcheck.tensorflow.variables import Rows
 
 # float32 reductions over a few thousand elements agree with float64 numpy to
 # about 1e-6 relative; 1e-5 leaves room for summation order, nothing more.
@@ -71,21 +71,21 @@ def _dense(g, v):
 
 
 # Where the statistics run: eagerly, in a tf.function, and compiled with XLA
-# (stats.compute(compiled=True): its own forms, with no cond).
+# (statistics.compute(compiled=True): its own forms, with no cond).
 MODES = [False, True, "xla"]
 MODE_IDS = ["eager", "tf_function", "xla"]
 
 
 def compute(gradients, variables, graph):
-    rows = grouping.Rows(variables)
+    rows = Rows(variables)
     if graph == "xla":
-        fn = tf.function(lambda gs: stats.compute(gs, rows, compiled=True), jit_compile=True)
+        fn = tf.function(lambda gs: statistics.compute(gs, rows, compiled=True), jit_compile=True)
         layer, variable = fn(gradients)
     elif graph:
-        fn = tf.function(lambda gs: stats.compute(gs, rows))
+        fn = tf.function(lambda gs: statistics.compute(gs, rows))
         layer, variable = fn(gradients)
     else:
-        layer, variable = stats.compute(gradients, rows)
+        layer, variable = statistics.compute(gradients, rows)
     return rows, layer.numpy(), variable.numpy()
 
 
@@ -145,10 +145,10 @@ def test_none_gradient_is_missing_not_zero(graph):
     a = tf.Variable([1.0, 2.0], name="a")
     b = tf.Variable([[3.0]], name="b")
     _, layer, variable = compute([tf.constant([0.5, -0.5]), None], [a, b], graph)
-    assert variable[1, : len(metadata.GRADIENT_STAT_COLUMNS)].tolist() == [stats.MISSING] * len(
+    assert variable[1, : len(metadata.GRADIENT_STAT_COLUMNS)].tolist() == [statistics.MISSING] * len(
         metadata.GRADIENT_STAT_COLUMNS
     )
-    assert layer[1, : len(metadata.GRADIENT_STAT_COLUMNS)].tolist() == [stats.MISSING] * len(
+    assert layer[1, : len(metadata.GRADIENT_STAT_COLUMNS)].tolist() == [statistics.MISSING] * len(
         metadata.GRADIENT_STAT_COLUMNS
     )
     assert variable[1, COL["weight_norm"]] == pytest.approx(3.0)  # weights are still there
@@ -170,7 +170,7 @@ def test_layer_with_one_disconnected_variable_uses_the_rest(graph):
 def test_all_gradients_missing(graph):
     a = tf.Variable([1.0], name="a")
     _, layer, variable = compute([None], [a], graph)
-    assert layer[0, 0] == stats.MISSING and variable[0, 0] == stats.MISSING
+    assert layer[0, 0] == statistics.MISSING and variable[0, 0] == statistics.MISSING
 
 
 @pytest.mark.parametrize("graph", MODES, ids=MODE_IDS)
@@ -240,7 +240,7 @@ def test_rows_group_keras_layers_and_plain_variables_in_first_appearance_order()
     p1 = tf.Variable(1.0, name="Variable")
     p2 = tf.Variable(2.0, name="Variable")
     k1, b1, gamma, beta, k2, b2 = m.trainable_variables
-    rows = grouping.Rows([p1, k2, k1, p2, b1, gamma, b2, beta])
+    rows = Rows([p1, k2, k1, p2, b1, gamma, b2, beta])
     assert rows.layer_names == ["Variable", "sequential/second", "sequential/first", "Variable#2", "sequential/bn"]
     assert rows.variable_names[0] == "Variable" and rows.variable_names[3] == "Variable#2"
     assert rows.layer_of == [0, 1, 2, 3, 2, 4, 1, 4]
@@ -252,21 +252,21 @@ def test_quick_statistics_equal_the_full_ones(model, graph):
     grads = model_gradients(model, seed=1)
     grads[2] = grads[2] + np.float32(np.nan)  # one NaN layer
     variables = model.trainable_variables
-    rows = grouping.Rows(variables)
+    rows = Rows(variables)
     xla = graph == "xla"
 
     def run(fn):
         return tf.function(fn, jit_compile=xla) if graph else fn
 
-    full = run(lambda gs: stats.compute(gs, rows, weights=False, compiled=xla))
-    quick = run(lambda gs: stats.quick(gs, rows, compiled=xla))
+    full = run(lambda gs: statistics.compute(gs, rows, weights=False, compiled=xla))
+    quick = run(lambda gs: statistics.quick(gs, rows, compiled=xla))
     full_l, full_v = (t.numpy() for t in full(grads))
     quick_l, quick_v = (t.numpy() for t in quick(grads))
     for q, f in ((quick_l, full_l), (quick_v, full_v)):
-        assert q.shape == (f.shape[0], len(stats.WINDOW_COLUMNS))
-        for i, c in enumerate(stats.WINDOW_COLUMNS):
+        assert q.shape == (f.shape[0], len(statistics.WINDOW_COLUMNS))
+        for i, c in enumerate(statistics.WINDOW_COLUMNS):
             np.testing.assert_allclose(q[:, i], f[:, COL[c]], rtol=RTOL)
-    assert quick_v[2, stats.WINDOW_COLUMNS.index("grad_nonfinite")] == 7  # hidden/bias: all 7 elements NaN
+    assert quick_v[2, statistics.WINDOW_COLUMNS.index("grad_nonfinite")] == 7  # hidden/bias: all 7 elements NaN
     assert full_v[2, COL["grad_zero_fraction"]] == 0  # NaN is not zero: the NaN step's count is recounted
 
 
@@ -278,9 +278,9 @@ def test_zero_count_is_exact_past_float32_integers(compiled):
     g[:5] = 0.0
     g[-1] = -0.0
     v = tf.Variable(tf.zeros([n]))
-    rows = grouping.Rows([v])
-    fn = tf.function(lambda gs: stats.compute(gs, rows, weights=False, compiled=True), jit_compile=True)
-    _, variable = fn([tf.constant(g)]) if compiled else stats.compute([tf.constant(g)], rows, weights=False)
+    rows = Rows([v])
+    fn = tf.function(lambda gs: statistics.compute(gs, rows, weights=False, compiled=True), jit_compile=True)
+    _, variable = fn([tf.constant(g)]) if compiled else statistics.compute([tf.constant(g)], rows, weights=False)
     assert variable.numpy()[0, COL["grad_zero_fraction"]] == np.float32(6 / n)
 
 
@@ -301,12 +301,12 @@ def test_weight_norms_survive_under_and_overflow_of_squares(graph):
 def test_compiled_norms_equal_the_quick_ones(model):
     grads = model_gradients(model, seed=3)
     grads[2] = None  # the hidden layer keeps its kernel's norm
-    rows = grouping.Rows(model.trainable_variables)
-    compiled = tf.function(lambda gs: stats.norms(gs, rows, compiled=True), jit_compile=True)(grads)
-    plain = stats.norms(grads, rows)
+    rows = Rows(model.trainable_variables)
+    compiled = tf.function(lambda gs: statistics.norms(gs, rows, compiled=True), jit_compile=True)(grads)
+    plain = statistics.norms(grads, rows)
     for a, b in zip(compiled, plain):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=RTOL)
-    assert plain[1].numpy()[2] == stats.MISSING
+    assert plain[1].numpy()[2] == statistics.MISSING
 
 
 def _layer_model(layer, input_shape, dtype="float32"):
@@ -343,10 +343,10 @@ def test_dead_unit_fraction_matches_numpy_on_real_layers(layer, input_shape, uni
     variables = model.trainable_variables
     # Found from the model, not told: only the depthwise kernel differs from the shape rule.
     assert units.unit_axes(model) == {validate_name(variables[i]): k for i, k in unit_axes.items()}
-    rows = grouping.Rows(variables, units.unit_axes(model))
+    rows = Rows(variables, units.unit_axes(model))
 
     def fn(gs):
-        return stats.compute(gs, rows)
+        return statistics.compute(gs, rows)
 
     layer_s, variable_s = (tf.function(fn) if graph else fn)(grads)
     expected_v = reference(grads, variables, [[i] for i in range(len(variables))], unit_axes)
@@ -366,10 +366,10 @@ def test_depthwise_units_are_input_channel_times_multiplier():
     x = tf.constant(np.random.default_rng(0).normal(size=(2, 6, 6, 3)), tf.float32)
     grads = _masked_gradients(model, x, seed=2)
     variables = model.trainable_variables
-    layer_s, variable_s = stats.compute(grads, grouping.Rows(variables, units.unit_axes(model)))
+    layer_s, variable_s = statistics.compute(grads, Rows(variables, units.unit_axes(model)))
     assert variable_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(4 / 6)
     assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(4 / 6)
-    _, by_shape = stats.compute(grads, grouping.Rows(variables))
+    _, by_shape = statistics.compute(grads, Rows(variables))
     assert by_shape.numpy()[0, COL["dead_unit_fraction"]] == 0.5
 
 
@@ -379,7 +379,7 @@ def test_embedding_dead_units_are_columns_of_the_summed_slices():
     grads = _masked_gradients(model, x, seed=3)
     assert isinstance(grads[0], tf.IndexedSlices)
     variables = model.trainable_variables
-    _, variable_s = stats.compute(grads, grouping.Rows(variables))
+    _, variable_s = statistics.compute(grads, Rows(variables))
     np.testing.assert_allclose(variable_s.numpy(), reference(grads, variables, [[0]]), rtol=RTOL)
     assert variable_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(2 / 4)  # columns 1 and 3
 
@@ -412,8 +412,8 @@ def test_planted_dead_relu_units_are_dead_and_their_successor_is_not():
     pre = x.numpy() @ kernel.numpy() + b
     assert sorted(np.flatnonzero((pre <= 0).all(axis=0))) == planted
     assert (grads[2].numpy()[planted] == 0).all()  # out's kernel rows from them are zero
-    rows = grouping.Rows(variables)
-    layer_s, variable_s = stats.compute(grads, rows)
+    rows = Rows(variables)
+    layer_s, variable_s = statistics.compute(grads, rows)
     dead = layer_s.numpy()[:, COL["dead_unit_fraction"]]
     assert dead[0] == pytest.approx(len(planted) / 10) and dead[1] == 0.0
     np.testing.assert_allclose(layer_s.numpy(), reference(grads, variables, [[0, 1], [2, 3]]), rtol=RTOL)
@@ -428,16 +428,16 @@ def test_layer_units_are_and_over_variables_with_the_layer_unit_count():
     kernel, bias = model.trainable_variables
     gk = tf.constant([[0.0, 1.0, 0.0], [0.0, 2.0, 0.0]])
     gb = tf.constant([0.0, 0.0, 5.0])
-    layer_s, variable_s = stats.compute([gk, gb], grouping.Rows([kernel, bias]))
+    layer_s, variable_s = statistics.compute([gk, gb], Rows([kernel, bias]))
     assert variable_s.numpy()[:, COL["dead_unit_fraction"]].tolist() == pytest.approx([2 / 3, 2 / 3])
     assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(1 / 3)  # only unit 0
     # Without the bias's gradient the layer's units come from the kernel alone.
-    layer_s, _ = stats.compute([gk, None], grouping.Rows([kernel, bias]))
+    layer_s, _ = statistics.compute([gk, None], Rows([kernel, bias]))
     assert layer_s.numpy()[0, COL["dead_unit_fraction"]] == pytest.approx(2 / 3)
     # Without any variable of the layer's unit count there is no fraction.
     v = tf.Variable(np.ones((2, 2), np.float32), name="w")
     s = tf.Variable(1.0, name="s")
-    layer_s, _ = stats.compute([None, tf.ones(())], grouping.Rows([v, s]))
+    layer_s, _ = statistics.compute([None, tf.ones(())], Rows([v, s]))
     assert layer_s.numpy()[1, COL["dead_unit_fraction"]] == 0.0  # the scalar's one unit is alive
 
 
@@ -446,7 +446,7 @@ def test_row_names_stay_unique_when_a_name_already_ends_in_a_suffix():
     # third "#2" would give two rows of one name, and the reader rejects a
     # layout with duplicate rows (the whole tag would show as a problem).
     vs = [tf.Variable(1.0, name=n) for n in ("Variable", "Variable#2", "Variable")]
-    rows = grouping.Rows(vs)
+    rows = Rows(vs)
     assert rows.variable_names == ["Variable", "Variable#2", "Variable#3"]
     assert rows.layer_names == rows.variable_names
     assert (

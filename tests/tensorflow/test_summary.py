@@ -11,7 +11,7 @@ from tensorboard.compat.proto import summary_pb2
 from tb_gradcheck import GradientWriter
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import tags
-from tb_gradcheck.tensorflow import statistics as stats
+from tb_gradcheck.tensorflow import statistics
 
 COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 
@@ -123,10 +123,10 @@ def test_windowed_writes_keep_last_mean_max_min_and_sum(tmp_path):
     # max |g| and the zero fraction are taken at the write step only.
     assert agg["last"][max_abs] == 5.0 and agg["last"][COL["grad_zero_fraction"]] == 0.0
     for a in ("mean", "max", "min", "sum"):
-        assert agg[a][max_abs] == stats.MISSING and agg[a][COL["grad_zero_fraction"]] == stats.MISSING
+        assert agg[a][max_abs] == statistics.MISSING and agg[a][COL["grad_zero_fraction"]] == statistics.MISSING
     assert agg["last"][COL["weight_norm"]] == pytest.approx(2.0)
     tail = rows(content, written[2][2], "variable")  # close(): the partial window, norms only
-    assert tail[0, 0, norm] == 12.0 and tail[0, 0, max_abs] == stats.MISSING
+    assert tail[0, 0, norm] == 12.0 and tail[0, 0, max_abs] == statistics.MISSING
     assert written[2][2][0, metadata.header_row(content), 0] == 3
 
 
@@ -154,7 +154,7 @@ def test_window_missing_gradient_stays_missing(tmp_path):
             writer.write([tf.ones(1), None], [a, b], step)
     _, content, arr = stats_events(tmp_path)[1]
     window = rows(content, arr, "variable")
-    assert (window[:, 1, : len(metadata.GRADIENT_STAT_COLUMNS)] == stats.MISSING).all()
+    assert (window[:, 1, : len(metadata.GRADIENT_STAT_COLUMNS)] == statistics.MISSING).all()
     sum_slab = metadata.AGGREGATES.index("sum")
     norms = window[:, 0, COL["grad_norm"]]
     assert norms[sum_slab] == 2.0 and np.delete(norms, sum_slab).tolist() == [1.0] * 4
@@ -331,7 +331,7 @@ def test_window_keeps_first_nonfinite_step_and_largest_finite_norm(tmp_path):
     # Stored as an offset before the write step (20 - 14), in every slab.
     assert block[:, COL["first_nonfinite_offset"]].tolist() == [6.0] * len(metadata.AGGREGATES)
     _, _, first = written[0]  # the write at step 10 saw no NaN
-    assert (rows(content, first, "variable")[:, 0, COL["first_nonfinite_offset"]] == stats.MISSING).all()
+    assert (rows(content, first, "variable")[:, 0, COL["first_nonfinite_offset"]] == statistics.MISSING).all()
 
 
 def test_non_finite_finding_in_a_window_counts_writes_not_steps(tmp_path):
@@ -491,7 +491,7 @@ def test_a_write_step_stashed_as_between_writes_keeps_only_the_window_columns(tm
     column = {c: last[metadata.STORED_STAT_COLUMNS.index(c)] for c in metadata.STORED_STAT_COLUMNS}
     assert column["grad_norm"] == pytest.approx(5.0)
     assert column["grad_nonfinite"] == 0
-    assert column["grad_max_abs"] == column["grad_zero_fraction"] == column["weight_norm"] == stats.MISSING
+    assert column["grad_max_abs"] == column["grad_zero_fraction"] == column["weight_norm"] == statistics.MISSING
 
 
 def test_between_writes_needs_a_window(tmp_path):

@@ -567,14 +567,14 @@ def test_no_step_synchronises_the_host_cuda(tmp_path, monkeypatch, scaled):
 
 
 def test_write_check_writes_the_reports_rows_as_the_tab_reads_them(tmp_path):
-    from tb_gradcheck.check import report as check_report
+    from tb_gradcheck.check import report
 
     def row(name, granularity, status, error):
-        return check_report.CheckRow(name, granularity, 4, 1.0, 1.0 + error, error, 1e-6, status, "", ())
+        return report.CheckRow(name, granularity, 4, 1.0, 1.0 + error, error, 1e-6, status, "", ())
 
     layers = (row("0", "layer", "ok", 1e-7), row("2", "layer", "mismatch", 0.05))
     variables = tuple(row(n, "variable", s, e) for n, s, e in (("0.weight", "ok", 0.0), ("2.weight", "mismatch", 0.05)))
-    report = check_report.GradientCheckReport(layers, variables, 0.5, 1e-8, "float64", 7, 3, 0.01, 10, False)
+    report = report.GradientCheckReport(layers, variables, 0.5, 1e-8, "float64", 7, 3, 0.01, 10, False)
     model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
     with GradientWriter(tmp_path, model) as writer:
         writer.write_check(report, 12)
