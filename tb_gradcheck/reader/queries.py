@@ -298,6 +298,7 @@ def _find(st, ctx, experiment_id, index, run, thresholds):
         thresholds,
         sparse_rows=index.sparse_rows(layer),
         outside_optimizer=index.outside_optimizer(layer),
+        shapes=index.shapes(layer),
     )
 
 

@@ -61,3 +61,47 @@ def test_what_follows_an_error_is_attached_to_the_error_before_any_warning_takes
     assert out[0].consequences[1].layers == ["a"] and out[0].consequences[0].layers == ["a"]
     (vanishing,) = [f for f in out if f.kind == "vanishing"]
     assert vanishing.layers == ["b"] and [c.layers for c in vanishing.consequences] == [["b"]]
+
+
+DEPTH = {name: i for i, name in enumerate(["a", "b", "c", "pooler", "head"])}
+
+
+def _below(layers, point, first=0, last=99):
+    found = _vanishing(layers, first, last)
+    for e in found.evidence.values():
+        e["decays_below"] = point
+    return found
+
+
+def test_a_body_vanishing_below_a_head_the_optimizer_leaves_out_is_attached_to_it_with_what_it_caused():
+    """The head keeps its small initial weights: the body's gradient, and the body's not learning, follow from it."""
+    findings = [
+        _below(["a", "b", "c"], "pooler"),
+        _not_learning(["b"]),
+        _not_learning(["head"], reason=finding.OUTSIDE),
+    ]
+    for f in findings:
+        f.message = diagnose.describe(f)
+    out = finding.attach_consequences(findings, diagnose.describe, DEPTH)
+    (head,) = out
+    assert head.kind == "not_learning" and head.layers == ["head"]
+    assert [(c.kind, c.layers) for c in head.consequences] == [("vanishing", ["a", "b", "c"]), ("not_learning", ["b"])]
+    assert "It explains what followed: vanishing gradients in" in head.message
+
+
+def test_a_head_below_the_decay_point_or_not_learning_for_its_gradient_does_not_explain_the_body():
+    # "c" does not learn but lies below the point the body decays across: it is part of the decay.
+    out = finding.attach_consequences(
+        [_below(["a", "b"], "pooler"), _not_learning(["c"], reason=finding.OUTSIDE)], diagnose.describe, DEPTH
+    )
+    assert [f.kind for f in out] == ["vanishing", "not_learning"] and not out[1].consequences
+    # A head above it whose update is small for its own gradient's sake is no cause: the optimizer did not leave it out.
+    out = finding.attach_consequences(
+        [_below(["a", "b"], "pooler"), _not_learning(["head"], reason=finding.BEHIND_OTHERS)], diagnose.describe, DEPTH
+    )
+    assert [f.kind for f in out] == ["vanishing", "not_learning"] and not out[1].consequences
+    # Without the depth order the reach above is not known: nothing is attached.
+    out = finding.attach_consequences(
+        [_below(["a", "b"], "pooler"), _not_learning(["head"], reason=finding.OUTSIDE)], diagnose.describe
+    )
+    assert len(out) == 2
