@@ -30,6 +30,7 @@ import torch
 from tb_gradcheck.check.report import stored_checks
 from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
+from tb_gradcheck.core import validate
 from tb_gradcheck.torch import distributed
 from tb_gradcheck.torch import host
 from tb_gradcheck.torch import modules
@@ -84,6 +85,8 @@ class GradientWriter:
         max, min and sum of the norm and NaN/Inf count over the steps since
         the previous write; max |g|, zeros, dead units and weights are
         taken at the write step.
+      phase: Int, default 0: write the steps ``phase`` past a multiple of N
+        (Lightning's callback passes N - 1: Lightning logs at N-1, 2N-1, ...).
       optimizer: Optional ``torch.optim.Optimizer`` that steps these
         parameters: records ``update_norm`` and ``update_to_weight`` at
         written steps, from its step hooks (``optimizer``).
@@ -92,15 +95,16 @@ class GradientWriter:
         scale and the steps it refused.
     """
 
-    def __init__(self, logdir=None, model=None, *, writer=None, every_n_steps=1, optimizer=None, scaler=None):
+    def __init__(self, logdir=None, model=None, *, writer=None, every_n_steps=1, phase=0, optimizer=None, scaler=None):
         if (logdir is None) == (writer is None):
             raise ValueError(
                 f"Expected exactly one of `logdir` and `writer`. Received: logdir={logdir!r}, writer={writer!r}"
             )
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"Expected `model` to be a torch.nn.Module. Received: {type(model).__name__}")
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral) or every_n_steps < 1:
-            raise ValueError(f"Expected `every_n_steps` to be a positive integer. Received: {every_n_steps!r}")
+        self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        if validate.non_negative_int(phase, "phase") >= self.every_n_steps:
+            raise ValueError(f"Expected `phase` below `every_n_steps` ({self.every_n_steps}). Received: {phase!r}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"Expected `optimizer` to be a torch.optim.Optimizer. Received: {type(optimizer).__name__}")
         if scaler is not None and not hasattr(scaler, "is_enabled"):
@@ -115,7 +119,7 @@ class GradientWriter:
                 )
         if logdir is not None and not isinstance(logdir, (str, os.PathLike)):
             raise TypeError(f"Expected `logdir` to be a path. Received: {type(logdir).__name__}")
-        self.every_n_steps = int(every_n_steps)
+        self._phase = int(phase)
         self._model = modules.unwrap(model)
         self._group = distributed.Group(self._model)
         if scaler is not None and self._group.sharded:
@@ -169,7 +173,7 @@ class GradientWriter:
         present, where, tensors, sparse, coalesced = self._reduce.gather(rows.params, self._dense)
         key = (present, sparse, self._optimizer_columns(before_clip))
         self._last_key = key
-        due = step % self.every_n_steps == 0
+        due = step % self.every_n_steps == self._phase
         device = tensors[0].device if tensors else self._group.local(rows.params[0]).device
         if self.every_n_steps > 1 and self._window is None:
             self._window = self._group.window(rows.structure, self._constants)
