@@ -21,6 +21,7 @@ with the expectations; tests/findings/test_corpus.py asserts on it and
 import dataclasses
 import time
 
+from corpus import fine_tunes  # noqa: F401  (registers the scenarios)
 from corpus import from_init  # noqa: F401  (registers the scenarios)
 from corpus import healthy  # noqa: F401  (registers the scenarios)
 from corpus import pathological  # noqa: F401  (registers the scenarios)
