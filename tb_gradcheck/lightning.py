@@ -36,6 +36,7 @@ import importlib
 import os
 import warnings
 
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import validate
 from tb_gradcheck.torch import closure
 from tb_gradcheck.torch.writer import GradientWriter
@@ -50,6 +51,8 @@ class _Recorder:
         super().__init__()
         self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
         self._log_dir = validate.optional_path(log_dir, "log_dir")
+        if self._log_dir is not None:
+            self._log_dir = run_directory.prepare(self._log_dir, "log_dir", "tb_gradcheck.lightning.GradientCallback")
         self.log_dir = None  # the run written to, from the fit's start
         self.writer = None
         self._trainer = None
@@ -86,6 +89,10 @@ class _Recorder:
                 "the closure more than once (only torch.optim's optimizers other than LBFGS are followed).",
                 stacklevel=2,
             )
+        if trainer.is_global_zero and not run_directory.announced(self.log_dir):
+            # Said through Lightning's own logger, where it says where its scalars go.
+            rank_zero = importlib.import_module(self._PACKAGE.__name__ + ".utilities.rank_zero")
+            rank_zero.rank_zero_info(run_directory.message(self.log_dir))
         self.writer = GradientWriter(
             self.log_dir,
             pl_module,

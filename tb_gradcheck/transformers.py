@@ -38,6 +38,7 @@ import warnings
 import torch
 import transformers
 
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import validate
 from tb_gradcheck.torch.writer import GradientWriter
 
@@ -61,6 +62,10 @@ class GradientCallback(transformers.TrainerCallback):
     def __init__(self, every_n_steps=1, log_dir=None):
         self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
         self._log_dir = validate.optional_path(log_dir, "log_dir")
+        if self._log_dir is not None:
+            self._log_dir = run_directory.prepare(
+                self._log_dir, "log_dir", "tb_gradcheck.transformers.GradientCallback"
+            )
         self.log_dir = None
         self.writer = None
         self._since = None  # when the Trainer was made: its TensorBoardCallback's run is newer

@@ -170,7 +170,7 @@ _METRICS = {
 }
 
 
-def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_optimizer=()):
+def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_optimizer=(), labels=None):
     """Runs every rule over one run's layer matrices.
 
     Args:
@@ -182,6 +182,8 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_
       outside_optimizer: Names of layers with a gradient that no parameter
         group of the optimizer holds (the layout says so where the writer
         saw the groups): a warning, not the "frozen" information.
+      labels: ``{layer: label}`` for layers named by an index
+        (``metadata.labels``): their sentences show the label.
 
     Returns:
       A list of ``finding.Finding``, most severe first (errors, warnings,
@@ -200,7 +202,11 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_
     out += optimizer.find(run, stats, thresholds, dead, outside_optimizer)
     order = [*KINDS, *optimizer.KINDS]
     out.sort(key=lambda f: (-SEVERITIES.index(f.severity), order.index(f.kind)))
-    return finding.attach_consequences(out, describe)
+    out = finding.attach_consequences(out, describe)
+    if labels:
+        for f in finding.with_labels(out, labels):
+            f.message = describe(f)
+    return out
 
 
 def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
@@ -259,7 +265,12 @@ def describe(found, quote=None):
     Returns:
       The sentence.
     """
-    quote = quote or finding.isolate
+    plain = quote or finding.isolate
+    labels = {n: label for c in found.consequences for n, label in c.labels.items()} | found.labels
+
+    def quote(name):
+        return plain(labels.get(name, name))
+
     text = (optimizer.describe if found.kind not in KINDS else _sentence)(found, quote)
     if found.consequences:
         parts = [

@@ -21,6 +21,7 @@ from tb_gradcheck.core import at_exit
 from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import rowstats
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import running
 from tb_gradcheck.core import validate
 from tb_gradcheck.jax.transform import Held
@@ -43,7 +44,8 @@ class GradientWriter:
 
     Args:
       logdir: Directory of the run (TensorBoard shows one run per
-        directory). Exactly one of ``logdir`` and ``sink``.
+        directory), made if missing and checked here; where it goes is
+        logged once (``core.run_directory``). Exactly one of ``logdir`` and ``sink``.
       sink: Instead, an object with ``add_event(event)`` and ``flush()``
         (an ``EventFileWriter``, or ``clu``'s or ``tensorboardX``'s file
         writer) to write through; ``close`` flushes it but leaves it open.
@@ -54,7 +56,10 @@ class GradientWriter:
         if sink is not None and not (hasattr(sink, "add_event") and hasattr(sink, "flush")):
             raise TypeError(f"Expected `sink` to have add_event(event) and flush(). Received: {type(sink).__name__}")
         if logdir is not None:
-            logdir = validate.path(logdir, "logdir")
+            logdir = run_directory.prepare(logdir, "logdir", "tb_gradcheck.jax.GradientWriter")
+            run_directory.announce(logdir)
+        # The run directory (None when writing through a sink).
+        self.log_dir = logdir
         self._log = eventlog.EventLog(logdir, sink=sink)
         self._contents = {}  # Layout -> the stats layout content
         self._periods = {}  # tree structure -> the every_n_steps of the monitors in it

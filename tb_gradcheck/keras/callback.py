@@ -28,11 +28,13 @@ the gradient-check arguments (``_take_check``), which the others refuse.
 Imports Keras only: never TensorFlow, JAX nor torch.
 """
 
+import os
 import warnings
 import weakref
 
 import keras
 
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import validate
 from tb_gradcheck.keras import backends
 
@@ -104,6 +106,8 @@ class GradientCallback(keras.callbacks.Callback):
     ):
         super().__init__()
         self.log_dir = validate.path(log_dir, "log_dir")
+        # Where the fit's statistics go, checked now rather than at the first step.
+        self.run_dir = run_directory.prepare(os.path.join(self.log_dir, "train"), "log_dir", "GradientCallback")
         self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
         self._take_check(
             check_every_n_steps=check_every_n_steps,

@@ -19,6 +19,7 @@ import torch
 from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import rowstats
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import running
 from tb_gradcheck.core import structure
 from tb_gradcheck.core import validate
@@ -60,6 +61,7 @@ class Recorder:
         layers, variables = s.blocks()
         aggregates = metadata.AGGREGATES if every_n_steps > 1 else metadata.SINGLE_STEP_AGGREGATES
         self.content = metadata.stats_layout(layers, variables, aggregates, every_n_steps, self.columns)
+        run_directory.announce(run_dir)
         self.log = eventlog.EventLog(run_dir)
         self.window = None  # running.State on the gradients' device, since the last write
         self.window_steps = []

@@ -28,6 +28,7 @@ from tb_gradcheck.check.report import stored_checks
 from tb_gradcheck.core import at_exit
 from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import validate
 from tb_gradcheck.torch import distributed
 from tb_gradcheck.torch import host
@@ -71,7 +72,8 @@ class GradientWriter:
 
     Args:
       logdir: Directory of the run (TensorBoard shows one run per
-        directory). Exactly one of ``logdir`` and ``writer``.
+        directory), made if missing and checked here; where it goes is
+        logged once (``core.run_directory``). Exactly one of ``logdir`` and ``writer``.
       model: The ``torch.nn.Module`` (or its ``DistributedDataParallel``,
         FSDP or ``torch.compile`` wrapper). Its parameters that require a
         gradient are the rows.
@@ -106,7 +108,6 @@ class GradientWriter:
                     "Expected `writer` to be an open torch.utils.tensorboard.SummaryWriter. "
                     f"Received: {type(writer).__name__}"
                 )
-        logdir = validate.optional_path(logdir, "logdir")
         self._model = modules.unwrap(model)
         self._group = distributed.Group(self._model)
         if scaler is not None and self._group.sharded:
@@ -114,6 +115,11 @@ class GradientWriter:
                 "Expected no `scaler` with sharded (FSDP2 / DTensor) parameters: the steps it refuses are not "
                 "counted across shards yet. Received: a GradScaler and DTensor parameters"
             )
+        if logdir is not None and self._group.writes:
+            logdir = run_directory.prepare(logdir, "logdir", "tb_gradcheck.torch.GradientWriter")
+            run_directory.announce(logdir)
+        # The run directory (the SummaryWriter's when writing through one).
+        self.log_dir = logdir if writer is None else getattr(writer, "log_dir", None)
         self._log = eventlog.EventLog(logdir, sink=sink)
         self._order = modules.Order(self._model)
         self._rows = None  # modules.Parameters, at the first write
