@@ -10,15 +10,12 @@
 
 import {Api, fetchJson} from './api.js';
 import {changeRows, changeSelection, clearFinding, compareWith, pollRuns, setAlign, setCompareMode, setScale, settleCompare, toggleFinding, zoomTo} from './changes.js';
-import {LineChart} from './chart.js';
 import {buildLayout, setSegmented, showControls, wireControls, wireRowbar} from './controls.js';
-import {makeMeasure} from './dom.js';
 import {runNeedingAttention} from './findings.js';
 import {makeFindingsLoader} from './findingsload.js';
-import {HeatmapCanvas} from './heatmap.js';
 import {debugHook} from './hook.js';
 import {decodeView, readAnswers, requestWidth, trackQuery, viewQuery, viewRequests} from './load.js';
-import {applyMarks, highlightActive, paint, renderAlignNote, updateChart} from './paint.js';
+import {applyMarks, highlightActive, makeView, paint, renderAlignNote, updateChart} from './paint.js';
 import {wirePointer} from './pointer.js';
 import {compareMode, createState, dropGrids, runInfo, takeAnswers, takePaint, takeRuns, takeView} from './state.js';
 import {followTheme} from './theme.js';
@@ -29,9 +26,12 @@ import {hideTooltip, showError, showProblems} from './views.js';
 // imports (index -> controls -> panel -> findings -> format -> rows) is one
 // more round trip through TensorBoard's plugin route before the tab can run.
 import './axes.js';
+import './chart.js';
 import './colour.js';
 import './compare.js';
+import './dom.js';
 import './format.js';
+import './heatmap.js';
 import './losstrack.js';
 import './panel.js';
 import './rows.js';
@@ -61,13 +61,7 @@ class Controller {
     this.api = new Api();
     this.saved = loadSaved();
     this.st = createState(this.saved);
-    this.view = {
-      doc, ui, measure: makeMeasure(doc), chart: new LineChart(ui.plot.traceWrap),
-      panes: {
-        main: {plot: ui.plot, heat: new HeatmapCanvas(ui.plot.canvasWrap, 'heatmap')},
-        other: {plot: ui.otherPlot, heat: new HeatmapCanvas(ui.otherPlot.canvasWrap, 'heatmap-other')},
-      },
-    };
+    this.view = makeView(doc, ui);
     // Findings are asked for after the heatmap (see loadView), one request per run at a time.
     this.findingsView = makeFindingsLoader({
       st: this.st, api: this.api, ui,

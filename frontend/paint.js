@@ -5,11 +5,14 @@
 // What the paint says is decided in scene.js.
 
 import {stepTicks} from './axes.js';
+import {LineChart} from './chart.js';
 import {makeRatioScale, makeScale, ratioDecades, valueDomain} from './colour.js';
 import {ownLabels} from './compare.js';
 import {setSegmented} from './controls.js';
+import {makeMeasure} from './dom.js';
 import {findingCells, kindLabel, rowMarks} from './findings.js';
 import {allZeroText, ratioMetricEnds} from './format.js';
+import {HeatmapCanvas} from './heatmap.js';
 import {binEdges, binGrid, fitHeight, planRows, sharedPrefix} from './rows.js';
 import {alignNoteLines, chartCaption, displayAbsent, legendOptions, noDataText, plotTitles, zoomNote} from './scene.js';
 import {statusParts} from './selection.js';
@@ -49,6 +52,21 @@ function unionDomain(grids, kind) {
  *   ui from controls.buildLayout; chart a chart.LineChart; panes each
  *   plot's elements (views.buildPlot) and its heatmap.HeatmapCanvas.
  */
+
+/**
+ * Makes the view of a tab built by controls.buildLayout: both plots'
+ * heatmap canvases, the chart, a label measurer.
+ * @returns {View}
+ */
+export function makeView(doc, ui) {
+  return {
+    doc, ui, measure: makeMeasure(doc), chart: new LineChart(ui.plot.traceWrap),
+    panes: {
+      main: {plot: ui.plot, heat: new HeatmapCanvas(ui.plot.canvasWrap, 'heatmap')},
+      other: {plot: ui.otherPlot, heat: new HeatmapCanvas(ui.otherPlot.canvasWrap, 'heatmap-other')},
+    },
+  };
+}
 
 function layoutOf(view, st, mode) {
   const {doc, ui, measure} = view;
