@@ -4,7 +4,7 @@
 // does what the answer says; none of them touches the DOM or the network.
 
 import {findingKey} from './findings.js';
-import {aggregatesOf, runsChanged} from './selection.js';
+import {aggregatesOf, reconcileSelection, runsChanged} from './selection.js';
 import {compareMode, replan, runInfo, takeRuns} from './state.js';
 
 /**
@@ -19,7 +19,7 @@ export function changeSelection(st, change) {
   const next = {...st.sel, ...change};
   // Another run opens on its own default aggregate (max of a window), not on this one's.
   if (change.run && change.run !== prevRun) next.aggregate = null;
-  takeRuns(st, st.runs, next);
+  st.sel = reconcileSelection(st.runs, next);
   // Other rows or other steps: the zoom box no longer means anything.
   if (change.run || change.granularity || change.metric) st.rows.zoom = null;
   return {runChanged: st.sel.run !== prevRun};
