@@ -33,10 +33,10 @@ that batch's ``self.log(..., on_step=True)`` scalars at.
 """
 
 import importlib
-import numbers
 import os
 import warnings
 
+from tb_gradcheck.core import validate
 from tb_gradcheck.torch import closure
 from tb_gradcheck.torch.writer import GradientWriter
 
@@ -48,12 +48,8 @@ class _Recorder:
 
     def __init__(self, every_n_steps=1, log_dir=None):
         super().__init__()
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral) or every_n_steps < 1:
-            raise ValueError(f"Expected `every_n_steps` to be a positive integer. Received: {every_n_steps!r}")
-        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
-            raise TypeError(f"Expected `log_dir` to be a path or None. Received: {type(log_dir).__name__}")
-        self.every_n_steps = int(every_n_steps)
-        self._log_dir = log_dir
+        self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        self._log_dir = validate.optional_path(log_dir, "log_dir")
         self.log_dir = None  # the run written to, from the fit's start
         self.writer = None
         self._trainer = None

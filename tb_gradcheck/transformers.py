@@ -30,7 +30,6 @@ scalars to (``report_to="tensorboard"``): ``$TENSORBOARD_LOGGING_DIR``, or
 ``output_dir/runs/<date>_<host>``, which it names when training begins.
 """
 
-import numbers
 import os
 import socket
 import time
@@ -39,6 +38,7 @@ import warnings
 import torch
 import transformers
 
+from tb_gradcheck.core import validate
 from tb_gradcheck.torch.writer import GradientWriter
 
 
@@ -59,12 +59,8 @@ class GradientCallback(transformers.TrainerCallback):
     """
 
     def __init__(self, every_n_steps=1, log_dir=None):
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral) or every_n_steps < 1:
-            raise ValueError(f"Expected `every_n_steps` to be a positive integer. Received: {every_n_steps!r}")
-        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
-            raise TypeError(f"Expected `log_dir` to be a path or None. Received: {type(log_dir).__name__}")
-        self.every_n_steps = int(every_n_steps)
-        self._log_dir = log_dir
+        self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        self._log_dir = validate.optional_path(log_dir, "log_dir")
         self.log_dir = None
         self.writer = None
         self._since = None  # when the Trainer was made: its TensorBoardCallback's run is newer

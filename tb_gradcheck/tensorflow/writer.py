@@ -10,6 +10,7 @@ does the work for one list of variables, ``lifetime`` guards a closed writer's t
 import tensorflow as tf
 
 from tb_gradcheck.check.report import stored_checks
+from tb_gradcheck.core import at_exit
 from tb_gradcheck.core import validate
 from tb_gradcheck.tensorflow import branches
 from tb_gradcheck.tensorflow import distributed
@@ -100,7 +101,7 @@ class GradientWriter:
         self._layouts = {}  # (variable ids, sparse flags) -> recording.Recording
         self._events = events.Events()  # tags, fresh flags, the header row's write counter
         self._guard = lifetime.Guard()  # what traced graphs do after close()
-        lifetime.opened(self)
+        at_exit.opened(self)
 
     # -- public API ---------------------------------------------------------
 
@@ -364,7 +365,7 @@ class GradientWriter:
             if self._owns_writer:
                 self._summary_writer.close()
         self._closed = True
-        lifetime.closed(self)
+        at_exit.closed(self)
 
     def __enter__(self):
         return self
