@@ -4,7 +4,7 @@ A framework adapter names each parameter, its owner (the layer, or module,
 it belongs to), its shape and its unit count; ``Structure`` makes the rows
 every writer stores and every reader shows: TensorFlow's ``variables.Rows``
 builds on it, and so do the PyTorch and JAX writers. No framework imports
-(Keras variables' rows are ``tb_gradcheck.keras_fit``'s).
+(Keras variables' rows are ``tb_gradcheck.keras.variables``').
 """
 
 import numpy as np
