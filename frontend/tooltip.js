@@ -46,11 +46,19 @@ export function tooltipRows(c) {
   if (c.absent) cls = 'tip-missing';
   rows.push([binned ? `${key} (${c.reduce})` : key, text, cls]);
   if (c.aggregate && c.aggregate !== 'last') rows.push(['aggregate', c.aggregate]);
-  if (c.hasStatus) {
-    rows.push(['check', c.status || 'not checked', c.status === 'mismatch' ? 'tip-bad' : '']);
-    const power = checkPower(c.check, c.rowName);
-    if (power !== null && c.count === 1) rows.push(['power', `would catch errors \u2265 ${formatValue(power)} (last check)`]);
-  }
+  if (c.hasStatus) rows.push(...checkRows(c));
+  return rows;
+}
+
+/**
+ * The tooltip's lines on a cell of a gradient check: its verdict, and what
+ * the row's last check could detect.
+ * @param {object} c As tooltipRows'.
+ */
+export function checkRows(c) {
+  const rows = [['check', c.status || 'not checked', c.status === 'mismatch' ? 'tip-bad' : '']];
+  const power = checkPower(c.check, c.rowName);
+  if (power !== null && c.count === 1) rows.push(['power', `would catch errors \u2265 ${formatValue(power)} (last check)`]);
   return rows;
 }
 
