@@ -107,7 +107,8 @@ export function paneAxes(a, b) {
  * @param {string} run The selected run.
  * @param {string|null} other The compared run.
  * @returns {{main, other, names: string[], otherNames: (string|null)[]|null,
- *   onlyIn: [string[], string[]]}} main and other as state.createPane.
+ *   onlyIn: [string[], string[]], display: object}} main and other as state.createPane;
+ *   display the rows' labels where a name is an index (both answers' `labels`).
  * @throws {Error} When an answer is malformed (wire.decodeHeatmap).
  */
 export function decodeView({a, b, aligned}, mode, run, other) {
@@ -132,6 +133,7 @@ export function decodeView({a, b, aligned}, mode, run, other) {
     main: {run, resp: a, grid: mainGrid, axis: axes.main},
     other: {run: b ? other : null, resp: b, grid: otherGrid, axis: axes.other},
     names, otherNames, onlyIn,
+    display: {...((b && b.labels) || {}), ...(a.labels || {})},
   };
 }
 

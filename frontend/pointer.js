@@ -25,7 +25,7 @@ export function cellAt(view, st, key, clientX, clientY) {
   if (!bin) return null;
   const ratio = key === 'main' && compareMode(st) === 'ratio';
   return {
-    ...cellRows(st.plan, st.names, bin, pane.resp, pane.grid),
+    ...cellRows(st.plan, st.names, bin, pane.resp, pane.grid, st.display),
     run: ratio ? `${st.sel.run} \u00f7 ${st.compare.other}` : pane.run, paneRun: pane.run, ratio, bin,
     otherName: (key === 'other' || ratio) && st.otherNames ? st.otherNames[sourceRows(st.plan, bin.d0, bin.d0)[0]] : null,
     check: st.checks,

@@ -40,6 +40,7 @@ export function createState(saved = {}) {
     main: createPane(), // the upper plot: the selected run, or the ratio
     other: createPane(), // the lower plot, side by side: the compared run
     names: [], // names of the shown rows (the aligned rows of both runs side by side)
+    display: {}, // name -> label for rows named by an index ("0 (Linear)"): the answers' `labels`
     groups: [], // rows.groupRows(names): the repeated blocks
     rows: {
       collapsed: new Set(), // keys of the groups shown as one row
@@ -89,7 +90,9 @@ export function activeFinding(st) {
 /** Rebuilds the display rows from the names, groups, collapsed blocks, filter and zoom. */
 export function replan(st) {
   const z = st.rows.zoom;
-  st.plan = buildPlan(st.names, st.groups, {collapsed: st.rows.collapsed, filter: st.rows.filter, range: z ? z.rows : null});
+  st.plan = buildPlan(st.names, st.groups, {
+    collapsed: st.rows.collapsed, filter: st.rows.filter, range: z ? z.rows : null, display: st.display,
+  });
 }
 
 /**
@@ -123,6 +126,7 @@ export function takeView(st, view) {
   st.other = view.other;
   st.otherNames = view.otherNames;
   st.onlyIn = view.onlyIn;
+  st.display = view.display || {};
   const names = view.names;
   if (names.join('\n') !== st.names.join('\n')) {
     st.names = names;

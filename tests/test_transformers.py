@@ -180,3 +180,10 @@ def test_example_writes_the_trainers_run_as_a_user_runs_it(tmp_path):
     assert rows[:2] == ["transformer.wte", "transformer.wpe"] and rows[-1] == "transformer.ln_f"
     assert "update_norm" in entry["metrics"]
     assert "train/loss" in get_json(client, "/data/plugin/scalars/tags")[run]
+
+
+def test_a_log_dir_that_cannot_hold_the_run_is_refused_when_the_callback_is_built():
+    with pytest.raises(
+        ValueError, match="tb_gradcheck.transformers.GradientCallback can write its run to. Received: '/proc/x'"
+    ):
+        tb_gradcheck.transformers.GradientCallback(log_dir="/proc/x")

@@ -14,7 +14,7 @@ const BLOCKS = ['t/block_0/q', 't/block_0/k', 't/block_1/q', 't/block_1/k', 't/h
 test('a_new_state_declares_every_field_and_keeps_only_a_valid_saved_scale', () => {
   const st = createState();
   assert.deepEqual(Object.keys(st), [
-    'runs', 'sel', 'scale', 'compare', 'alignment', 'onlyIn', 'otherNames', 'main', 'other', 'names', 'groups', 'rows',
+    'runs', 'sel', 'scale', 'compare', 'alignment', 'onlyIn', 'otherNames', 'main', 'other', 'names', 'display', 'groups', 'rows',
     'plan', 'checks', 'findings', 'findingsByRun', 'activeKey', 'painted', 'timing', 'loads', 'polls',
   ]);
   assert.deepEqual(st.main, {run: null, resp: null, grid: null, axis: null});

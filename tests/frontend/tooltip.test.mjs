@@ -45,3 +45,13 @@ test('a_check_cell_says_its_verdict_and_power_in_the_check_lines', () => {
   // A bin of several rows has no one row's power; a row never checked says so.
   assert.deepEqual(checkRows({...one, count: 2, status: null}), [['check', 'not checked', '']]);
 });
+
+test('the_tooltip_shows_a_label_and_keeps_the_name_for_lookups', () => {
+  const names = ['0', '2'];
+  const plan = buildPlan(names, [], {display: {2: '2 (Linear)'}});
+  const resp = {steps: [0], step_ends: null, metric: 'grad_norm', aggregate: 'last', granularity: 'layer'};
+  const c = cellRows(plan, names, {d0: 1, d1: 1, col0: 0, col1: 0, value: 0.5, status: null}, resp, {}, {2: '2 (Linear)'});
+  assert.equal(c.rowName, '2'); // what the check and findings are matched by
+  const rows = tooltipRows({...c, run: 'mlp'});
+  assert.deepEqual(rows[1], ['layer', '2 (Linear)']);
+});

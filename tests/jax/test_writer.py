@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import tb_gradcheck.jax as tj
 from conftest import read_events
@@ -282,3 +283,13 @@ def test_gradient_accumulation_with_multisteps_writes_each_applied_update_once(t
     for update, (_, array, _) in enumerate(variables):
         mean = sum(g["Dense_0/kernel"] for g in micro[update * k : update * k + k]) / k
         np.testing.assert_allclose(array[0, norm, COL["grad_norm"]], np.sqrt(np.sum(mean**2)), rtol=RTOL)
+
+
+def test_a_logdir_that_cannot_hold_the_run_is_refused_when_the_writer_is_built(tmp_path):
+    with pytest.raises(ValueError, match="tb_gradcheck.jax.GradientWriter can write its run to. Received: '/proc/x'"):
+        tj.GradientWriter("/proc/x")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="it is a file, not a directory"):
+        tj.GradientWriter(tmp_path / "file")
+    with tj.GradientWriter(tmp_path / "run") as writer:
+        assert writer.log_dir == str(tmp_path / "run") and os.path.isdir(writer.log_dir)

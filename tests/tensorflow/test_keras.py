@@ -555,3 +555,10 @@ def test_gradient_check_runs_every_n_steps_on_check_data(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     checks = read_events(tmp_path / "train", kind="check")
     assert [s for s, _, _ in checks] == [3, 6]
+
+
+def test_a_log_dir_that_cannot_hold_the_run_is_refused_when_the_callback_is_built(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="GradientCallback can write its run to. Received: '.*file/train'"):
+        GradientCallback(tmp_path / "file")
+    assert GradientCallback(tmp_path / "logs").run_dir == str(tmp_path / "logs" / "train")

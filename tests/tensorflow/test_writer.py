@@ -522,3 +522,16 @@ def test_stash_writes_a_step_stored_again_after_a_restart(tmp_path):
     assert [e[0] for e in events] == [1, 2, 3, 1, 2]
     norm = metadata.STORED_STAT_COLUMNS.index("grad_norm")
     assert [e[2][0, 0, norm] for e in events] == pytest.approx([s * np.sqrt(2) for s in (1, 2, 3, 1, 2)])
+
+
+def test_a_logdir_that_cannot_hold_the_run_is_refused_when_the_writer_is_built(tmp_path):
+    with pytest.raises(ValueError, match="tb_gradcheck.GradientWriter can write its run to. Received: '/proc/x'"):
+        GradientWriter("/proc/x")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="Received: '.*file/run': it cannot be created \\(Not a directory\\)"):
+        GradientWriter(tmp_path / "file" / "run")
+    with pytest.raises(ValueError, match="every_n_steps"):  # a bad argument makes no directory
+        GradientWriter(tmp_path / "never", every_n_steps=0)
+    assert not (tmp_path / "never").exists()
+    with GradientWriter(tmp_path / "run") as writer:
+        assert writer.log_dir == str(tmp_path / "run")
