@@ -25,7 +25,10 @@ setuptools.setup(
     # first.
     packages=[
         "tb_gradcheck",
-        *(f"tb_gradcheck.{sub}" for sub in ("core", "tensorflow", "torch", "jax", "check", "findings", "reader")),
+        *(
+            f"tb_gradcheck.{sub}"
+            for sub in ("core", "keras", "tensorflow", "torch", "jax", "check", "findings", "reader")
+        ),
         "tb_gradcheck.frontend",
     ],
     package_dir={"tb_gradcheck": "tb_gradcheck", "tb_gradcheck.frontend": "frontend"},

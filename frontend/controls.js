@@ -4,10 +4,9 @@
 
 import {exportUrl} from './api.js';
 import {el} from './dom.js';
-import {metricLabel, ratioMetricEnds} from './format.js';
-import {isTrackMetric} from './losstrack.js';
+import {ratioMetricEnds} from './format.js';
 import {buildFindingsPanel} from './panel.js';
-import {aggregatesOf, granularitiesWithMetric} from './selection.js';
+import {aggregatesOf, granularitiesWithMetric, metricChoices} from './selection.js';
 import {buildPlot, showProblems} from './views.js';
 
 function labelled(doc, text, control, id) {
@@ -194,8 +193,6 @@ export function setSegmented(group, value, enabled) {
   }
 }
 
-
-
 /**
  * Shows the state in the controls: options, pressed buttons, what is hidden.
  * @param {object} ui From buildLayout.
@@ -207,9 +204,7 @@ export function showControls(ui, st, r, mode) {
   const sel = st.sel;
   setOptions(ui.runSelect, st.runs.map((x) => ({value: x.run, label: x.run})), sel.run);
   ui.runSelect.title = sel.run;
-  // Track metrics (the loss scale) are drawn under the heatmap, not offered as heatmaps.
-  const heatmapMetrics = (r.metrics || []).filter((m) => !isTrackMetric(m));
-  setOptions(ui.metricSelect, heatmapMetrics.map((m) => ({value: m, label: metricLabel(m)})), sel.metric);
+  setOptions(ui.metricSelect, metricChoices(r), sel.metric);
   setSegmented(ui.granularity, sel.granularity, granularitiesWithMetric(r, sel.metric));
   const aggs = aggregatesOf(r, sel.metric);
   ui.aggregateControl.hidden = aggs.length <= 1;
@@ -229,6 +224,37 @@ export function showControls(ui, st, r, mode) {
     a.title = `Download ${sel.run}'s ${sel.metric} matrix, unbinned, as ${fmt.toUpperCase()}`;
     a.hidden = false;
   }
+}
+
+/**
+ * Wires the toolbar and the findings panel to the controller.
+ * @param {object} ui From buildLayout.
+ * @param {{select(change), granularity(value), scale(value), compareWith(run),
+ *   compareMode(mode), align(mode), refresh(), toggleFinding(key),
+ *   clearFinding()}} on A segmented control calls with the value of the
+ *   button pressed, never a disabled one; compareWith with null for none.
+ */
+export function wireControls(ui, on) {
+  const pressed = (handler) => (e) => {
+    const b = e.target.closest('button');
+    if (b && !b.disabled && b.dataset.value) handler(b.dataset.value);
+  };
+  ui.runSelect.addEventListener('change', () => on.select({run: ui.runSelect.value}));
+  ui.metricSelect.addEventListener('change', () => on.select({metric: ui.metricSelect.value}));
+  ui.aggregateSelect.addEventListener('change', () => on.select({aggregate: ui.aggregateSelect.value}));
+  ui.granularity.addEventListener('click', pressed((v) => on.granularity(v)));
+  ui.scale.addEventListener('click', pressed((v) => on.scale(v)));
+  ui.compareSelect.addEventListener('change', () => on.compareWith(ui.compareSelect.value || null));
+  ui.compareMode.addEventListener('click', pressed((v) => on.compareMode(v)));
+  ui.align.addEventListener('click', pressed((v) => on.align(v)));
+  ui.refresh.addEventListener('click', () => on.refresh());
+  ui.findings.list.addEventListener('click', (e) => {
+    const b = e.target.closest('button.finding-main');
+    if (b) on.toggleFinding(b.dataset.key);
+  });
+  ui.app.ownerDocument.addEventListener('keydown', (e) => {
+    if (e.key === 'Escape') on.clearFinding();
+  });
 }
 
 

@@ -10,12 +10,13 @@ import {findingsUrl} from './api.js';
 import {evidenceItems, findingKey, kindLabel, layerHeadline, sortFindings} from './findings.js';
 import {stepRangeText} from './format.js';
 import {renderFindings} from './panel.js';
+import {keepFindings, showFindingsOf, takeFindings, takeFindingsError} from './state.js';
 
 /**
  * @param {object} env {st, api, ui, onShown(), onLoaded()}: the tab's state
- *   (st.findings, st.findingsByRun, st.activeKey, st.sel), its Api, its
- *   layout; onShown runs when a known list is shown again, onLoaded when a
- *   list (or an error) arrived.
+ *   (it reads findings, findingsByRun, activeKey and sel, and changes them
+ *   through state.js), its Api, its layout; onShown runs when a known list
+ *   is shown again, onLoaded when a list (or an error) arrived.
  * @returns {{renderPanel, fetchFindings, show, load, after}}
  */
 export function makeFindingsLoader({st, api, ui, onShown, onLoaded}) {
@@ -35,16 +36,13 @@ export function makeFindingsLoader({st, api, ui, onShown, onLoaded}) {
     const res = await api.get(`findings:${run}`, findingsUrl(run));
     if (res.stale) return null;
     const list = sortFindings((res.value && res.value.findings) || []);
-    st.findingsByRun.set(run, list);
+    keepFindings(st, run, list);
     return list;
   }
 
   /** The panel of `run` at once (its list if known, else "loading"), before its findings are asked for. */
   function show(run) {
-    if (st.findings.run !== run) {
-      st.findings = {run, list: st.findingsByRun.get(run) || null, error: null};
-      st.activeKey = null;
-    }
+    showFindingsOf(st, run);
     renderPanel();
   }
 
@@ -64,11 +62,9 @@ export function makeFindingsLoader({st, api, ui, onShown, onLoaded}) {
     pending.set(run, false);
     try {
       const list = await fetchFindings(run);
-      if (list === null || st.findings.run !== run) return;
-      st.findings = {run, list, error: null};
+      if (list === null || !takeFindings(st, run, list)) return;
     } catch (err) {
-      if (st.findings.run !== run) return;
-      st.findings = {...st.findings, error: `Could not load findings: ${err.message}`};
+      if (!takeFindingsError(st, run, `Could not load findings: ${err.message}`)) return;
     } finally {
       const again = pending.get(run);
       pending.delete(run);

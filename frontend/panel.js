@@ -79,8 +79,9 @@ function findingItem(doc, f, index, opts) {
   const long = names.length > LIST_ALL_UP_TO;
   for (const layer of long ? names.slice(0, CHIPS) : names) {
     const headline = opts.headline(f, layer);
-    layers.append(el(doc, 'li', {className: 'layer-chip', title: layer},
-      el(doc, 'span', {className: 'layer-name', text: layer}),
+    const label = (f.labels && f.labels[layer]) || layer; // "0 (Linear)" for a row named by an index
+    layers.append(el(doc, 'li', {className: 'layer-chip', title: label},
+      el(doc, 'span', {className: 'layer-name', text: label}),
       headline ? el(doc, 'span', {className: 'layer-number', text: headline}) : null));
   }
   if (long && names.length > CHIPS) {

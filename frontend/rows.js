@@ -85,7 +85,10 @@ export function buildPlan(names, groups, opts = {}) {
   const [lo, hi] = opts.range || [0, names.length - 1];
   const groupAt = new Int32Array(names.length).fill(-1);
   groups.forEach((g, k) => groupAt.fill(k, g.start, g.end));
-  const keep = (i) => i >= lo && i <= hi && (!needle || names[i].toLowerCase().includes(needle));
+  // A row named by an index shows (and is found by) its label: "0 (Linear)".
+  const display = opts.display || {};
+  const shown = (i) => display[names[i]] || names[i];
+  const keep = (i) => i >= lo && i <= hi && (!needle || shown(i).toLowerCase().includes(needle));
   const order = [];
   const starts = [];
   const labels = [];
@@ -111,7 +114,7 @@ export function buildPlan(names, groups, opts = {}) {
     if (keep(i)) {
       starts.push(order.length);
       order.push(i);
-      labels.push(names[i]);
+      labels.push(shown(i));
       group.push(k);
       first.push(k < 0 || i === groups[k].start || !keep(i - 1) || group[group.length - 2] !== k ? 1 : 0);
     }

@@ -1,6 +1,7 @@
 // The selection and what the status line says about it (pure; tested under node).
 
-import {plural, rowNoun} from './format.js';
+import {metricLabel, plural, rowNoun} from './format.js';
+import {isTrackMetric} from './losstrack.js';
 
 /**
  * The aggregate a metric opens on. A run written every step has only
@@ -56,6 +57,17 @@ export function granularitiesWithMetric(info, metric) {
 export function aggregatesOf(info, metric) {
   const a = info && info.aggregates && info.aggregates[metric];
   return Array.isArray(a) ? a : [];
+}
+
+/**
+ * The metric picker's options: the metrics the server lists for the run, in
+ * its order, each under its label (format.metricLabel). Track metrics (the
+ * loss scale) are drawn under the heatmap, not offered as heatmaps.
+ * @param {object} info The run's entry in `runs`.
+ * @returns {{value: string, label: string}[]}
+ */
+export function metricChoices(info) {
+  return ((info && info.metrics) || []).filter((m) => !isTrackMetric(m)).map((m) => ({value: m, label: metricLabel(m)}));
 }
 
 /**

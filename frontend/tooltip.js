@@ -10,13 +10,15 @@ import {sourceRows} from './rows.js';
  * @param {{d0, d1, col0, col1, value, status}} bin HeatmapCanvas.binAt
  * @param {object} resp The heatmap JSON (steps, step_ends, metric, ...).
  * @param {object} grid The decoded grid (absent rows in side-by-side).
+ * @param {object} [display] name -> label for rows named by an index (state.display).
  */
-export function cellRows(plan, names, bin, resp, grid) {
+export function cellRows(plan, names, bin, resp, grid, display = {}) {
   const src = sourceRows(plan, bin.d0, bin.d1);
   const ends = resp.step_ends || resp.steps;
   return {
     row: src[0], rowEnd: src[src.length - 1], count: src.length,
     rowName: names[src[0]], rowEndName: names[src[src.length - 1]],
+    rowLabel: display[names[src[0]]] || names[src[0]], rowEndLabel: display[names[src[src.length - 1]]] || names[src[src.length - 1]],
     absent: !!(grid.absent && src.every((r) => grid.absent[r])),
     step: resp.steps[bin.col0], stepEnd: ends[bin.col1],
     value: bin.value, valueText: formatValue(bin.value), status: bin.status,
@@ -32,8 +34,9 @@ export function cellRows(plan, names, bin, resp, grid) {
  */
 export function tooltipRows(c) {
   const rows = [[c.ratio ? 'runs' : 'run', c.run]];
-  if (c.count > 1) rows.push([`${c.noun}s`, `${c.rowName} \u2026 ${c.rowEndName} (${c.count.toLocaleString('en-US')}, max)`]);
-  else rows.push([c.noun, c.rowName]);
+  const first = c.rowLabel || c.rowName;
+  if (c.count > 1) rows.push([`${c.noun}s`, `${first} \u2026 ${c.rowEndLabel || c.rowEndName} (${c.count.toLocaleString('en-US')}, max)`]);
+  else rows.push([c.noun, first]);
   if (c.otherName && c.otherName !== c.rowName && c.count === 1) rows.push(['aligned with', c.otherName]);
   rows.push(c.stepEnd !== c.step ? ['steps', `${c.step}\u2013${c.stepEnd}`] : ['step', String(c.step)]);
   const binned = c.stepEnd !== c.step || c.count > 1;
@@ -46,11 +49,19 @@ export function tooltipRows(c) {
   if (c.absent) cls = 'tip-missing';
   rows.push([binned ? `${key} (${c.reduce})` : key, text, cls]);
   if (c.aggregate && c.aggregate !== 'last') rows.push(['aggregate', c.aggregate]);
-  if (c.hasStatus) {
-    rows.push(['check', c.status || 'not checked', c.status === 'mismatch' ? 'tip-bad' : '']);
-    const power = checkPower(c.check, c.rowName);
-    if (power !== null && c.count === 1) rows.push(['power', `would catch errors \u2265 ${formatValue(power)} (last check)`]);
-  }
+  if (c.hasStatus) rows.push(...checkRows(c));
+  return rows;
+}
+
+/**
+ * The tooltip's lines on a cell of a gradient check: its verdict, and what
+ * the row's last check could detect.
+ * @param {object} c As tooltipRows'.
+ */
+export function checkRows(c) {
+  const rows = [['check', c.status || 'not checked', c.status === 'mismatch' ? 'tip-bad' : '']];
+  const power = checkPower(c.check, c.rowName);
+  if (power !== null && c.count === 1) rows.push(['power', `would catch errors \u2265 ${formatValue(power)} (last check)`]);
   return rows;
 }
 

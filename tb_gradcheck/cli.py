@@ -87,6 +87,14 @@ def main(argv=None):
         return EXIT_ERROR
 
 
+# What writes gradient data, for the hint of an empty log directory.
+WRITERS = (
+    "write some with tb_gradcheck.GradientWriter (TensorFlow), tb_gradcheck.torch.GradientWriter (PyTorch), "
+    "tb_gradcheck.jax.monitor and GradientWriter (JAX), or the GradientCallback of tb_gradcheck.keras, "
+    "tb_gradcheck.lightning or tb_gradcheck.transformers"
+)
+
+
 class _UsageError(Exception):
     pass
 
@@ -94,12 +102,16 @@ class _UsageError(Exception):
 def _open_store(logdir):
     from tb_gradcheck.reader import store
 
+    if os.path.isfile(logdir):
+        raise _UsageError(
+            f"{logdir!r} is a file; expected the log directory that holds the runs (the --logdir you give tensorboard)"
+        )
     if not os.path.isdir(logdir):
         raise _UsageError(f"no such log directory: {logdir!r}")
     s, ctx, eid = store.local_store(logdir)
     runs = s.runs(ctx, eid)
     if not runs:
-        raise _UsageError(f"no gradient data under {logdir!r} (write some with tb_gradcheck.GradientWriter)")
+        raise _UsageError(f"no gradient data under {logdir!r}; {WRITERS}")
     return s, ctx, eid, runs
 
 
@@ -170,7 +182,8 @@ def _print_finding(f, indent):
     print(f"{indent}{f['severity'].upper():7} {f['kind']:13} steps {f['steps'][0]}-{f['steps'][1]}")
     print(f"{indent}  {_visible(f['message'])}")
     for layer, numbers in f["evidence"].items():
-        print(f"{indent}  - {_visible(layer)}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in numbers.items()))
+        shown = f.get("labels", {}).get(layer, layer)
+        print(f"{indent}  - {_visible(shown)}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in numbers.items()))
     for c in f.get("consequences", []):
         print(f"{indent}  which explains:")
         _print_finding(c, indent + "    ")

@@ -39,10 +39,11 @@ says so where neither is).
 
 import importlib
 import math
-import numbers
 import os
 import warnings
 
+from tb_gradcheck.core import run_directory
+from tb_gradcheck.core import validate
 from tb_gradcheck.torch import closure
 from tb_gradcheck.torch.writer import GradientWriter
 
@@ -54,12 +55,10 @@ class _Recorder:
 
     def __init__(self, every_n_steps=1, log_dir=None):
         super().__init__()
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral) or every_n_steps < 1:
-            raise ValueError(f"Expected `every_n_steps` to be a positive integer. Received: {every_n_steps!r}")
-        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
-            raise TypeError(f"Expected `log_dir` to be a path or None. Received: {type(log_dir).__name__}")
-        self.every_n_steps = int(every_n_steps)
-        self._log_dir = log_dir
+        self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        self._log_dir = validate.optional_path(log_dir, "log_dir")
+        if self._log_dir is not None:
+            self._log_dir = run_directory.prepare(self._log_dir, "log_dir", "tb_gradcheck.lightning.GradientCallback")
         self.log_dir = None  # the run written to, from the fit's start
         self.writer = None
         self._trainer = None
@@ -96,6 +95,10 @@ class _Recorder:
                 "the closure more than once (only torch.optim's optimizers other than LBFGS are followed).",
                 stacklevel=2,
             )
+        if trainer.is_global_zero and not run_directory.announced(self.log_dir):
+            # Said through Lightning's own logger, where it says where its scalars go.
+            rank_zero = importlib.import_module(self._PACKAGE.__name__ + ".utilities.rank_zero")
+            rank_zero.rank_zero_info(run_directory.message(self.log_dir))
         self._warn_unshared_steps(trainer.log_every_n_steps)
         self.writer = GradientWriter(
             self.log_dir,

@@ -35,7 +35,6 @@ built (``trainer.add_callback``) does not see it built, and reads the
 variable at ``train()``.
 """
 
-import numbers
 import os
 import socket
 import time
@@ -44,6 +43,8 @@ import warnings
 import torch
 import transformers
 
+from tb_gradcheck.core import run_directory
+from tb_gradcheck.core import validate
 from tb_gradcheck.torch.writer import GradientWriter
 
 
@@ -65,17 +66,19 @@ class GradientCallback(transformers.TrainerCallback):
       log_dir: Optional run directory instead of the ``TensorBoardCallback``'s.
 
     Attributes:
-      writer: The ``tb_gradcheck.torch.GradientWriter`` during ``train()``, else None.
+      writer: The ``tb_gradcheck.torch.GradientWriter`` during ``train()``,
+        else None: ``callback.writer.write_check(report, state.global_step + 1)``
+        at ``on_pre_optimizer_step`` writes a gradient check into the run.
       log_dir: The run directory of the last ``train()``.
     """
 
     def __init__(self, every_n_steps=1, log_dir=None):
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral) or every_n_steps < 1:
-            raise ValueError(f"Expected `every_n_steps` to be a positive integer. Received: {every_n_steps!r}")
-        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
-            raise TypeError(f"Expected `log_dir` to be a path or None. Received: {type(log_dir).__name__}")
-        self.every_n_steps = int(every_n_steps)
-        self._log_dir = log_dir
+        self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        self._log_dir = validate.optional_path(log_dir, "log_dir")
+        if self._log_dir is not None:
+            self._log_dir = run_directory.prepare(
+                self._log_dir, "log_dir", "tb_gradcheck.transformers.GradientCallback"
+            )
         self.log_dir = None
         self.writer = None
         self._since = None  # when the Trainer was made: its TensorBoardCallback's run is newer

@@ -1,4 +1,4 @@
-"""Training scenarios for test_distribute.py, run under a strategy in a subprocess or single-device in the test.
+"""Training scenarios for tensorflow/test_distributed.py, run under a strategy in a subprocess or single-device in the test.
 
     python tests/distribute_job.py mirrored OUT   # two logical CPUs, MirroredStrategy
     python tests/distribute_job.py worker OUT     # one MultiWorkerMirroredStrategy worker (TF_CONFIG)

@@ -2,6 +2,7 @@
 
 import ast
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tb_gradcheck"
@@ -15,15 +16,19 @@ ALLOWED = {
     "check": {"core", "check"},
     "findings": {"core", "findings"},
     "reader": {"core", "findings", "reader"},
-    "tensorflow": {"core", "check", "tensorflow"},
-    "torch": {"core", "check", "torch"},
-    "jax": {"core", "check", "jax"},
-    # The root's entry points may use any layer (the CLI reads, the demo trains); nothing below imports them,
-    # except keras_fit, the Keras fit rules both Keras backends share (Keras only, no framework).
-    "": {"", "core", "check", "findings", "reader", "tensorflow", "torch", "jax"},
+    # What the Keras callbacks of every backend share, and the choice of the backend's: Keras only.
+    "keras": {"core", "keras"},
+    "tensorflow": {"core", "check", "keras", "tensorflow"},
+    "torch": {"core", "check", "keras", "torch"},
+    "jax": {"core", "check", "keras", "jax"},
+    # The root's entry points may use any layer (the CLI reads, the demo trains); nothing below imports them.
+    "": {"", "core", "check", "findings", "reader", "keras", "tensorflow", "torch", "jax"},
 }
-ROOT_MODULES_IMPORTED_BELOW = {"keras_fit"}
+# Modules named by a string (importlib, a lazy table) and imported only when used: the Keras package picks
+# its backend's callback that way, the one place a framework's module is chosen by name.
+NAMED = {"keras": {"tensorflow", "torch", "jax"}}
 FRAMEWORKS = ("tensorflow", "torch", "jax")
+MODULE_NAME = re.compile(r"tb_gradcheck(\.[a-z_0-9]+)+")
 MAX_LINES = 400
 MAX_ROOT_MODULES = 8
 MAX_SUBPACKAGE_MODULES = 20
@@ -37,6 +42,15 @@ def _modules():
         if "frontend" in relative.parts:
             continue
         found[".".join(relative.parts)] = path
+    return found
+
+
+def _named(path):
+    """The tb_gradcheck modules ``path`` names in a string of its code (``importlib.import_module("tb_gradcheck.x")``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+            found.add(node.value.split(".", 1)[1])
     return found
 
 
@@ -98,14 +112,23 @@ def test_imports_run_one_way_between_layers():
     for name, path in modules.items():
         if name.endswith("__init__") and _layer(name) == "":
             continue  # the package's __init__ re-exports the public names lazily
-        for imported in _imports(path):
+        layer = _layer(name)
+        edges = [(i, ALLOWED[layer]) for i in _imports(path)]
+        edges += [(i, ALLOWED[layer] | NAMED.get(layer, set())) for i in _named(path)]
+        for imported, allowed in edges:
             target = imported if imported in modules or imported == "" else imported.rpartition(".")[0]
-            target_layer = _layer(target) if target else ""
-            if target in ROOT_MODULES_IMPORTED_BELOW or target.split(".")[0] in ROOT_MODULES_IMPORTED_BELOW:
-                continue
-            if target_layer not in ALLOWED[_layer(name)]:
+            if (_layer(target) if target else "") not in allowed:
                 wrong.append(f"{name} imports {imported}")
     assert not wrong, "imports against the layers: " + "; ".join(wrong)
+
+
+def test_a_module_named_in_a_string_counts_as_an_import():
+    # The Keras package's backend choice is seen, and a framework naming another framework's module is caught.
+    modules = _modules()
+    assert _named(modules["keras.backends"]) >= {"tensorflow.keras", "jax.keras", "torch.keras"}
+    assert not any(
+        _layer(t) in ("jax", "torch") for n in modules if _layer(n) == "tensorflow" for t in _named(modules[n])
+    )
 
 
 def test_the_reader_and_the_core_import_no_framework():
@@ -152,12 +175,42 @@ def test_sizes_keep_the_layout_readable():
             assert len(inside) <= MAX_SUBPACKAGE_MODULES, f"{layer}/ holds {len(inside)} modules"
 
 
-def test_every_framework_has_its_subpackage_with_parallel_names():
+def _parallel_table():
+    """docs/architecture.md's table of parallel names: ``{job: {framework: module file name or None}}``."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Parallel names", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 1 + len(FRAMEWORKS) or not cells[0].startswith("`"):
+            continue
+        names = [re.fullmatch(r"`(\w+)/(\w+\.py)`", c) for c in cells[1:]]
+        for framework, match, cell in zip(FRAMEWORKS, names, cells[1:]):
+            assert match is None or match.group(1) == framework, f"{cell} under {framework}"
+        table[cells[0].strip("`")] = {f: m.group(2) if m else None for f, m in zip(FRAMEWORKS, names)}
+    return table
+
+
+def test_the_parallel_name_table_is_true():
+    """Each row names one file name in every framework that has the job, and no shared name is left out."""
     modules = _modules()
-    for framework in FRAMEWORKS:
-        assert f"{framework}.writer" in modules and f"{framework}.check" in modules, framework
-    assert "tensorflow.keras" in modules and "jax.keras" in modules
-    assert "tensorflow.evaluator" in modules and "torch.evaluator" in modules
+    table = _parallel_table()
+    assert len(table) >= 4, table
+    for job, row in table.items():
+        present = {f: n for f, n in row.items() if n}
+        assert len(present) >= 2, f"{job}: a parallel name needs two frameworks"
+        assert set(present.values()) == {job + ".py"}, f"{job}: {row}"
+        for framework, name in present.items():
+            assert f"{framework}.{name[:-3]}" in modules, f"{framework}/{name} does not exist"
+        for framework, name in row.items():
+            assert name or f"{framework}.{job}" not in modules, f"{framework}/{job}.py exists but is not in the table"
+    shared = {}
+    for name in modules:
+        layer, _, stem = name.partition(".")
+        if layer in FRAMEWORKS and stem != "__init__":
+            shared.setdefault(stem, set()).add(layer)
+    missing = {stem for stem, where in shared.items() if len(where) >= 2} - set(table)
+    assert not missing, f"modules named alike in two frameworks but not in the table: {sorted(missing)}"
 
 
 def test_architecture_lists_every_module():

@@ -819,3 +819,42 @@ if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "readme":
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     readme_picture(sys.argv[2], sys.argv[3])
     print(json.dumps({"wrote": sys.argv[3]}))
+
+
+def test_rows_named_by_an_index_show_their_class(browser, tmp_path, artifacts):
+    # A top-level nn.Sequential written by the PyTorch writer: its rows are 0, 2, 4; the tab labels them
+    # "0 (Linear)" in the row labels, the tooltip and the finding's chips, and finds them by that label.
+    import torch
+    from torch import nn
+
+    from tb_gradcheck.torch import GradientWriter
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 8), torch.randn(64, 1)
+    with GradientWriter(tmp_path / "sequential", model, optimizer=optimizer) as writer:
+        for step in range(40):
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            writer.clip_grad_norm_(1e-4)  # binds at every step: a finding that names the rows
+            writer.write(step)
+            optimizer.step()
+    proc = TensorBoardProcess(tmp_path)
+    try:
+        proc.wait_for_steps("sequential", 40)
+        t = Tab(browser, proc.url)
+        labels = [e.inner_text() for e in t.frame.locator("#row-labels .row-label").all()]
+        assert labels == ["0 (Linear)", "2 (Linear)", "4 (Linear)"]
+        assert t.state()["rows"] == ["0", "2", "4"]  # matched by name
+        fields = t.hover(*t.cell_point(1, 10))
+        assert fields["layer"] == "2 (Linear)"
+        chips = [e.inner_text() for e in t.frame.locator("#findings .layer-chip .layer-name").all()]
+        assert chips and all(c.endswith("(Linear)") for c in chips)
+        t.frame.fill("#row-filter", "linear")
+        t.wait_ready()
+        assert len(t.frame.locator("#row-labels .row-label").all()) == 3
+        t.page.screenshot(path=str(artifacts / "gradients_tab_sequential.png"))
+        t.close()
+    finally:
+        proc.close()

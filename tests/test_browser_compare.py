@@ -9,9 +9,6 @@ Run alone with `python -m pytest -n0 tests/test_browser_compare.py`.
 """
 
 import pytest
-from test_browser import Tab
-from test_browser import api
-from test_browser import float32_close
 
 from conftest import TensorBoardProcess
 from tests.reader.test_compare import STEPS
@@ -19,6 +16,9 @@ from tests.reader.test_compare import functional_and_subclassed
 from tests.reader.test_compare import sequential
 from tests.reader.test_compare import train
 from tests.tensorflow.test_examples import run_example
+from tests.test_browser import Tab
+from tests.test_browser import api
+from tests.test_browser import float32_close
 
 EXAMPLE_STEPS = 7
 

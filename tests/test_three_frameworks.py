@@ -28,7 +28,7 @@ from conftest import get_json
 from conftest import make_app
 from conftest import stats_content
 from conftest import wait_for_steps
-from tests.jax.test_jax_frameworks import nest
+from tests.jax.test_frameworks import nest
 
 STEPS = 4
 LR = 0.05

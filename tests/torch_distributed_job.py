@@ -1,4 +1,4 @@
-"""One training run for test_torch_distributed.py: on one process, or on 2 gloo processes under DDP or FSDP2.
+"""One training run for torch/test_distributed.py: on one process, or on 2 gloo processes under DDP or FSDP2.
 
     python tests/torch_distributed_job.py single|ddp|fsdp LOGDIR PORT
 

@@ -167,6 +167,11 @@ def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
         (a layer row when any of its parameters is), as the PyTorch writer
         sees the groups: they never move, which their numbers (an update of
         exactly 0) cannot tell from a group at learning rate 0.
+        ``module_classes`` (optional, stored only when not empty):
+        ``{row name: class name}`` for rows whose name alone says nothing
+        of what they are (a module's index in a ``torch.nn.Sequential``:
+        ``0``, ``features.3``); readers show them as ``0 (Linear)``
+        (``label``), and the name stays what rows are matched by.
       variables: The same for the variable rows.
       aggregates: Slab names, in stored order.
       window: Training steps one write summarises (1: every step is written).
@@ -203,8 +208,11 @@ def check_layout(granularity, rows):
     }
 
 
-def _granularity_block(rows, sizes, sparse_rows=(), shapes=None, outside_optimizer=()):
+def _granularity_block(rows, sizes, sparse_rows=(), shapes=None, outside_optimizer=(), module_classes=None):
     block = {"rows": list(rows), "sizes": [int(s) for s in sizes], "sparse_rows": list(sparse_rows)}
+    if module_classes:
+        # Only for rows named by an index: other layouts keep their bytes and fingerprint.
+        block["module_classes"] = {str(k): str(v) for k, v in module_classes.items()}
     if outside_optimizer:
         # Only when some row is: the layouts of writers that do not see the
         # optimizer's groups (and of runs whose groups hold every row) keep
@@ -215,6 +223,16 @@ def _granularity_block(rows, sizes, sparse_rows=(), shapes=None, outside_optimiz
         # do not know shapes) keep their bytes and their tag's fingerprint.
         block["shapes"] = [[[int(d) for d in shape] for shape in row] for row in shapes]
     return block
+
+
+def label(name, module_class=None):
+    """A row's name as the tab and the report show it: ``0 (Linear)`` for a row named by an index, else the name."""
+    return f"{name} ({module_class})" if module_class else name
+
+
+def labels(block):
+    """``{row name: label}`` for the rows of a layout block that have a module class (``module_classes``)."""
+    return {name: label(name, cls) for name, cls in block.get("module_classes", {}).items()}
 
 
 def encode(content):
@@ -288,6 +306,15 @@ def parse(content_bytes):
                     or not set(names) <= set(block["rows"])
                 ):
                     raise ContentError(f"{granularity} {field} must be a list of row names, got {_short(names)}")
+            classes = block.get("module_classes", {})
+            if (
+                not isinstance(classes, dict)
+                or not all(isinstance(v, str) for v in classes.values())
+                or not set(classes) <= set(block["rows"])
+            ):
+                raise ContentError(
+                    f"{granularity} module_classes must map row names to class names, got {_short(classes)}"
+                )
             if "shapes" in block and not _valid_shapes(block["shapes"], len(block["rows"])):
                 raise ContentError(
                     f"{granularity} shapes must be one list of shapes (lists of non-negative integers) per row, "

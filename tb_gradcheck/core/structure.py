@@ -4,7 +4,7 @@ A framework adapter names each parameter, its owner (the layer, or module,
 it belongs to), its shape and its unit count; ``Structure`` makes the rows
 every writer stores and every reader shows: TensorFlow's ``variables.Rows``
 builds on it, and so do the PyTorch and JAX writers. No framework imports
-(Keras variables' rows are ``tb_gradcheck.keras_fit``'s).
+(Keras variables' rows are ``tb_gradcheck.keras.variables``').
 """
 
 import numpy as np
@@ -23,6 +23,8 @@ class Structure:
       shapes: Per parameter, its shape (a sequence of ints).
       units: Per parameter, its unit count for ``dead_unit_fraction``
         (``tb_gradcheck.tensorflow.units`` says what a unit is).
+      module_classes: Optional ``{owner: class name}`` for layers whose name
+        alone says nothing (``metadata.stats_layout``'s ``module_classes``).
 
     Attributes:
       variable_names, layer_names: Row names, unique.
@@ -34,7 +36,7 @@ class Structure:
         Dense or Linear layer's bias, whose elements are its units).
     """
 
-    def __init__(self, variable_names, owners, shapes, units):
+    def __init__(self, variable_names, owners, shapes, units, module_classes=None):
         if not (len(variable_names) == len(owners) == len(shapes) == len(units)):
             raise ValueError(
                 "Expected one owner, shape and unit count per parameter. "
@@ -50,6 +52,9 @@ class Structure:
                 layer_names.append(owner)
         self.layer_names = unique(layer_names)
         self.layer_of = [index[o] for o in owners]
+        classes = module_classes or {}
+        # Per layer row, its module's class where its name is an index (None elsewhere).
+        self.layer_classes = [classes.get(owner) for owner in index]
         self.variable_shapes = [tuple(int(d) for d in s) for s in shapes]
         self.variable_sizes = [int(np.prod(s)) for s in self.variable_shapes]
         self.layer_sizes = [0] * len(self.layer_names)
@@ -96,6 +101,11 @@ class Structure:
             outside, outside_layers = set(outside), {self.layer_of[i] for i in outside}
             layers["outside_optimizer"] = [n for j, n in enumerate(self.layer_names) if j in outside_layers]
             variables["outside_optimizer"] = [n for i, n in enumerate(self.variable_names) if i in outside]
+        if any(self.layer_classes):
+            layers["module_classes"] = {n: c for n, c in zip(self.layer_names, self.layer_classes) if c}
+            variables["module_classes"] = {
+                n: self.layer_classes[j] for n, j in zip(self.variable_names, self.layer_of) if self.layer_classes[j]
+            }
         return layers, variables
 
     def layer_matrix(self):

@@ -67,6 +67,22 @@ def flag(value, name):
     return bool(value)
 
 
+def exactly_one(**named):
+    """Checks that exactly one of the keyword arguments is not None (``logdir`` or ``writer``)."""
+    given = [n for n, v in named.items() if v is not None]
+    if len(given) != 1:
+        names = " and ".join(f"`{n}`" for n in named)
+        shown = ", ".join(f"{n}={v!r}" for n, v in named.items())
+        raise ValueError(f"Expected exactly one of {names}. Received: {shown}")
+
+
+def instance(value, name, kinds, expected):
+    """``value`` if it is an instance of ``kinds``; else a TypeError saying ``expected`` ("a torch.nn.Module")."""
+    if not isinstance(value, kinds):
+        raise TypeError(f"Expected `{name}` to be {expected}. Received: {type(value).__name__}")
+    return value
+
+
 def path(value, name):
     """A filesystem path (str, bytes or ``os.PathLike``) as a ``str``."""
     if isinstance(value, bytes):
@@ -74,6 +90,13 @@ def path(value, name):
     if not isinstance(value, str) and not hasattr(value, "__fspath__"):
         raise TypeError(f"Expected `{name}` to be a path. Received: {type(value).__name__}")
     return os.fspath(value)
+
+
+def optional_path(value, name):
+    """``path(value, name)``, or None."""
+    if value is not None and not isinstance(value, (str, bytes)) and not hasattr(value, "__fspath__"):
+        raise TypeError(f"Expected `{name}` to be a path or None. Received: {type(value).__name__}")
+    return None if value is None else path(value, name)
 
 
 def non_empty_list(values, name):

@@ -197,7 +197,7 @@ _METRICS = {
 }
 
 
-def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_optimizer=(), shapes=None):
+def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_optimizer=(), labels=None, shapes=None):
     """Runs every rule over one run's layer matrices.
 
     Args:
@@ -209,6 +209,8 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_
       outside_optimizer: Names of layers with a gradient that no parameter
         group of the optimizer holds (the layout says so where the writer
         saw the groups): a warning, not the "frozen" information.
+      labels: ``{layer: label}`` for layers named by an index
+        (``metadata.labels``): their sentences show the label.
       shapes: Optional ``{layer: shapes}``: each row's parameter shapes
         (or its size), which with its name say its kind
         (``vanishing.kinds``).
@@ -236,7 +238,11 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_
     order = [*KINDS, *optimizer.KINDS]
     out.sort(key=lambda f: (-SEVERITIES.index(f.severity), order.index(f.kind)))
     depth = {name: i for i, name in enumerate(stats.rows)} if stats is not None else {}
-    return finding.attach_consequences(out, describe, depth)
+    out = finding.attach_consequences(out, describe, depth)
+    if labels:
+        for f in finding.with_labels(out, labels):
+            f.message = describe(f)
+    return out
 
 
 def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=(), shapes=None):
@@ -295,7 +301,12 @@ def describe(found, quote=None):
     Returns:
       The sentence.
     """
-    quote = quote or finding.isolate
+    plain = quote or finding.isolate
+    labels = {n: label for c in found.consequences for n, label in c.labels.items()} | found.labels
+
+    def quote(name):
+        return plain(labels.get(name, name))
+
     text = (optimizer.describe if found.kind not in KINDS else _sentence)(found, quote)
     after = [e["writes_after_it"] for e in found.evidence.values() if "writes_after_it" in e]
     if after:
@@ -373,17 +384,7 @@ def _sentence(found, quote):
             f"({', '.join(detail)}), steps {first}-{last}."
         )
     if f.kind == "vanishing":
-        orders = [
-            x["median_orders_below_later_layers"]
-            for x in e.values()
-            if x["median_orders_below_later_layers"] is not None
-        ]
-        detail = (
-            f"{min(orders):.1f}-{max(orders):.1f} orders of magnitude below the layers after them"
-            if orders
-            else "too small against its weights to change them in float32"
-        )
-        return f"Vanishing gradients in {names}: gradient norm {detail}, steps {first}-{last}."
+        return vanishing.describe(f, quote)
     if f.kind == "dead":
         return dead_units.describe(f, quote)
     worst = max(x["max_relative_error"] for x in e.values())

@@ -36,6 +36,9 @@ class Finding:
         non-finite or exploding gradients; layers not learning because
         their gradient vanishes), each a ``Finding``: one cause, reported
         once, with what it did attached rather than listed beside it.
+      labels: ``{layer: label}`` for the layers named by an index, shown with
+        their module's class in the sentence (``0 (Linear)``); ``layers`` and
+        ``evidence`` keep the names as written.
     """
 
     kind: str
@@ -48,10 +51,19 @@ class Finding:
     message: str
     evidence: dict
     consequences: list = dataclasses.field(default_factory=list)
+    labels: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self):
         """The finding as JSON-able data."""
         return dataclasses.asdict(self)
+
+
+def with_labels(findings, labels):
+    """Gives each finding (and what it explains) the labels of its layers, for its sentence."""
+    for f in findings:
+        f.labels = {n: labels[n] for n in f.layers if n in labels}
+        with_labels(f.consequences, labels)
+    return findings
 
 
 def name_list(names, quote, limit=3):

@@ -26,6 +26,7 @@ import re
 
 import numpy as np
 
+from tb_gradcheck.findings import finding
 from tb_gradcheck.findings import rules
 from tb_gradcheck.findings import windows
 
@@ -179,3 +180,17 @@ def vanishing(v, t, exclude=(), shapes=None):
         if len(points):
             evidence[name]["decays_below"] = v.rows[int(np.bincount(points).argmax())]
     return rules.Verdict(flags, {name: "warning" for name in evidence}, evidence, v.typical)
+
+
+def describe(found, quote):
+    """The sentence of a ``vanishing`` finding, names passed through ``quote`` (``diagnose.describe``)."""
+    e = found.evidence
+    orders = [x["median_orders_below_later_layers"] for x in e.values()]
+    orders = [x for x in orders if x is not None]
+    detail = (
+        f"{min(orders):.1f}-{max(orders):.1f} orders of magnitude below the layers after them"
+        if orders
+        else "too small against its weights to change them in float32"
+    )
+    names = finding.name_list(found.layers, quote)
+    return f"Vanishing gradients in {names}: gradient norm {detail}, steps {found.steps[0]}-{found.steps[1]}."

@@ -35,27 +35,28 @@ step is still recorded (the loop over the steps of one call is the callback's).
 """
 
 import os
-import warnings
 
 import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
 
-from tb_gradcheck import keras_fit
 from tb_gradcheck.core import structure
 from tb_gradcheck.core import validate
 from tb_gradcheck.jax import layout
 from tb_gradcheck.jax import transform
 from tb_gradcheck.jax.writer import GradientWriter
+from tb_gradcheck.keras import callback
+from tb_gradcheck.keras import hooks
+from tb_gradcheck.keras.variables import owner
+from tb_gradcheck.keras.variables import unit_axes
 
 # Called by the JAX optimizer's ``_backend_apply_gradients`` with the
 # gradients after unscaling and clipping (keras/src/backend/jax/optimizer.py).
 HOOK = "_backend_update_step"
-_ABSENT = object()
 
 
-class GradientCallback(keras_fit.AttachedCallback):
+class GradientCallback(callback.GradientCallback):
     """Writes per-layer statistics of the gradients ``model.fit`` applies on the JAX backend, for the Gradients tab.
 
     Reached as ``tb_gradcheck.keras.GradientCallback`` when Keras' backend is
@@ -80,36 +81,16 @@ class GradientCallback(keras_fit.AttachedCallback):
       ValueError: ``every_n_steps`` is not a positive integer, or a check argument is set.
     """
 
-    def __init__(
-        self,
-        log_dir,
-        *,
-        every_n_steps=1,
-        check_every_n_steps=None,
-        check_data=None,
-        check_dtype=None,
-        check_training=False,
-    ):
-        super().__init__()
-        self._take_arguments(
-            log_dir,
-            every_n_steps,
-            "JAX",
-            "a JAX loss with tb_gradcheck.jax.check_gradients",
-            check_every_n_steps=check_every_n_steps,
-            check_data=check_data,
-            check_dtype=check_dtype,
-            check_training=check_training,
-        )
+    BACKEND = "JAX"
+    CHECK_INSTEAD = "a JAX loss with tb_gradcheck.jax.check_gradients"
 
-    def on_train_begin(self, logs=None):
-        self._finish()
-        reason = _why_not(self.model)
-        if reason is not None:
-            warnings.warn(f"GradientCallback records nothing in this fit: {reason}", stacklevel=2)
-            return
-        self._attach(_Session(self.model, os.path.join(self.log_dir, "train"), self.every_n_steps))
-        self.model.train_function = self._train_function()
+    def _why_not(self):
+        return _why_not(self.model)
+
+    def _open_session(self):
+        session = _Session(self.model, os.path.join(self.log_dir, "train"), self.every_n_steps, self._warn_once)
+        session.attach()
+        return session
 
     def _train_function(self):
         """Keras' ``train_function(state, iterator)``, stepping the monitor beside the training state."""
@@ -128,9 +109,6 @@ class GradientCallback(keras_fit.AttachedCallback):
             return logs, state
 
         return self._guard(step, (StopIteration,))
-
-    def _close(self, session):
-        session.writer.close(session.weights())
 
 
 def _why_not(model):
@@ -155,16 +133,17 @@ def _why_not(model):
 class _Session:
     """One fit's hook, jitted step, monitor state and writer."""
 
-    def __init__(self, model, run_dir, every_n_steps):
+    def __init__(self, model, run_dir, every_n_steps, warn_once):
         self.model = model
+        self._warn_once = warn_once
         self.optimizer = optimizer = model.optimizer
         variables = list(model.trainable_variables)
         names = structure.unique([validate.variable_name(v) for v in variables])
-        axes = keras_fit.keras_unit_axes(model)
+        axes = unit_axes(model)
         shapes = [tuple(int(d) for d in v.shape) for v in variables]
         lay = layout.Layout(
             names=tuple(names),
-            owners=tuple(keras_fit.keras_owner(v, n) for v, n in zip(variables, names)),
+            owners=tuple(owner(v, n) for v, n in zip(variables, names)),
             shapes=tuple(shapes),
             units=tuple(structure.trailing_units(s, axes.get(n, 1)) for s, n in zip(shapes, names)),
             order=tuple(range(len(variables))),
@@ -181,11 +160,7 @@ class _Session:
         self.state = transform.initial_state(lay, jnp.float32, count=self.micro // self.accumulate + 1)
         self.writer = GradientWriter(run_dir)
         self.capture = None  # set while the step is traced: what the hook hands over
-        self.warned = set()
-        original = getattr(optimizer, HOOK)
-        self.saved = optimizer.__dict__.get(HOOK, _ABSENT)
-        # object.__setattr__: Keras' tracking never sees it, nothing joins the optimizer's state.
-        object.__setattr__(optimizer, HOOK, self._hook(original))
+        self.hooks = hooks.Hooks()
         step = self._step
         self.jitted = step if (model.run_eagerly or not model.jit_compile) else jax.jit(step, donate_argnums=0)
 
@@ -248,11 +223,6 @@ class _Session:
                 self.writer.close()
         return logs, state
 
-    def _warn_once(self, key, message):
-        if key not in self.warned:
-            self.warned.add(key)
-            warnings.warn(message, stacklevel=3)
-
     def weights(self):
         """The model's weights for the partial window's ``weight_norm``; None while the fit holds them (a step raised)."""
         # ``_value``: Keras' JAX loop sets it to None while the fit holds the
@@ -260,8 +230,13 @@ class _Session:
         values = [v._value for v in self.model.trainable_variables]
         return None if any(v is None for v in values) else values
 
+    def attach(self):
+        """Hooks the optimizer's ``HOOK`` for this fit."""
+        self.hooks.replace(self.optimizer, HOOK, self._hook)
+
     def detach(self):
-        if self.saved is _ABSENT:
-            self.optimizer.__dict__.pop(HOOK, None)
-        else:
-            object.__setattr__(self.optimizer, HOOK, self.saved)
+        self.hooks.restore()
+
+    def close(self):
+        """Writes the window under way (with the weights, when the fit does not hold them) and closes the writer."""
+        self.writer.close(self.weights())

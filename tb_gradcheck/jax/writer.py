@@ -11,17 +11,17 @@ What it writes is the stored format of every writer
 (``docs/stored_format.md``); rows are the monitor's ``layout``.
 """
 
-import atexit
 import numbers
 import warnings
-import weakref
 
 import jax
 import numpy as np
 
+from tb_gradcheck.core import at_exit
 from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import rowstats
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import running
 from tb_gradcheck.core import validate
 from tb_gradcheck.jax.transform import Held
@@ -44,24 +44,27 @@ class GradientWriter:
 
     Args:
       logdir: Directory of the run (TensorBoard shows one run per
-        directory). Exactly one of ``logdir`` and ``sink``.
+        directory), made if missing and checked here; where it goes is
+        logged once (``core.run_directory``). Exactly one of ``logdir`` and ``sink``.
       sink: Instead, an object with ``add_event(event)`` and ``flush()``
         (an ``EventFileWriter``, or ``clu``'s or ``tensorboardX``'s file
         writer) to write through; ``close`` flushes it but leaves it open.
     """
 
     def __init__(self, logdir=None, *, sink=None):
-        if (logdir is None) == (sink is None):
-            raise ValueError(f"Expected exactly one of `logdir` and `sink`. Received: logdir={logdir!r}, sink={sink!r}")
+        validate.exactly_one(logdir=logdir, sink=sink)
         if sink is not None and not (hasattr(sink, "add_event") and hasattr(sink, "flush")):
             raise TypeError(f"Expected `sink` to have add_event(event) and flush(). Received: {type(sink).__name__}")
         if logdir is not None:
-            logdir = validate.path(logdir, "logdir")
+            logdir = run_directory.prepare(logdir, "logdir", "tb_gradcheck.jax.GradientWriter")
+            run_directory.announce(logdir)
+        # The run directory (None when writing through a sink).
+        self.log_dir = logdir
         self._log = eventlog.EventLog(logdir, sink=sink)
         self._contents = {}  # Layout -> the stats layout content
         self._periods = {}  # tree structure -> the every_n_steps of the monitors in it
         self._latest = {}  # tree structure -> (optax state, step): the newest seen, for partial windows at close
-        _open.add(self)
+        at_exit.opened(self)
 
     def write(self, opt_state, step):
         """Writes the step's statistics if it is a written step (``step % every_n_steps == 0``); else does nothing.
@@ -151,7 +154,7 @@ class GradientWriter:
         finally:
             self._latest.clear()
             self._log.close()
-            _open.discard(self)
+            at_exit.closed(self)
 
     def __enter__(self):
         return self
@@ -301,16 +304,3 @@ def _step(value):
             f"Received: {type(value).__name__}"
         )
     return validate.non_negative_int(value, "step")
-
-
-# Writers still open at exit are closed, so their partial windows are written and their files flushed.
-_open = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open():
-    for writer in list(_open):
-        try:
-            writer.close()
-        except Exception as e:  # noqa: BLE001 - exit must go on for the other writers
-            warnings.warn(f"tb_gradcheck: closing a GradientWriter at exit failed: {e}", stacklevel=2)

@@ -41,6 +41,8 @@ class Heatmap:
         ``metadata.CHECK_STATUSES``) for ``check_error``, else None.
       status_missing: bool ``[S, R]`` or None.
       total_steps: Writes the writer made (progress counter), or None.
+      labels: ``{row name: label}`` for rows shown with their module's
+        class (``0 (Linear)``, ``runs.RunIndex.labels``).
     """
 
     run: str
@@ -54,6 +56,7 @@ class Heatmap:
     status: object = None
     status_missing: object = None
     total_steps: object = None
+    labels: dict = dataclasses.field(default_factory=dict)
 
 
 def metric_aggregates(index):
@@ -191,10 +194,13 @@ def _heatmap(st, ctx, experiment_id, index, metric, granularity, aggregate, prev
     if check:
         steps, values, missing = plain("relative_error")
         _, status, status_missing = plain("status")
-        return Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, status, status_missing), laid
-    steps, values, missing = merge.derived(plain, metric)
-    total = st.progress(ctx, experiment_id, index)[0]
-    return Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, total_steps=total), laid
+        heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, status, status_missing)
+    else:
+        steps, values, missing = merge.derived(plain, metric)
+        total = st.progress(ctx, experiment_id, index)[0]
+        heat = Heatmap(run, metric, granularity, aggregate, rows, steps, values, missing, total_steps=total)
+    heat.labels = index.labels(granularity)
+    return heat, laid
 
 
 def compare(st, ctx, experiment_id, run, other, metric, granularity="layer", aggregate="last", request=align.NAME):
@@ -298,6 +304,7 @@ def _find(st, ctx, experiment_id, index, run, thresholds):
         thresholds,
         sparse_rows=index.sparse_rows(layer),
         outside_optimizer=index.outside_optimizer(layer),
+        labels=index.labels(layer),
         shapes=index.shapes(layer),
     )
 

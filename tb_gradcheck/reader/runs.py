@@ -72,6 +72,13 @@ class RunIndex:
                 out.setdefault(name, value)
         return out
 
+    def labels(self, granularity):
+        """``{row name: label}`` for the rows a layout names by an index (``0 (Linear)``: ``metadata.labels``)."""
+        out = {}
+        for s in self.layouts(metadata.KIND_STATS, granularity):
+            out.update(metadata.labels(s.content[granularity]))
+        return out
+
     def last_write(self):
         """Wall time of the run's newest point, or None: changes whenever new data arrives."""
         times = [s.max_wall_time for layouts in self.series.values() for s in layouts]

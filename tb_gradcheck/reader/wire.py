@@ -85,6 +85,8 @@ def heatmap_body(heat, width=None, reduce="max", encoding="json", window=None):
         "granularity": heat.granularity,
         "aggregate": heat.aggregate,
         "layers": rows,
+        # Names as shown where the name is an index (``0 (Linear)``); rows are matched by ``layers``.
+        "labels": {n: heat.labels[n] for n in rows if n in heat.labels},
         "row_start": start,
         "num_rows": len(heat.rows),
         "steps": steps.tolist(),
@@ -138,6 +140,7 @@ def compare_body(a, b, alignment, width=None, reduce="max", encoding="json", win
         missing[:, k] = a.missing[ia, i] | b.missing[ib, j]
     ratio = dataclasses.replace(
         a,
+        labels={**b.labels, **a.labels},
         rows=fields.pop("layers"),
         steps=steps,
         values=values,

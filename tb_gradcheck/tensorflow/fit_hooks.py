@@ -10,6 +10,7 @@ import weakref
 import keras
 import tensorflow as tf
 
+from tb_gradcheck.keras import hooks
 from tb_gradcheck.tensorflow import branches
 from tb_gradcheck.tensorflow import compiled
 from tb_gradcheck.tensorflow import distributed
@@ -122,7 +123,7 @@ class Session:
         # Read while a compiled train function is traced: it runs only at
         # steps known not to be written (``compiled.Schedule.between_writes_next``).
         self.between_writes = False
-        self.saved = []
+        self.hooks = hooks.Hooks()
         # The apply() being traced (see _update_hook), per thread: under
         # MirroredStrategy each replica traces its step in a thread of its own.
         self._calls = threading.local()
@@ -143,26 +144,18 @@ class Session:
     # -- hooks ---------------------------------------------------------------
 
     def _attach(self, obj, name, make):
-        # Instance attributes set with object.__setattr__: Keras' attribute
-        # tracking never sees them, so nothing is added to the optimizer's
-        # checkpointed state.
-        original = getattr(obj, name)
-        self.saved.append((obj, name, obj.__dict__.get(name, _ABSENT)))
-        object.__setattr__(obj, name, make(original))
+        self.hooks.replace(obj, name, make)
 
     def detach(self):
         self.attached = False
         self.enabled.assign(False)
-        for obj, name, previous in reversed(self.saved):
-            if previous is _ABSENT:
-                obj.__dict__.pop(name, None)
-            else:
-                object.__setattr__(obj, name, previous)
-        self.saved = []
+        self.hooks.restore()
 
-    def restore_model(self):
+    def close(self):
+        """After ``detach``: puts the model's ``jit_compile`` back and closes the writer (the traced function held both)."""
         if self.jit_compile is not None:
             self.model.jit_compile = self.jit_compile
+        self.writer.close()
 
     def _applied_hook(self, original):
         session = self
@@ -364,9 +357,6 @@ class Session:
     def maybe_check(self):
         """After a batch: runs the periodic gradient check if this step is due for one."""
         self.checker.after_step(self.current_step())
-
-
-_ABSENT = object()
 
 
 def why_not_compiled(model, strategy, loss_scale):

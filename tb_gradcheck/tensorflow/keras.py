@@ -22,10 +22,10 @@ That point is ``_all_reduce_sum_gradients`` of Keras' TensorFlow optimizer
 receives. It is a private method, so the callback checks that it exists and
 warns (and records nothing) when a Keras version has moved it.
 
-On Keras' JAX backend (``KERAS_BACKEND=jax``), ``GradientCallback(...)``
-makes a ``tb_gradcheck.jax.keras.GradientCallback`` instead: the same rows
-and steps, taken inside the JAX trainer's jitted step, and TensorFlow is
-never imported (this module imports it only on the TensorFlow backend).
+``tb_gradcheck.keras.GradientCallback(...)`` is this class on Keras'
+TensorFlow backend (``tb_gradcheck.keras.backends``); on the JAX and torch
+backends it is theirs, with the same rows and steps. TensorFlow itself is
+imported when a fit begins.
 
 Steps. A record's step is ``optimizer.iterations`` after that step's update,
 so step 1 is the first update: the step ``keras.callbacks.TensorBoard``
@@ -47,11 +47,11 @@ import warnings
 # package, unless the tb_gradcheck/tensorflow/ folder itself is put on sys.path.
 import keras
 
-from tb_gradcheck import keras_fit
 from tb_gradcheck.core import validate
+from tb_gradcheck.keras import callback
 
 
-class GradientCallback(keras_fit.AttachedCallback):
+class GradientCallback(callback.GradientCallback):
     """Writes per-layer statistics of the gradients ``model.fit`` applies, for the Gradients tab.
 
     Writes into ``log_dir/train``, the run ``keras.callbacks.TensorBoard(log_dir)``
@@ -89,12 +89,7 @@ class GradientCallback(keras_fit.AttachedCallback):
         )
 
     Args:
-      log_dir: Directory given to ``keras.callbacks.TensorBoard`` (or the
-        parent of the run directories); the statistics go to
-        ``log_dir/train``.
-      every_n_steps: Int, default 1. Write every step, or every N steps with
-        the last, mean, max, min and sum over the steps since the previous
-        write (see ``GradientWriter``).
+      log_dir, every_n_steps: As ``tb_gradcheck.keras.GradientCallback``'s.
       check_every_n_steps: Int or None (default). Every this many steps, run
         the gradient check (``tb_gradcheck.tensorflow.check``) on ``check_data`` and
         write its summaries. The check evaluates the model with
@@ -125,27 +120,7 @@ class GradientCallback(keras_fit.AttachedCallback):
         ``check_every_n_steps`` without ``check_data``.
     """
 
-    def __new__(cls, *args, **kwargs):
-        if cls is GradientCallback:
-            # Another backend: its sibling, which reads that backend's train step.
-            backend_class = keras_fit.backend_callback()
-            if backend_class is not cls:
-                return backend_class(*args, **kwargs)
-        return super().__new__(cls)
-
-    def __init__(
-        self,
-        log_dir,
-        *,
-        every_n_steps=1,
-        check_every_n_steps=None,
-        check_data=None,
-        check_dtype=None,
-        check_training=False,
-    ):
-        super().__init__()
-        log_dir = validate.path(log_dir, "log_dir")
-        every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+    def _take_check(self, *, check_every_n_steps, check_data, check_dtype, check_training):
         if check_every_n_steps is not None:
             check_every_n_steps = validate.positive_int(check_every_n_steps, "check_every_n_steps")
             if check_data is None:
@@ -161,103 +136,66 @@ class GradientCallback(keras_fit.AttachedCallback):
             )
         self.check_dtype = validate.one_of(check_dtype, "check_dtype", (None, "float64"))
         self.check_training = validate.boolean(check_training, "check_training")
-        self.log_dir = log_dir
-        self.every_n_steps = every_n_steps
         self.check_every_n_steps = check_every_n_steps
         self.check_data = None if check_data is None else tuple(check_data)
-        self._warned = set()
 
-    # -- Keras hooks ---------------------------------------------------------
+    # -- the fit -------------------------------------------------------------
 
-    def on_train_begin(self, logs=None):
+    def _why_not(self):
         from tb_gradcheck.tensorflow import fit_hooks  # TensorFlow: imported on this backend only
 
-        self._finish()  # an earlier fit of this callback that raised outside the step
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is None:
+            return "the model has no optimizer (compile it with one)."
+        target = _target(optimizer)
+        if not callable(getattr(target, fit_hooks.APPLIED_HOOK, None)):
+            return (
+                f"a {type(target).__name__} has no `{fit_hooks.APPLIED_HOOK}` (expected on Keras 3 optimizers with "
+                f"the TensorFlow backend; this is Keras {keras.__version__} with backend "
+                f"{keras.backend.backend()!r})."
+            )
+        return None
+
+    def _open_session(self):
+        from tb_gradcheck.tensorflow import fit_hooks
+
         if self.check_data is not None and self.check_every_n_steps is None:
             warnings.warn(
                 "GradientCallback got `check_data` but no `check_every_n_steps`, so no gradient check "
                 "will run. Pass check_every_n_steps=N to check every N steps.",
-                stacklevel=2,
+                stacklevel=3,
             )
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is None:
-            warnings.warn(
-                "GradientCallback found no optimizer on the model (compile it with one), "
-                "so it records nothing in this fit.",
-                stacklevel=2,
-            )
-            return
-        target = optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
-        if not callable(getattr(target, fit_hooks.APPLIED_HOOK, None)):
-            warnings.warn(
-                f"GradientCallback cannot record the gradients of a {type(target).__name__}: it has no "
-                f"`{fit_hooks.APPLIED_HOOK}` (expected on Keras 3 optimizers with the TensorFlow backend; "
-                f"this is Keras {keras.__version__} with backend {keras.backend.backend()!r}). "
-                "Nothing is recorded in this fit.",
-                stacklevel=2,
-            )
-            return
-        self._warn_if_window_too_long()
-        self._attach(
-            fit_hooks.Session(
-                self.model,
-                optimizer,
-                target,
-                log_dir=self.log_dir,
-                every_n_steps=self.every_n_steps,
-                check_every_n_steps=self.check_every_n_steps,
-                check_data=self.check_data,
-                check_dtype=self.check_dtype,
-                check_training=self.check_training,
-                warn_once=self._warn_once,
-            )
+        optimizer = self.model.optimizer
+        return fit_hooks.Session(
+            self.model,
+            optimizer,
+            _target(optimizer),
+            log_dir=self.log_dir,
+            every_n_steps=self.every_n_steps,
+            check_every_n_steps=self.check_every_n_steps,
+            check_data=self.check_data,
+            check_dtype=self.check_dtype,
+            check_training=self.check_training,
+            warn_once=self._warn_once,
         )
-        # fit() built (or reused) the train function before calling
-        # on_train_begin, and the loop looks it up on every step: a new one,
-        # traced on first use, goes through the hooked optimizer.
-        self.model.make_train_function(force=True)
-        train_function = self.model.train_function
-        between_writes = None
-        if self._session.compiled and self.every_n_steps > 1:
-            # A second compiled function for the steps between a window's
-            # writes (stash.Schedule.between_writes_next), traced on first use.
-            self.model.make_train_function(force=True)
-            between_writes = self.model.train_function
-        self.model.train_function = self._guarded(train_function, between_writes)
 
-    def on_train_batch_end(self, batch, logs=None):
-        if self._session is not None and self._session.compiled:
-            self._session.schedule.after_call()
-        if self._session is not None and self.check_every_n_steps is not None:
-            self._session.maybe_check()
+    def _train_function(self):
+        """The hooked train function, run in this callback's batches only (``callback.GradientCallback._guard``).
 
-    # -- internals -----------------------------------------------------------
-
-    def _warn_if_window_too_long(self):
-        params = self.params or {}
-        steps, epochs = params.get("steps"), params.get("epochs")
-        if not steps or not epochs:
-            return
-        total = int(steps) * int(epochs)
-        if self.every_n_steps > total:
-            warnings.warn(
-                f"GradientCallback(every_n_steps={self.every_n_steps}) is longer than this fit "
-                f"({total} steps): only the partial window is written, once, when training ends.",
-                stacklevel=2,
-            )
-
-    def _warn_once(self, key, message):
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(message, stacklevel=2)
-
-    def _guarded(self, function, between_writes=None):
-        """The hooked train function, run in this callback's batches only (``keras_fit.AttachedCallback._guard``).
-
-        ``between_writes``: the train function for the steps the session
-        knows are not written (``compiled.Schedule.between_writes_next``), or None.
+        fit() built (or reused) the train function before calling
+        on_train_begin, and the loop looks it up on every step: a new one,
+        traced on first use, goes through the hooked optimizer. With XLA and
+        a window, a second compiled function runs the steps the session
+        knows are not written (``compiled.Schedule.between_writes_next``).
         """
         import tensorflow as tf
+
+        self.model.make_train_function(force=True)
+        function = self.model.train_function
+        between_writes = None
+        if self._session.compiled and self.every_n_steps > 1:
+            self.model.make_train_function(force=True)
+            between_writes = self.model.train_function
 
         def step(session, iterator):
             # Set before the call: a function traces (or retraces) inside it.
@@ -266,7 +204,13 @@ class GradientCallback(keras_fit.AttachedCallback):
 
         return self._guard(step, (StopIteration, tf.errors.OutOfRangeError))
 
-    def _close(self, session):
-        # The traced function held the hooks and this writer (fit_callback drops it).
-        session.restore_model()
-        session.writer.close()
+    def on_train_batch_end(self, batch, logs=None):
+        if self._session is not None and self._session.compiled:
+            self._session.schedule.after_call()
+        if self._session is not None and self.check_every_n_steps is not None:
+            self._session.maybe_check()
+
+
+def _target(optimizer):
+    """The optimizer whose gradients are hooked: a ``LossScaleOptimizer``'s inner one."""
+    return optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer

@@ -1,4 +1,4 @@
-"""What a closed writer's traced graphs do, and the close of every writer still open at exit.
+"""What a closed writer's traced graphs do (the close of writers still open at exit: ``core.at_exit``).
 
 A ``tf.function`` traced while a ``GradientWriter`` was open may still run
 after ``close()``, when Python code (and so the writer's own check) no longer
@@ -7,9 +7,7 @@ graph reads a flag and skips the write, warning once, instead of failing the
 training step.
 """
 
-import atexit
 import sys
-import weakref
 
 import tensorflow as tf
 
@@ -57,26 +55,3 @@ class Guard:
             return tf.constant(False)
 
         return branches.cond(self._warned, lambda: tf.constant(False), warn)
-
-
-# Writers still open at interpreter exit get flushed and closed, so a normal
-# exit never loses the tail of a run.
-_open_writers = weakref.WeakSet()
-
-
-def opened(writer):
-    """``writer`` (anything with ``close()``) is closed at interpreter exit unless ``closed`` says it was."""
-    _open_writers.add(writer)
-
-
-def closed(writer):
-    _open_writers.discard(writer)
-
-
-@atexit.register
-def _close_open_writers():
-    for w in list(_open_writers):
-        try:
-            w.close()
-        except Exception:  # at exit TensorFlow may already be half torn down
-            pass

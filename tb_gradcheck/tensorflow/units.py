@@ -39,7 +39,7 @@ minus the bottom min.
 import numpy as np
 import tensorflow as tf
 
-from tb_gradcheck.keras_fit import keras_unit_axes as unit_axes  # noqa: F401  (units.unit_axes, as before)
+from tb_gradcheck.keras.variables import unit_axes  # noqa: F401  (re-exported: GradientWriter's docs name units.unit_axes)
 
 
 def trailing_axes(shape, name, overrides):

@@ -8,9 +8,9 @@ import numbers
 
 import tensorflow as tf
 
-from tb_gradcheck import keras_fit
 from tb_gradcheck.core import structure
 from tb_gradcheck.core import validate
+from tb_gradcheck.keras.variables import owner
 from tb_gradcheck.tensorflow import units
 
 
@@ -48,7 +48,7 @@ class Rows(structure.Structure):
         self.unit_axes = [units.trailing_axes(s, n, unit_axes) for s, n in zip(shapes, names)]
         super().__init__(
             unique_names,
-            [keras_fit.keras_owner(v, name) for v, name in zip(variables, unique_names)],
+            [owner(v, name) for v, name in zip(variables, unique_names)],
             shapes,
             [structure.trailing_units(s, k) for s, k in zip(shapes, self.unit_axes)],
         )

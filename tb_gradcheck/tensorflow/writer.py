@@ -10,6 +10,8 @@ does the work for one list of variables, ``lifetime`` guards a closed writer's t
 import tensorflow as tf
 
 from tb_gradcheck.check.report import stored_checks
+from tb_gradcheck.core import at_exit
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import validate
 from tb_gradcheck.tensorflow import branches
 from tb_gradcheck.tensorflow import distributed
@@ -53,8 +55,8 @@ class GradientWriter:
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
 
     Args:
-      logdir: Directory of the run to write (TensorBoard shows one run per
-        directory). Exactly one of ``logdir`` and ``writer``.
+      logdir: Directory of the run (one run per directory), made and checked
+        here; where it goes is logged once. Exactly one of ``logdir`` and ``writer``.
       writer: An existing ``tf.summary`` writer to write through instead. It
         stays the caller's: ``close()`` flushes it but does not close it.
       every_n_steps: Int, default 1. Write every step (1), or every N steps
@@ -74,33 +76,30 @@ class GradientWriter:
     """
 
     def __init__(self, logdir=None, *, writer=None, every_n_steps=1, flush_millis=DEFAULT_FLUSH_MILLIS, unit_axes=None):
-        if (logdir is None) == (writer is None):
-            raise ValueError(
-                f"Expected exactly one of `logdir` and `writer`. Received: logdir={logdir!r}, writer={writer!r}"
-            )
+        validate.exactly_one(logdir=logdir, writer=writer)
         if writer is not None and not isinstance(writer, tf.summary.SummaryWriter):
             raise TypeError(
                 "Expected `writer` to be a tf.summary.SummaryWriter (from tf.summary.create_file_writer). "
                 f"Received: {type(writer).__name__}"
             )
-        if logdir is not None:
-            logdir = validate.path(logdir, "logdir")
         every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
         flush_millis = validate.positive_int(flush_millis, "flush_millis")
+        if logdir is not None:  # made and checked now, once every argument is known good
+            logdir = run_directory.prepare(logdir, "logdir", "tb_gradcheck.GradientWriter")
+            run_directory.announce(logdir)
         self._unit_axes = dict(unit_axes or {})
         self.every_n_steps = int(every_n_steps)
         self._owns_writer = writer is None
-        # The event file is opened at the first write this process records, so
-        # a worker that never writes (a non-chief under tf.distribute) leaves
-        # no file in the run directory.
-        self._logdir = logdir
+        # The run directory (None through a tf.summary writer). Its event file is opened at the first write this
+        # process records: a worker that never writes (a non-chief under tf.distribute) leaves no file there.
+        self.log_dir = logdir
         self._flush_millis = int(flush_millis)
         self._summary_writer = writer
         self._closed = False
         self._layouts = {}  # (variable ids, sparse flags) -> recording.Recording
         self._events = events.Events()  # tags, fresh flags, the header row's write counter
         self._guard = lifetime.Guard()  # what traced graphs do after close()
-        lifetime.opened(self)
+        at_exit.opened(self)
 
     # -- public API ---------------------------------------------------------
 
@@ -364,7 +363,7 @@ class GradientWriter:
             if self._owns_writer:
                 self._summary_writer.close()
         self._closed = True
-        lifetime.closed(self)
+        at_exit.closed(self)
 
     def __enter__(self):
         return self
@@ -379,7 +378,7 @@ class GradientWriter:
         if self._summary_writer is None:
             with tf.init_scope():
                 self._summary_writer = tf.summary.create_file_writer(
-                    self._logdir, max_queue=DEFAULT_MAX_QUEUE, flush_millis=self._flush_millis
+                    self.log_dir, max_queue=DEFAULT_MAX_QUEUE, flush_millis=self._flush_millis
                 )
         return self._summary_writer
 

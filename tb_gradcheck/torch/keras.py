@@ -57,19 +57,19 @@ import keras
 import numpy as np
 import torch
 
-from tb_gradcheck import keras_fit
+from tb_gradcheck.keras import callback
+from tb_gradcheck.keras import hooks
 from tb_gradcheck.torch import keras_rows
 
 APPLY_HOOK = "apply"
 CLIP_HOOK = "_clip_gradients"
 UPDATE_HOOK = "_backend_update_step"
 CLIP_ATTRIBUTES = ("clipnorm", "global_clipnorm", "clipvalue")
-_ABSENT = object()
 # Steps a LossScaleOptimizer refused, per optimizer, kept across fits so that the step axis never runs backwards.
 _SKIPPED = weakref.WeakKeyDictionary()
 
 
-class GradientCallback(keras_fit.AttachedCallback):
+class GradientCallback(callback.GradientCallback):
     """Writes per-layer statistics of the gradients ``model.fit`` applies on the PyTorch backend, for the Gradients tab.
 
     Reached as ``tb_gradcheck.keras.GradientCallback`` when Keras' backend is
@@ -98,36 +98,14 @@ class GradientCallback(keras_fit.AttachedCallback):
       ValueError: ``every_n_steps`` is not a positive integer, or a check argument is set.
     """
 
-    def __init__(
-        self,
-        log_dir,
-        *,
-        every_n_steps=1,
-        check_every_n_steps=None,
-        check_data=None,
-        check_dtype=None,
-        check_training=False,
-    ):
-        super().__init__()
-        self._take_arguments(
-            log_dir,
-            every_n_steps,
-            "torch",
-            "a PyTorch loss with tb_gradcheck.torch.check_gradients",
-            check_every_n_steps=check_every_n_steps,
-            check_data=check_data,
-            check_dtype=check_dtype,
-            check_training=check_training,
-        )
+    BACKEND = "torch"
+    CHECK_INSTEAD = "a PyTorch loss with tb_gradcheck.torch.check_gradients"
 
-    def on_train_begin(self, logs=None):
-        self._finish()
-        reason = _why_not(self.model)
-        if reason is not None:
-            warnings.warn(f"GradientCallback records nothing in this fit: {reason}", stacklevel=2)
-            return
-        session = _Session(self.model, os.path.join(self.log_dir, "train"), self.every_n_steps)
-        self._attach(session)
+    def _why_not(self):
+        return _why_not(self.model)
+
+    def _open_session(self):
+        session = _Session(self.model, os.path.join(self.log_dir, "train"), self.every_n_steps, self._warn_once)
         if self.model.jit_compile:
             warnings.warn(
                 "GradientCallback runs this fit eagerly (jit_compile=False): torch.compile would trace the "
@@ -136,14 +114,14 @@ class GradientCallback(keras_fit.AttachedCallback):
             )
             session.jit_compile = True
             self.model.jit_compile = False
+        return session
+
+    def _train_function(self):
         # fit() made the train function before on_train_begin; made again,
         # it is eager when jit_compile was just turned off.
         self.model.make_train_function(force=True)
         function = self.model.train_function
-        self.model.train_function = self._guard(lambda session, data: session.step(function, data), ())
-
-    def _close(self, session):
-        session.close()
+        return self._guard(lambda session, data: session.step(function, data), ())
 
 
 def _why_not(model):
@@ -178,9 +156,10 @@ class _Call:
 class _Session:
     """One fit's hooks on the optimizer and its step count; the rows are ``keras_rows.Recorder``'s."""
 
-    def __init__(self, model, run_dir, every_n_steps):
+    def __init__(self, model, run_dir, every_n_steps, warn_once):
         self.model = model
-        self.optimizer = model.optimizer  # the one ``keras_fit`` attaches to
+        self._warn_once = warn_once
+        self.optimizer = model.optimizer  # the one the callback attaches to (``keras.callback``)
         scaler = model.optimizer if isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer) else None
         # The optimizer that updates the weights: a LossScaleOptimizer's inner one.
         optimizer = model.optimizer if scaler is None else scaler.inner_optimizer
@@ -199,19 +178,14 @@ class _Session:
         self.scale = None  # the loss scale of the step under way (a tensor)
         self.active = False  # inside this fit's train function
         self.broken = False
-        self.warned = set()
         self.call = None  # the apply() under way
         self.jit_compile = None  # the model's, while this fit runs eagerly
-        self.saved = []
-        hooks = [(optimizer, APPLY_HOOK, self._apply_hook), (optimizer, CLIP_HOOK, self._clip_hook)]
-        hooks.append((optimizer, UPDATE_HOOK, self._update_hook))
+        self.hooks = hooks.Hooks()
+        self.hooks.replace(optimizer, APPLY_HOOK, self._apply_hook)
+        self.hooks.replace(optimizer, CLIP_HOOK, self._clip_hook)
+        self.hooks.replace(optimizer, UPDATE_HOOK, self._update_hook)
         if scaler is not None:
-            hooks.append((scaler, APPLY_HOOK, self._scaler_hook))
-        for obj, name, make in hooks:
-            original = getattr(obj, name)
-            self.saved.append((obj, name, obj.__dict__.get(name, _ABSENT)))
-            # object.__setattr__: Keras' tracking never sees it, nothing joins the optimizer's state.
-            object.__setattr__(obj, name, make(original))
+            self.hooks.replace(scaler, APPLY_HOOK, self._scaler_hook)
 
     # -- the train function and the hooks ------------------------------------
 
@@ -307,11 +281,6 @@ class _Session:
             self._warn_once("broken", f"GradientCallback stops recording this fit: {type(e).__name__}: {e}")
             return None
 
-    def _warn_once(self, key, message):
-        if key not in self.warned:
-            self.warned.add(key)
-            warnings.warn(message, stacklevel=4)
-
     # -- one update ------------------------------------------------------------
 
     def _begin(self):
@@ -360,12 +329,7 @@ class _Session:
     # -- the end of the fit ----------------------------------------------------
 
     def detach(self):
-        for obj, name, previous in reversed(self.saved):
-            if previous is _ABSENT:
-                obj.__dict__.pop(name, None)
-            else:
-                object.__setattr__(obj, name, previous)
-        self.saved = []
+        self.hooks.restore()
 
     def close(self):
         """Writes the window under way (the steps since the last write), closes the log, and puts jit_compile back."""

@@ -4,7 +4,7 @@
 (``Recorder.update``) and, at a written step, the weights before and after
 it (``Recorder.write``). Rows are the TensorFlow callback's: Keras variable
 paths in the order of ``model.trainable_variables``, layers their parent
-paths (``keras_fit.keras_owner``), units as ``keras_fit.keras_unit_axes``
+paths (``keras.variables.owner``), units as ``keras.variables.unit_axes``
 says. A step that is not written adds its norms and non-finite counts to
 the window's running state (``core.running``) on the device and reads
 nothing back; a written step reduces every statistic on the device, reads
@@ -16,13 +16,15 @@ squares over- and underflow where the stored norms do not).
 import numpy as np
 import torch
 
-from tb_gradcheck import keras_fit
 from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import rowstats
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import running
 from tb_gradcheck.core import structure
 from tb_gradcheck.core import validate
+from tb_gradcheck.keras.variables import owner
+from tb_gradcheck.keras.variables import unit_axes
 
 UPDATE_COLUMNS = ("update_norm", "update_to_weight")
 BEFORE_CLIP_COLUMN = "grad_norm_before_clip"
@@ -45,11 +47,11 @@ class Recorder:
     def __init__(self, model, run_dir, every_n_steps, clips, loss_scale=False):
         self.variables = list(model.trainable_variables)
         names = structure.unique([validate.variable_name(v) for v in self.variables])
-        axes = keras_fit.keras_unit_axes(model)
+        axes = unit_axes(model)
         shapes = [tuple(int(d) for d in v.shape) for v in self.variables]
         self.structure = s = structure.Structure(
             names,
-            [keras_fit.keras_owner(v, n) for v, n in zip(self.variables, names)],
+            [owner(v, n) for v, n in zip(self.variables, names)],
             shapes,
             [structure.trailing_units(shape, axes.get(n, 1)) for shape, n in zip(shapes, names)],
         )
@@ -59,6 +61,7 @@ class Recorder:
         layers, variables = s.blocks()
         aggregates = metadata.AGGREGATES if every_n_steps > 1 else metadata.SINGLE_STEP_AGGREGATES
         self.content = metadata.stats_layout(layers, variables, aggregates, every_n_steps, self.columns)
+        run_directory.announce(run_dir)
         self.log = eventlog.EventLog(run_dir)
         self.window = None  # running.State on the gradients' device, since the last write
         self.window_steps = []

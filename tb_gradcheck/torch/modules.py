@@ -225,12 +225,25 @@ def parameters(model, order=None):
         owner = owners[i]
         module = model.get_submodule(owner) if owner != name else model
         specs.append(unit_spec(module, name.rsplit(".", 1)[-1], global_shape(p)))
+    # A module named by its index in a container (nn.Sequential's 0, 2, 4) says nothing by its name: its
+    # class goes into the layout, so the tab and the report can say "2 (Linear)".
+    classes = {}
+    for owner in set(owners):
+        if owner.rsplit(".", 1)[-1].isdigit():
+            try:
+                classes[owner] = type(model.get_submodule(owner)).__name__
+            except AttributeError:  # not a module (a ParameterList's own parameter): no class to show
+                pass
     return Parameters(
         names,
         params,
         specs,
         structure.Structure(
-            names, [owners[i] for i in ranked], [global_shape(p) for p in params], [s.units for s in specs]
+            names,
+            [owners[i] for i in ranked],
+            [global_shape(p) for p in params],
+            [s.units for s in specs],
+            module_classes=classes,
         ),
     )
 

@@ -37,11 +37,56 @@ F64 = torch.float64
 _WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
-class Follower:
-    """The optimizer step hooks that measure the update of each written step (the module docstring)."""
+class Link:
+    """What a ``GradientWriter`` and its optimizer hooks share: the one interface between ``writer`` and this module.
 
-    def __init__(self, writer, optimizer):
-        self._writer = writer
+    The writer owns it and keeps its fields current; ``Follower``, ``clip``
+    and ``keep_norms_before_clip`` read it and hand their results back
+    through it, never through the writer's own state.
+
+    Attributes:
+      group: The writer's ``distributed.Group`` (which rank computes; shards).
+      constants: The writer's device constants (``step.StepReductions.constants``).
+      emit: Called with no arguments: starts the copy of the pending written
+        step and writes the steps whose copy has arrived.
+      rows: The ``modules.Parameters`` once the first write fixed them, else None.
+      called: Whether ``write`` has been called at least once.
+      closed: Whether the writer is closed.
+      pending: The written step waiting for the optimizer's step (a
+        ``host.Pending``), or None.
+      outside: Indices of the rows with a gradient that no parameter group
+        holds (``Follower._check_held``; the layout's ``outside_optimizer``).
+      before_clip: Per-row norms before clipping, kept for the next ``write``
+        (device float64, MISSING where no gradient), or None.
+    """
+
+    def __init__(self, group, constants, emit):
+        self.group = group
+        self.constants = constants
+        self.emit = emit
+        self.rows = None
+        self.called = False
+        self.closed = False
+        self.pending = None
+        self.outside = ()
+        self.before_clip = None
+
+    def take_before_clip(self):
+        """The norms kept for this ``write`` (or None); the next ``write`` starts without them."""
+        before_clip, self.before_clip = self.before_clip, None
+        return before_clip
+
+
+class Follower:
+    """The optimizer step hooks that measure the update of each written step (the module docstring).
+
+    Args:
+      link: The writer's ``Link``.
+      optimizer: The ``torch.optim.Optimizer`` to hook.
+    """
+
+    def __init__(self, link, optimizer):
+        self._link = link
         self._snapshot = None
         self._buffers = None  # on a CPU: the weights' copy, kept between written steps (_copy)
         self.active = True
@@ -65,10 +110,10 @@ class Follower:
         self._snapshot = self._buffers = None
 
     def _before(self, optimizer, args, kwargs):
-        writer = self._writer
-        if writer.closed or not self.active:
+        link = self._link
+        if link.closed or not self.active:
             return
-        if not writer._called:
+        if not link.called:
             # The loop steps before it writes: the update a write would
             # record has been applied before the write sees the gradients.
             self.active = False
@@ -78,11 +123,11 @@ class Follower:
                 stacklevel=3,
             )
             return
-        if writer._pending is None:
+        if link.pending is None:
             return
         self._check_held(optimizer)
-        local = writer._group.local
-        weights = [local(p) for p in writer._rows.params]  # no per-tensor detach: under no_grad
+        local = link.group.local
+        weights = [local(p) for p in link.rows.params]  # no per-tensor detach: under no_grad
         with torch.no_grad():
             self._snapshot = self._copy(weights)
 
@@ -95,8 +140,8 @@ class Follower:
         a head was added). It never moves, and the stored columns cannot
         tell that from a group at learning rate 0 (an update of exactly 0
         either way), so the writer, which sees the groups, says it here and
-        in the layouts it writes from then on (``GradientWriter._outside``:
-        the layout's ``outside_optimizer`` rows, which the findings read).
+        in the layouts it writes from then on (``Link.outside``: the
+        layout's ``outside_optimizer`` rows, which the findings read).
         Runs at written steps when the groups change (``add_param_group``):
         a pass over the parameters' ids, not at every step.
         """
@@ -106,10 +151,10 @@ class Follower:
             return
         self._groups_seen = seen
         held = {id(p) for g in groups for p in g["params"]}
-        rows = self._writer._rows
+        rows = self._link.rows
         outside = tuple(i for i, p in enumerate(rows.params) if p.grad is not None and id(p) not in held)
         # Stored in the layout (``outside_optimizer``) so the findings can say it too.
-        self._writer._outside = outside
+        self._link.outside = outside
         unheld = [rows.names[i] for i in outside]
         if unheld and not self._unheld_warned:
             self._unheld_warned = True
@@ -146,18 +191,18 @@ class Follower:
         return self._buffers
 
     def _after(self, optimizer, args, kwargs):
-        writer = self._writer
-        if self._snapshot is None or writer._pending is None:
+        link = self._link
+        if self._snapshot is None or link.pending is None:
             self._snapshot = None
             return
-        local = writer._group.local
-        after = [local(p) for p in writer._rows.params]
+        local = link.group.local
+        after = [local(p) for p in link.rows.params]
         with torch.no_grad():
             torch._foreach_sub_(self._snapshot, after)  # in place: the update, negated, with no new memory
             update = reductions.norms(self._snapshot)
         self._snapshot = None
-        writer._pending.pack.add("update", update * update)
-        writer._emit()
+        link.pending.pack.add("update", update * update)
+        link.emit()
 
 
 class _Scale:
@@ -234,25 +279,28 @@ def columns(clipped, follows, scale):
     return tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in names)
 
 
-def keep_norms_before_clip(writer, rows):
+def keep_norms_before_clip(link):
     """Keeps each parameter's gradient norm for the next ``write`` as ``grad_norm_before_clip``; changes nothing.
 
     For clipping done by someone else (a trainer's): the per-parameter
     norms ``clip`` keeps, taken on the device with no host read, and the
     gradients left as they are.
+
+    Args:
+      link: The writer's ``Link``, its rows fixed.
     """
-    _keep_norms(writer, rows)
+    _keep_norms(link)
 
 
-def _keep_norms(writer, rows):
+def _keep_norms(link):
     """The present gradients and their squared norms, the norms kept for the next ``write``: ``(grads, dense, squares)``.
 
     ``grads`` is None when no parameter has a gradient. Every rank takes
     part (``sum_shards`` is a collective when sharded); the ranks that
     compute keep the norms.
     """
-    group = writer._group
-    params = rows.params
+    group = link.group
+    params = link.rows.params
     where = [i for i, p in enumerate(params) if p.grad is not None]
     if not where:
         return None, None, None
@@ -262,15 +310,20 @@ def _keep_norms(writer, rows):
     squares = group.sum_shards(reductions.norms(dense) ** 2)  # whole-parameter squares when sharded (one all-reduce)
     if group.computes:
         spread = torch.full((len(params),), MISSING, dtype=F64, device=device)
-        index = writer._constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
-        writer._before_clip = spread.index_copy(0, index, torch.sqrt(squares))
+        index = link.constants.get(("where", tuple(where)), device, lambda: torch.tensor(where))
+        link.before_clip = spread.index_copy(0, index, torch.sqrt(squares))
     return grads, dense, squares
 
 
-def clip(writer, rows, max_norm, norm_type, error_if_nonfinite, foreach):
-    """``GradientWriter.clip_grad_norm_``: clips the model's gradients, keeping their norms before for ``write``."""
-    group = writer._group
-    grads, dense, squares = _keep_norms(writer, rows)
+def clip(link, max_norm, norm_type, error_if_nonfinite, foreach):
+    """``GradientWriter.clip_grad_norm_``: clips the model's gradients, keeping their norms before for ``write``.
+
+    Args:
+      link: The writer's ``Link``, its rows fixed.
+      max_norm, norm_type, error_if_nonfinite, foreach: As ``torch.nn.utils.clip_grad_norm_``'s.
+    """
+    group = link.group
+    grads, dense, squares = _keep_norms(link)
     if grads is None:
         return torch.zeros(())
     if norm_type == 2.0:

@@ -19,25 +19,23 @@ the host and the written step's rows (``host``), what the optimizer did
 (``optimizer``), several processes (``distributed``).
 """
 
-import atexit
 import numbers
-import os
 import warnings
-import weakref
 
 import torch
 
 from tb_gradcheck.check.report import stored_checks
+from tb_gradcheck.core import at_exit
 from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import validate
 from tb_gradcheck.torch import distributed
 from tb_gradcheck.torch import host
 from tb_gradcheck.torch import modules
-from tb_gradcheck.torch import optimizer as optim
+from tb_gradcheck.torch import optimizer as optim  # the one alias: `optimizer` is the constructor's argument
 from tb_gradcheck.torch import step
 
-INT64_MAX = 2**63 - 1
 F64 = torch.float64
 
 
@@ -74,7 +72,8 @@ class GradientWriter:
 
     Args:
       logdir: Directory of the run (TensorBoard shows one run per
-        directory). Exactly one of ``logdir`` and ``writer``.
+        directory), made if missing and checked here; where it goes is
+        logged once (``core.run_directory``). Exactly one of ``logdir`` and ``writer``.
       model: The ``torch.nn.Module`` (or its ``DistributedDataParallel``,
         FSDP or ``torch.compile`` wrapper). Its parameters that require a
         gradient are the rows.
@@ -96,17 +95,13 @@ class GradientWriter:
     """
 
     def __init__(self, logdir=None, model=None, *, writer=None, every_n_steps=1, phase=0, optimizer=None, scaler=None):
-        if (logdir is None) == (writer is None):
-            raise ValueError(
-                f"Expected exactly one of `logdir` and `writer`. Received: logdir={logdir!r}, writer={writer!r}"
-            )
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"Expected `model` to be a torch.nn.Module. Received: {type(model).__name__}")
+        validate.exactly_one(logdir=logdir, writer=writer)
+        validate.instance(model, "model", torch.nn.Module, "a torch.nn.Module")
         self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
         if validate.non_negative_int(phase, "phase") >= self.every_n_steps:
             raise ValueError(f"Expected `phase` below `every_n_steps` ({self.every_n_steps}). Received: {phase!r}")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"Expected `optimizer` to be a torch.optim.Optimizer. Received: {type(optimizer).__name__}")
+        if optimizer is not None:
+            validate.instance(optimizer, "optimizer", torch.optim.Optimizer, "a torch.optim.Optimizer")
         if scaler is not None and not hasattr(scaler, "is_enabled"):
             raise TypeError(f"Expected `scaler` to be a torch.amp.GradScaler. Received: {type(scaler).__name__}")
         sink = None
@@ -117,8 +112,6 @@ class GradientWriter:
                     "Expected `writer` to be an open torch.utils.tensorboard.SummaryWriter. "
                     f"Received: {type(writer).__name__}"
                 )
-        if logdir is not None and not isinstance(logdir, (str, os.PathLike)):
-            raise TypeError(f"Expected `logdir` to be a path. Received: {type(logdir).__name__}")
         self._phase = int(phase)
         self._model = modules.unwrap(model)
         self._group = distributed.Group(self._model)
@@ -127,27 +120,29 @@ class GradientWriter:
                 "Expected no `scaler` with sharded (FSDP2 / DTensor) parameters: the steps it refuses are not "
                 "counted across shards yet. Received: a GradScaler and DTensor parameters"
             )
+        if logdir is not None and self._group.writes:
+            logdir = run_directory.prepare(logdir, "logdir", "tb_gradcheck.torch.GradientWriter")
+            run_directory.announce(logdir)
+        # The run directory (the SummaryWriter's when writing through one).
+        self.log_dir = logdir if writer is None else getattr(writer, "log_dir", None)
         self._log = eventlog.EventLog(logdir, sink=sink)
         self._order = modules.Order(self._model)
         self._rows = None  # modules.Parameters, at the first write
         self._reduce = step.StepReductions(self._group)
-        self._constants = self._reduce.constants
         self._graphs = self._reduce.graphs
         self._contents = {}  # layout key -> stats content
         self._last_key = None
         self._window = None  # the steps since the last write (every_n_steps > 1)
-        self._pending = None  # a written step waiting for its optimizer step
         self._flights = host.Flights(self._write_step)  # written steps on their way to the host
         self._columns = {}  # clipped or not -> the optimizer columns
         self._dense = None  # (False,) * parameters: no gradient is sparse
-        self._outside = ()  # parameters with a gradient that no optimizer group holds (optim.Follower)
-        self._before_clip = None  # per-parameter norms from clip_grad_norm_ this step
-        self._follower = None if optimizer is None else optim.Follower(self, optimizer)
+        # What the optimizer's hooks and clip share with this writer (optim.Link): the pending written step,
+        # the rows no parameter group holds, the norms before clipping.
+        self._link = optim.Link(self._group, self._reduce.constants, self._emit)
+        self._follower = None if optimizer is None else optim.Follower(self._link, optimizer)
         self._scale = None if scaler is None else optim.ScaleReader(scaler, optimizer)
-        self._called = False  # write() was called at least once
         self._unrecorded_warned = False
-        self.closed = False
-        _open.add(self)
+        at_exit.opened(self)
 
     # -- the training loop's calls ----------------------------------------------
 
@@ -164,9 +159,9 @@ class GradientWriter:
         """
         self._check_open("write")
         step = _step(step)
-        self._called = True
+        self._link.called = True
         self._emit()
-        before_clip, self._before_clip = self._before_clip, None
+        before_clip = self._link.take_before_clip()
         if not self._group.computes:
             return
         rows = self._structure()
@@ -176,7 +171,7 @@ class GradientWriter:
         due = step % self.every_n_steps == self._phase
         device = tensors[0].device if tensors else self._group.local(rows.params[0]).device
         if self.every_n_steps > 1 and self._window is None:
-            self._window = self._group.window(rows.structure, self._constants)
+            self._window = self._group.window(rows.structure, self._reduce.constants)
         n = len(rows.params)
         columns = self._reduce.norms(n, tensors, where, device, coalesced is None, self._window)  # [2, V]: norms, flags
         scale = None if self._scale is None else self._scale.read(device)
@@ -204,7 +199,7 @@ class GradientWriter:
         if scale is not None:
             pack.add("loss_scale", scale.value)
             pack.add("refused", self._scale.since_last_write())
-        self._pending = host.Pending(step, key, pack, steps, where)
+        self._link.pending = host.Pending(step, key, pack, steps, where)
         if self._follower is not None and self._follower.expects_step():
             return  # written by the optimizer's step hook, with the update it made
         self._emit()
@@ -230,8 +225,8 @@ class GradientWriter:
           The total norm of the gradients before clipping, a tensor.
         """
         self._check_open("clip_grad_norm_")
-        rows = self._structure()
-        return optim.clip(self, rows, float(max_norm), float(norm_type), error_if_nonfinite, foreach)
+        self._structure()
+        return optim.clip(self._link, float(max_norm), float(norm_type), error_if_nonfinite, foreach)
 
     @_eager
     def record_norm_before_clip(self):
@@ -240,7 +235,8 @@ class GradientWriter:
         For clipping done elsewhere (a trainer's): call it before that clip. The gradients are not changed.
         """
         self._check_open("record_norm_before_clip")
-        optim.keep_norms_before_clip(self, self._structure())
+        self._structure()
+        optim.keep_norms_before_clip(self._link)
 
     @_eager
     def write_check(self, report, step):
@@ -280,11 +276,16 @@ class GradientWriter:
             if self._window is not None and self._window.steps and self._group.computes:
                 self._write_partial_window()
         finally:
-            self.closed = True
-            _open.discard(self)
+            self._link.closed = True
+            at_exit.closed(self)
             if self._follower is not None:
                 self._follower.detach()
             self._log.close()
+
+    @property
+    def closed(self):
+        """Whether ``close`` has run."""
+        return self._link.closed
 
     def __enter__(self):
         return self
@@ -306,6 +307,7 @@ class GradientWriter:
                 raise ValueError("Expected a model with parameters that require a gradient. Received: none")
             self._group.check(self._rows)
             self._dense = (False,) * len(self._rows.params)
+            self._link.rows = self._rows
         return self._rows
 
     def _warn_unrecorded(self):
@@ -337,7 +339,7 @@ class GradientWriter:
     def _content(self, key):
         # The optimizer's groups as last seen (the follower checks them before
         # the step's event is written): a change makes a new layout.
-        key = (key, self._outside)
+        key = (key, self._link.outside)
         content = self._contents.get(key)
         if content is None:
             (_, sparse, columns), outside = key
@@ -349,7 +351,7 @@ class GradientWriter:
 
     def _emit(self):
         """Starts the copy of the pending written step, if any, and writes the steps whose copy has arrived."""
-        pending, self._pending = self._pending, None
+        pending, self._link.pending = self._link.pending, None
         if pending is not None:
             copy = self._group.send(pending.pack, pending.key[0], pending.where, self._flights.buffers)
             if copy is not None:  # None: a rank that takes part in the all-reduce but does not write
@@ -372,8 +374,7 @@ class GradientWriter:
 
 
 def _step(value):
-    if type(value) is int and 0 <= value <= INT64_MAX:
-        return value
+    """``value`` as an int in 0..2**63-1: a Python int, or a 0-d integer tensor (read once, here)."""
     if isinstance(value, torch.Tensor):
         if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
             raise TypeError(
@@ -382,19 +383,4 @@ def _step(value):
         value = int(value.item())
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"Expected `step` to be an integer. Received: {value!r} of type {type(value).__name__}")
-    if not 0 <= value <= INT64_MAX:
-        raise ValueError(f"Expected `step` to be a non-negative int64 (0 to 2**63 - 1). Received: {value}")
-    return int(value)
-
-
-# Writers still open at interpreter exit are closed then (a partial window is written).
-_open = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_writers():
-    for writer in list(_open):
-        try:
-            writer.close()
-        except Exception:  # at exit torch may be half torn down; nothing to report to
-            warnings.warn("tb_gradcheck: a GradientWriter could not be closed at exit", stacklevel=1)
+    return validate.non_negative_int(value, "step")

@@ -4,10 +4,8 @@ import pathlib
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tb_gradcheck.core import validate
-from tb_gradcheck.tensorflow import variables
 
 
 @pytest.mark.parametrize("value", [1, 7, np.int64(3)])
@@ -45,52 +43,24 @@ def test_path_and_one_of():
         validate.one_of("row", "granularity", ("layer", "variable"))
 
 
-@pytest.mark.parametrize("value", [tf.ones(2), np.ones(2), "ab", {"a": 1}, {1, 2}, 5])
+@pytest.mark.parametrize("value", [np.ones(2), "ab", {"a": 1}, {1, 2}, 5])
 def test_non_empty_list_refuses_iterables_that_are_not_lists(value):
     with pytest.raises(TypeError, match="`gradients` to be a list. Received"):
         validate.non_empty_list(value, "gradients")
 
 
-def test_step_forms():
-    assert variables.checked_step(5).dtype == tf.int64 and int(variables.checked_step(5)) == 5
-    assert int(variables.checked_step(tf.Variable(3, dtype=tf.int32))) == 3
-    with pytest.raises(ValueError, match="non-negative int64"):
-        variables.checked_step(2**63)
-    with pytest.raises(ValueError, match="non-negative. Received: -2"):
-        variables.checked_step(tf.constant(-2))
-    with pytest.raises(ValueError, match="scalar. Received: shape \\(2,\\)"):
-        variables.checked_step(tf.constant([1, 2]))
-    with pytest.raises(TypeError, match="Received: a float32 tensor"):
-        variables.checked_step(tf.constant(1.0))
-    with pytest.raises(TypeError, match="Received: True"):
-        variables.checked_step(True)
-
-
-def test_variables_refuses_empty_duplicates_integers_and_arrays():
-    v = tf.Variable(1.0, name="v")
-    with pytest.raises(ValueError, match="non-empty list of variables"):
-        variables.checked_variables([])
-    with pytest.raises(ValueError, match="variables\\[0\\] and variables\\[1\\] are the same variable 'v'"):
-        variables.checked_variables([v, v])
-    with pytest.raises(TypeError, match="floating-point variables.*int32"):
-        variables.checked_variables([tf.Variable(1, name="count")])
-    with pytest.raises(TypeError, match="variables\\[0\\] of type ndarray"):
-        variables.checked_variables([np.ones(3)])
-
-
-def test_gradients_checks_length_kind_dtype_and_shape():
-    v = tf.Variable([1.0, 2.0], name="v")
-    slices = tf.IndexedSlices(tf.ones((1,)), tf.constant([0]), tf.constant([2]))
-    out = variables.checked_gradients([[1.0, 2.0]], [v])
-    assert isinstance(out[0], tf.Tensor)
-    assert (
-        variables.checked_gradients([None], [v]) == [None] and variables.checked_gradients([slices], [v])[0] is slices
-    )
-    with pytest.raises(ValueError, match="len\\(gradients\\)=2, len\\(variables\\)=1"):
-        variables.checked_gradients([tf.ones(2), tf.ones(2)], [v])
-    with pytest.raises(ValueError, match="shape \\(3,\\) for variable 'v' of shape \\(2,\\)"):
-        variables.checked_gradients([tf.ones(3)], [v])
-    with pytest.raises(TypeError, match="floating-point gradients.*int32"):
-        variables.checked_gradients([tf.constant([1, 2])], [v])
-    with pytest.raises(TypeError, match="gradients\\[0\\] of type object"):
-        variables.checked_gradients([object()], [v])
+def test_exactly_one_instance_and_optional_path():
+    validate.exactly_one(logdir="a", writer=None)
+    with pytest.raises(
+        ValueError, match="Expected exactly one of `logdir` and `writer`. Received: logdir=None, writer=None"
+    ):
+        validate.exactly_one(logdir=None, writer=None)
+    with pytest.raises(ValueError, match="Received: logdir='a', writer=3"):
+        validate.exactly_one(logdir="a", writer=3)
+    assert validate.instance(3, "n", int, "an int") == 3
+    with pytest.raises(TypeError, match="Expected `model` to be a torch.nn.Module. Received: str"):
+        validate.instance("m", "model", int, "a torch.nn.Module")
+    assert validate.optional_path(None, "log_dir") is None
+    assert validate.optional_path(pathlib.Path("x"), "log_dir") == "x"
+    with pytest.raises(TypeError, match="Expected `log_dir` to be a path or None. Received: list"):
+        validate.optional_path([], "log_dir")

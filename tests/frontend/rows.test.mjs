@@ -160,3 +160,12 @@ test('thinned_labels_at_the_bottom_do_not_overlap_the_one_above', () => {
   const at = (d) => Math.min(Math.max(7, (d + 0.5) * rowHeight), 200 * rowHeight - 7);
   for (let i = 1; i < rows.length; i++) assert.ok(at(rows[i]) - at(rows[i - 1]) >= 14, `${rows[i - 1]} ${rows[i]}`);
 });
+
+test('a_row_named_by_an_index_shows_and_is_found_by_its_label', () => {
+  const names = ['0', '2', 'head'];
+  const display = {0: '0 (Linear)', 2: '2 (Linear)'};
+  const plan = buildPlan(names, [], {display});
+  assert.deepEqual(plan.labels, ['0 (Linear)', '2 (Linear)', 'head']);
+  assert.deepEqual(Array.from(buildPlan(names, [], {display, filter: 'linear'}).order), [0, 1]);
+  assert.deepEqual(buildPlan(names, []).labels, names); // no labels: the names
+});

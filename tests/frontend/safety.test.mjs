@@ -6,6 +6,8 @@ import {readFileSync, readdirSync} from 'node:fs';
 import {join, dirname} from 'node:path';
 import {fileURLToPath} from 'node:url';
 
+import {functionLengths} from './functions.mjs';
+
 const FRONTEND = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'frontend');
 const SOURCES = readdirSync(FRONTEND).filter((f) => f.endsWith('.js'));
 
@@ -16,8 +18,9 @@ function code(f) {
 
 test('frontend_has_the_files_the_plugin_serves', () => {
   for (const f of ['index.js', 'api.js', 'wire.js', 'colour.js', 'axes.js', 'rows.js', 'format.js', 'findings.js',
-    'compare.js', 'selection.js', 'tooltip.js', 'dom.js', 'theme.js', 'controls.js', 'views.js', 'panel.js',
-    'heatmap.js', 'chart.js', 'style.css']) {
+    'compare.js', 'selection.js', 'tooltip.js', 'losstrack.js', 'state.js', 'changes.js', 'load.js', 'scene.js',
+    'dom.js', 'theme.js', 'controls.js', 'views.js', 'panel.js', 'paint.js', 'pointer.js', 'findingsload.js',
+    'trackview.js', 'hook.js', 'heatmap.js', 'chart.js', 'style.css']) {
     assert.ok(readdirSync(FRONTEND).includes(f), f);
   }
 });
@@ -47,7 +50,8 @@ test('index_exports_render', () => {
 
 // Pure modules touch no DOM and import only pure modules; DOM modules may
 // import pure ones, never the reverse (STYLE.md, "Frontend").
-const PURE = ['api.js', 'wire.js', 'colour.js', 'axes.js', 'rows.js', 'format.js', 'findings.js', 'compare.js', 'selection.js', 'tooltip.js'];
+const PURE = ['api.js', 'wire.js', 'colour.js', 'axes.js', 'rows.js', 'format.js', 'findings.js', 'compare.js', 'selection.js',
+  'tooltip.js', 'losstrack.js', 'state.js', 'changes.js', 'load.js', 'scene.js'];
 
 test('pure_modules_touch_no_dom_and_import_only_pure_modules', () => {
   for (const f of PURE) {
@@ -63,4 +67,42 @@ test('every_frontend_module_is_at_most_about_400_lines', () => {
     const lines = readFileSync(join(FRONTEND, f), 'utf8').split('\n').length;
     assert.ok(lines <= 460, `${f} has ${lines} lines`);
   }
+});
+
+// One small controller and small functions (STYLE.md, "Frontend"): no
+// closure holds the whole tab.
+const MAX_FUNCTION_LINES = 120;
+
+test('no_frontend_function_is_over_120_lines', () => {
+  for (const f of SOURCES) {
+    for (const fn of functionLengths(readFileSync(join(FRONTEND, f), 'utf8'))) {
+      assert.ok(fn.lines <= MAX_FUNCTION_LINES, `${f}:${fn.line} ${fn.name} has ${fn.lines} lines`);
+    }
+  }
+});
+
+test('function_lengths_count_bodies_not_braces_in_strings_comments_or_regexps', () => {
+  const src = [
+    'export function outer(a) {', // 1
+    "  const s = '{ not a body }'; // {", // 2
+    '  const re = /[{(]/g;', // 3
+    '  const t = `${a ? `{` : \'}\'}`;', // 4
+    '  const inner = (x) => {', // 5
+    '    if (x) {', // 6
+    '      return {a: 1};', // 7
+    '    }', // 8
+    '  };', // 9
+    '  return inner;', // 10
+    '}', // 11
+    'class K {', // 12
+    '  method(b) {', // 13
+    '    return b / 2;', // 14
+    '  }', // 15
+    '}', // 16
+  ].join('\n');
+  assert.deepEqual(functionLengths(src), [
+    {name: 'outer', line: 1, lines: 11},
+    {name: 'inner', line: 5, lines: 5},
+    {name: 'method', line: 13, lines: 3},
+  ]);
 });

@@ -3,7 +3,7 @@
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
-import {aggregatesOf, defaultAggregate, granularitiesWithMetric, reconcileSelection, runsChanged, statusParts} from '../../frontend/selection.js';
+import {aggregatesOf, defaultAggregate, granularitiesWithMetric, metricChoices, reconcileSelection, runsChanged, statusParts} from '../../frontend/selection.js';
 
 const RUNS = [
   {
@@ -97,6 +97,18 @@ test('granularities_without_the_metric_are_not_chosen', () => {
 test('aggregates_of_a_metric_without_list_is_empty', () => {
   assert.deepEqual(aggregatesOf(RUNS[1], 'check_error'), []);
   assert.deepEqual(aggregatesOf(RUNS[1], 'grad_max_abs'), ['last', 'mean', 'max', 'min']);
+});
+
+test('the_metric_picker_offers_the_servers_metrics_in_its_order_but_not_tracks', () => {
+  const mixed = {run: 'amp', metrics: ['grad_norm', 'loss_scale', 'refused_steps', 'check_error', 'act_mean_abs']};
+  assert.deepEqual(metricChoices(mixed), [
+    {value: 'grad_norm', label: 'gradient norm (grad_norm)'},
+    {value: 'check_error', label: 'gradient check error (check_error)'},
+    // A metric the tab has no label for yet is still offered, under its name.
+    {value: 'act_mean_abs', label: 'act mean abs (act_mean_abs)'},
+  ]);
+  assert.deepEqual(metricChoices(null), []);
+  assert.deepEqual(metricChoices({run: 'old'}), []);
 });
 
 test('runs_changed_looks_only_at_the_shown_runs_last_write', () => {

@@ -3,7 +3,7 @@ import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
 import {buildPlan, groupRows} from '../../frontend/rows.js';
-import {cellRows, checkPower, tooltipRows} from '../../frontend/tooltip.js';
+import {cellRows, checkPower, checkRows, tooltipRows} from '../../frontend/tooltip.js';
 
 const NAMES = ['t/b0/q', 't/b0/k', 't/b1/q', 't/b1/k'];
 const RESP = {metric: 'grad_norm', aggregate: 'max', granularity: 'layer', steps: [0, 10, 20], step_ends: [9, 19, 29], reduce: 'max'};
@@ -36,4 +36,22 @@ test('check_power_is_shown_when_the_check_records_carry_it', () => {
   const lines = Object.fromEntries(tooltipRows({...c, run: 'r', paneRun: 'r', check}).map(([k, v]) => [k, v]));
   assert.equal(lines.check, 'ok');
   assert.equal(lines.power, 'would catch errors \u2265 0.021 (last check)');
+});
+
+test('a_check_cell_says_its_verdict_and_power_in_the_check_lines', () => {
+  const check = {rows: [{name: 'a', min_detectable_error: 0.021}]};
+  const one = {status: 'mismatch', check, rowName: 'a', count: 1};
+  assert.deepEqual(checkRows(one), [['check', 'mismatch', 'tip-bad'], ['power', 'would catch errors \u2265 0.021 (last check)']]);
+  // A bin of several rows has no one row's power; a row never checked says so.
+  assert.deepEqual(checkRows({...one, count: 2, status: null}), [['check', 'not checked', '']]);
+});
+
+test('the_tooltip_shows_a_label_and_keeps_the_name_for_lookups', () => {
+  const names = ['0', '2'];
+  const plan = buildPlan(names, [], {display: {2: '2 (Linear)'}});
+  const resp = {steps: [0], step_ends: null, metric: 'grad_norm', aggregate: 'last', granularity: 'layer'};
+  const c = cellRows(plan, names, {d0: 1, d1: 1, col0: 0, col1: 0, value: 0.5, status: null}, resp, {}, {2: '2 (Linear)'});
+  assert.equal(c.rowName, '2'); // what the check and findings are matched by
+  const rows = tooltipRows({...c, run: 'mlp'});
+  assert.deepEqual(rows[1], ['layer', '2 (Linear)']);
 });

@@ -15,8 +15,6 @@ import time
 
 import numpy as np
 import pytest
-from test_incremental import Training
-from test_incremental import _answers
 
 from conftest import get_json
 from conftest import make_app
@@ -25,6 +23,8 @@ from tb_gradcheck.core import metadata
 from tb_gradcheck.core import records
 from tb_gradcheck.core import tags
 from tb_gradcheck.reader import spans
+from tests.reader.test_incremental import Training
+from tests.reader.test_incremental import _answers
 
 # --- the rule alone -----------------------------------------------------------
 

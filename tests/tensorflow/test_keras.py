@@ -360,6 +360,21 @@ def test_error_in_the_training_step_detaches_the_callback(tmp_path):
     assert len(read_events(tmp_path / "train")) == 2
 
 
+def test_a_second_callback_on_one_optimizer_takes_over_and_records_every_step(tmp_path):
+    # Two GradientCallbacks in one fit: the second lets the first go before it hooks the optimizer, so its own
+    # hooks stay set (the first's restore must not undo them), and the fit leaves the optimizer as it was.
+    x, y = data()
+    model = tanh_mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    first, second = GradientCallback(tmp_path / "first"), GradientCallback(tmp_path / "second")
+    with pytest.warns(UserWarning, match="Another GradientCallback was still attached"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[first, second])
+    assert [s for s, _, _ in read_events(tmp_path / "second" / "train")] == [1, 2, 3, 4]
+    assert read_events(tmp_path / "first" / "train") == []
+    assert not {"_all_reduce_sum_gradients", "apply", "_backend_update_step"} & set(vars(model.optimizer))
+    assert model.train_function is None
+
+
 def test_error_in_an_xla_fit_writes_the_steps_stashed_before_it(tmp_path):
     """With XLA a step is written after it, from the stash: a failure must not lose the steps held."""
     x, y = data(n=64)
@@ -540,3 +555,10 @@ def test_gradient_check_runs_every_n_steps_on_check_data(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     checks = read_events(tmp_path / "train", kind="check")
     assert [s for s, _, _ in checks] == [3, 6]
+
+
+def test_a_log_dir_that_cannot_hold_the_run_is_refused_when_the_callback_is_built(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="GradientCallback can write its run to. Received: '.*file/train'"):
+        GradientCallback(tmp_path / "file")
+    assert GradientCallback(tmp_path / "logs").run_dir == str(tmp_path / "logs" / "train")

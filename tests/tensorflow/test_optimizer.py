@@ -5,12 +5,6 @@ import numpy as np
 import optimizer_job
 import pytest
 import tensorflow as tf
-from test_keras import HAND_RTOL
-from test_keras import WeightRecorder
-from test_keras import data
-from test_keras import layer_norms
-from test_keras import mlp_gradients
-from test_keras import tanh_mlp
 
 from conftest import get_json
 from conftest import make_app
@@ -20,6 +14,12 @@ from conftest import wait_for_steps
 from tb_gradcheck.keras import GradientCallback
 from tb_gradcheck.tensorflow import statistics
 from tb_gradcheck.tensorflow.writer import GradientWriter
+from tests.tensorflow.test_keras import HAND_RTOL
+from tests.tensorflow.test_keras import WeightRecorder
+from tests.tensorflow.test_keras import data
+from tests.tensorflow.test_keras import layer_norms
+from tests.tensorflow.test_keras import mlp_gradients
+from tests.tensorflow.test_keras import tanh_mlp
 
 LAST = 0
 
@@ -322,9 +322,8 @@ def test_eager_bracket_with_no_write_step_reads_nothing_and_writes_missing_at_cl
 
 def test_tab_draws_the_loss_scale_track_under_the_heatmap(tmp_path, policy, browser):
     """Real Chromium over a real `tensorboard`: the track is there, column-aligned, and not a heatmap metric."""
-    from test_browser import Tab
-
     from conftest import TensorBoardProcess
+    from tests.test_browser import Tab
 
     policy("mixed_float16")
     x, y = data(n=24)
@@ -359,9 +358,8 @@ def test_tab_draws_the_loss_scale_track_under_the_heatmap(tmp_path, policy, brow
 
 def test_clip_ratio_is_served_and_drawn_on_the_diverging_scale(tmp_path, browser):
     """before-clip / applied: served as a ratio of the stored columns, drawn around 1 with both ends named."""
-    from test_browser import Tab
-
     from conftest import TensorBoardProcess
+    from tests.test_browser import Tab
 
     x, y = data()
     model = tanh_mlp()

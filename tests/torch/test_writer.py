@@ -6,6 +6,7 @@ read; the writer's events are read back with TensorBoard's own event file
 loader (conftest.read_events).
 """
 
+import os
 import warnings
 
 import numpy as np
@@ -626,3 +627,70 @@ def test_a_layer_unfrozen_after_the_first_write_is_named_in_a_warning(tmp_path):
     assert caught[0].filename == __file__  # the user's line, through torch.compiler.disable
     writer.close()
     assert stats_content(tmp_path)["variable"]["rows"] == ["2.weight", "2.bias"]
+
+
+def test_rows_named_by_an_index_show_their_class_in_the_tab_and_the_report(tmp_path, capsys):
+    # nn.Sequential names its modules 0, 2, 4: the layout stores their class, the heatmap answer and the
+    # findings show "2 (Linear)", and rows are still matched (and stored) by name.
+    from conftest import get_json
+    from conftest import make_app
+    from conftest import wait_for_steps
+    from tb_gradcheck import cli
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    with GradientWriter(tmp_path / "seq", model, optimizer=optimizer) as writer:
+        for step in range(12):
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            writer.clip_grad_norm_(1e-4)  # binds at every step: a clipping finding naming the layers
+            writer.write(step)
+            optimizer.step()
+    content = stats_content(tmp_path / "seq")
+    assert content["layer"]["rows"] == ["0", "2", "4"]
+    assert content["layer"]["module_classes"] == {"0": "Linear", "2": "Linear", "4": "Linear"}
+    assert content["variable"]["module_classes"]["4.bias"] == "Linear"
+
+    client, tb = make_app(tmp_path, "python")
+    wait_for_steps(client, "seq", 12)
+    heat = get_json(client, "/data/plugin/gradients/heatmap?run=seq&metric=grad_norm")
+    assert heat["layers"] == ["0", "2", "4"]
+    assert heat["labels"] == {"0": "0 (Linear)", "2": "2 (Linear)", "4": "4 (Linear)"}
+    found = get_json(client, "/data/plugin/gradients/findings?run=seq")["findings"]
+    clipping = next(f for f in found if f["kind"] == "clipping")
+    assert set(clipping["layers"]) <= {"0", "2", "4"} and "(Linear)" in clipping["message"]
+
+    assert cli.main(["report", str(tmp_path), "--fail-on", "never"]) == 0
+    out = capsys.readouterr().out
+    assert "(Linear) drove the norm over the bound" in out and "  - 4 (Linear): " in out
+
+
+def test_a_model_with_named_modules_stores_no_module_classes(tmp_path):
+    model = nn.Sequential()
+    model.add_module("encoder", nn.Linear(4, 4))
+    model.add_module("head", nn.Linear(4, 1))
+    with GradientWriter(tmp_path, model) as writer:
+        model(torch.randn(2, 4)).sum().backward()
+        writer.write(0)
+    content = stats_content(tmp_path)
+    assert "module_classes" not in content["layer"] and "module_classes" not in content["variable"]
+
+
+@pytest.mark.parametrize(
+    "where, reason",
+    [("/proc/tb_gradcheck_run", "cannot be created"), ("file/run", "cannot be created"), ("file", "is a file")],
+    ids=["in /proc", "under a file", "a file"],
+)
+def test_a_logdir_that_cannot_hold_the_run_is_refused_when_the_writer_is_built(tmp_path, where, reason):
+    # Not at the first optimizer step, from inside the optimizer's hook: here, in one sentence naming both.
+    (tmp_path / "file").write_text("")
+    path = where if where.startswith("/") else str(tmp_path / where)
+    with pytest.raises(
+        ValueError, match=f"tb_gradcheck.torch.GradientWriter can write its run to. Received: '{path}': it {reason}"
+    ):
+        GradientWriter(path, nn.Linear(2, 2))
+    writer = GradientWriter(tmp_path / "new" / "run", nn.Linear(2, 2))
+    assert writer.log_dir == str(tmp_path / "new" / "run") and os.path.isdir(writer.log_dir)
+    writer.close()

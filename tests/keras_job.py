@@ -1,12 +1,15 @@
-"""Keras 3 on the PyTorch backend: model.fit with and without GradientCallback (run by torch/test_torch_keras.py in its own process).
+"""Keras 3 on the JAX or the PyTorch backend: model.fit with and without GradientCallback, in a process of its own.
 
-``python keras_torch_job.py DIR``: reads ``DIR/start.npz`` (weights, data)
-and ``DIR/fits.json`` (``{name: fit config}``, as ``keras_jax_job.fit``
-takes them), and for each fit trains the model twice from the same
-weights, with the callback (into ``DIR/<name>/train``) and without; then
-fits that raise, with ``jit_compile=True`` and with a LossScaleOptimizer.
-Writes ``DIR/result.json``. TensorFlow is blocked from import here: the
-callback's path on torch must not need it.
+``python keras_job.py BACKEND DIR`` (``keras_fits.runs`` starts it for
+tests/jax/test_keras.py and tests/torch/test_keras.py): Keras picks its backend
+once, at import, so each backend's fits run here, with TensorFlow blocked from
+import, as where it is not installed: the callback's path on JAX and torch must
+not need it. Reads ``DIR/start.npz`` (weights, data) and ``DIR/fits.json``
+(``{name: fit config}``), and for each fit trains the model twice from the same
+weights, with the callback (into ``DIR/<name>/train``) and without; then the
+backend's refusals, a second fit that goes on from the first's steps, and on
+torch (eager, where a Python loss runs at every step) fits that raise and a fit
+with ``jit_compile=True``. Writes ``DIR/result.json``.
 """
 
 import json
@@ -14,19 +17,45 @@ import os
 import sys
 import warnings
 
+# The optimizer methods a GradientCallback may hold on any backend (the torch, JAX and TensorFlow hooks).
+HOOKS = ("apply", "_clip_gradients", "_backend_update_step", "_all_reduce_sum_gradients")
+# What each backend's callback refuses to follow, built from an SGD optimizer: a warning, no run written.
+REFUSED = {
+    # A LossScaleOptimizer applies its inner optimizer inside a lax.cond on JAX.
+    "jax": {"loss_scale": {}},
+    # On torch, a LossScaleOptimizer over gradient accumulation.
+    "torch": {"loss_scale": {}, "optimizer_args": {"learning_rate": 0.05, "gradient_accumulation_steps": 2}},
+}
+
 
 class Raise(Exception):
     """The planted failure."""
 
 
-def job_fit(keras, start, config, log_dir=None):
-    """``keras_jax_job.fit``'s fit of ``config`` (test_torch_keras.py runs it on TensorFlow), with two more keys.
+def build(keras, widths, start=None):
+    """Dense + ReLU, LayerNormalization, Dense + ReLU, Dense on Keras' backend; ``start``'s weights if given."""
+    layers = [keras.Input((widths[0],))]
+    for i, width in enumerate(widths[1:]):
+        last = i == len(widths) - 2
+        layers.append(keras.layers.Dense(width, activation=None if last else "relu", name=f"dense_{i}"))
+        if i == 0:
+            layers.append(keras.layers.LayerNormalization(name="norm"))
+    model = keras.Sequential(layers, name="mlp")
+    if start is not None:
+        model.set_weights([start[f"w{i}"] for i in range(len(model.weights))])
+    return model
 
-    ``config["poison"]``: rows of the targets made NaN. ``config["loss_scale"]``:
-    ``LossScaleOptimizer`` arguments; the optimizer is wrapped in one.
+
+def fit(keras, start, config, log_dir=None, execution=True):
+    """One fit of ``config`` from ``start``, with a GradientCallback into ``log_dir`` if given; returns the model.
+
+    ``config``: ``widths``, ``optimizer`` (a ``keras.optimizers`` name) and
+    ``optimizer_args``, ``callback`` (its arguments), ``batch_size``,
+    ``epochs``; optionally ``loss_scale`` (``LossScaleOptimizer`` arguments:
+    the optimizer is wrapped in one), ``poison`` (rows of the targets made
+    NaN), ``steps_per_execution`` and ``run_eagerly``. ``execution``: whether
+    those last two apply (the TensorFlow side fits with Keras' defaults).
     """
-    from keras_jax_job import build
-
     import tb_gradcheck.keras
 
     x, y = start["x"], start["y"]
@@ -37,8 +66,9 @@ def job_fit(keras, start, config, log_dir=None):
     optimizer = getattr(keras.optimizers, config["optimizer"])(**config["optimizer_args"])
     if "loss_scale" in config:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, **config["loss_scale"])
-    model.compile(optimizer, "mse")
-    callbacks = [] if log_dir is None else [tb_gradcheck.keras.GradientCallback(log_dir, **config["callback"])]
+    options = {k: config[k] for k in ("steps_per_execution", "run_eagerly") if k in config and execution}
+    model.compile(optimizer, "mse", **options)
+    callbacks = [] if log_dir is None else [tb_gradcheck.keras.GradientCallback(log_dir, **config.get("callback", {}))]
     model.fit(
         x, y, batch_size=config["batch_size"], epochs=config["epochs"], shuffle=False, verbose=0, callbacks=callbacks
     )
@@ -61,10 +91,11 @@ def _same(a, b):
 
 def _hooked(model):
     """The optimizer methods a GradientCallback still holds."""
-    from tb_gradcheck.torch import keras as torch_keras
+    return sorted(set(vars(model.optimizer)) & set(HOOKS))
 
-    hooks = (torch_keras.APPLY_HOOK, torch_keras.CLIP_HOOK, torch_keras.UPDATE_HOOK)
-    return sorted(set(vars(model.optimizer)) & set(hooks))
+
+def _messages(caught):
+    return [str(w.message) for w in caught if "GradientCallback" in str(w.message)]
 
 
 def _raising_fits(keras, start, root, where):
@@ -73,8 +104,6 @@ def _raising_fits(keras, start, root, where):
     The same twice, with a GradientCallback (into ``root/raise_<where>``)
     and without; returns what the test checks.
     """
-    from keras_jax_job import build
-
     import tb_gradcheck.keras
 
     armed = [False]
@@ -117,18 +146,31 @@ def _raising_fits(keras, start, root, where):
     }
 
 
-def _messages(caught):
-    return [str(w.message) for w in caught if "GradientCallback" in str(w.message)]
+def _jit_fits(keras, start, root, widths):
+    """``jit_compile=True`` on torch: the fit runs eagerly (a warning) and the setting is put back."""
+    import tb_gradcheck.keras
+
+    states, out = [], {}
+    for log_dir in (os.path.join(root, "jit"), None):
+        model = build(keras, widths, start)
+        model.compile(keras.optimizers.SGD(0.05), "mse", jit_compile=log_dir is not None)
+        callbacks = [] if log_dir is None else [tb_gradcheck.keras.GradientCallback(log_dir)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(start["x"], start["y"], batch_size=8, shuffle=False, verbose=0, callbacks=callbacks)
+        states.append(_state(model))
+        if log_dir is not None:
+            out = {"warnings": _messages(caught), "jit_compile_after": bool(model.jit_compile)}
+    out["same_as_eager"] = _same(*states)
+    return out
 
 
-def main(root):
+def main(backend, root):
     import keras
     import numpy as np
-    from keras_jax_job import build
 
     import tb_gradcheck.keras
 
-    fit = job_fit
     start = dict(np.load(os.path.join(root, "start.npz")))
     with open(os.path.join(root, "fits.json")) as f:
         fits = json.load(f)
@@ -139,47 +181,32 @@ def main(root):
             warnings.simplefilter("always")
             model = fit(keras, start, config, os.path.join(root, name))
         with_cb = _state(model)
-        without = _state(fit(keras, start, config))
         result[name] = {
-            "bit_identical": _same(with_cb, without),
+            "bit_identical": _same(with_cb, _state(fit(keras, start, config))),
             "callback": f"{callback.__module__}.{callback.__name__}",
             "warnings": _messages(caught),
             "hooked": _hooked(model),
         }
     # A second fit of the same model and optimizer: its steps go on from the first's.
-    model = fit(keras, start, fits["every"], os.path.join(root, "again"))
+    every = fits["every"]
+    model = fit(keras, start, every, os.path.join(root, "again"))
     callback = tb_gradcheck.keras.GradientCallback(os.path.join(root, "again"))
     model.fit(start["x"], start["y"], batch_size=8, shuffle=False, verbose=0, callbacks=[callback])
-    for where in ("step", "callback"):
-        result[f"raise_{where}"] = _raising_fits(keras, start, root, where)
     try:
         tb_gradcheck.keras.GradientCallback(root, check_every_n_steps=1, check_data=(start["x"], start["y"]))
         result["check_arguments_refused"] = False
     except ValueError:
         result["check_arguments_refused"] = True
-    # jit_compile=True: run eagerly for the fit (a warning), the setting put back.
-    states = []
-    for log_dir in (os.path.join(root, "jit"), None):
-        model = build(keras, fits["every"]["widths"], start)
-        model.compile(keras.optimizers.SGD(0.05), "mse", jit_compile=log_dir is not None)
-        callbacks = [] if log_dir is None else [tb_gradcheck.keras.GradientCallback(log_dir)]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            model.fit(start["x"], start["y"], batch_size=8, shuffle=False, verbose=0, callbacks=callbacks)
-        states.append(_state(model))
-        if log_dir is not None:
-            result["jit"] = {"warnings": _messages(caught), "jit_compile_after": bool(model.jit_compile)}
-    result["jit"]["same_as_eager"] = _same(*states)
-    # A LossScaleOptimizer over gradient accumulation: a warning, a fit like any other, and no run written.
-    model = build(keras, fits["every"]["widths"], start)
-    inner = keras.optimizers.SGD(0.05, gradient_accumulation_steps=2)
-    model.compile(keras.optimizers.LossScaleOptimizer(inner), "mse")
+    refused = dict(every, callback={}, **REFUSED[backend])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        callback = tb_gradcheck.keras.GradientCallback(os.path.join(root, "loss_scale"))
-        model.fit(start["x"], start["y"], batch_size=8, verbose=0, callbacks=[callback])
-    result["loss_scale_warning"] = _messages(caught)
-    result["loss_scale_wrote"] = os.path.exists(os.path.join(root, "loss_scale"))
+        fit(keras, start, refused, os.path.join(root, "refused"))
+    result["refused_warnings"] = _messages(caught)
+    result["refused_wrote"] = os.path.exists(os.path.join(root, "refused"))
+    if backend == "torch":
+        for where in ("step", "callback"):
+            result[f"raise_{where}"] = _raising_fits(keras, start, root, where)
+        result["jit"] = _jit_fits(keras, start, root, every["widths"])
     result["tensorflow_imported"] = any(
         v is not None for m, v in sys.modules.items() if m.split(".")[0] == "tensorflow"
     )
@@ -188,8 +215,9 @@ def main(root):
 
 
 if __name__ == "__main__":
-    os.environ["KERAS_BACKEND"] = "torch"
+    backend, root = sys.argv[1:]
+    os.environ["KERAS_BACKEND"] = backend
     # As where TensorFlow is not installed: `import tensorflow` raises
     # ImportError and find_spec says absent (torch._dynamo looks for it).
     sys.modules["tensorflow"] = None
-    main(sys.argv[1])
+    main(backend, root)

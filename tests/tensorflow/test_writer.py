@@ -1,6 +1,7 @@
 """The writer: stored layout, metadata once per tag, windows, flushing, and its errors."""
 
 import glob
+import os
 
 import numpy as np
 import pytest
@@ -233,11 +234,12 @@ def test_eager_and_graph_writes_store_the_same_numbers(tmp_path):
 
 
 def test_event_file_is_created_at_the_first_write_only(tmp_path):
+    # The directory is made (and checked) when the writer is built; the event file only at its first write.
     v = tf.Variable([1.0], name="v")
     GradientWriter(tmp_path / "unused").close()
-    assert not (tmp_path / "unused").exists()  # e.g. a worker that never writes
+    assert os.listdir(tmp_path / "unused") == []  # e.g. a worker that never writes
     with GradientWriter(tmp_path / "used") as writer:
-        assert not (tmp_path / "used").exists()
+        assert os.listdir(tmp_path / "used") == []
         tf.function(lambda: writer.write([tf.ones(1)], [v], 0))()  # opened while tracing, outside the graph
     assert len(glob.glob(str(tmp_path / "used" / "events.out.tfevents.*"))) == 1
     assert [e[0] for e in events(tmp_path / "used") if "/stats/" in e[1]] == [0]
@@ -520,3 +522,16 @@ def test_stash_writes_a_step_stored_again_after_a_restart(tmp_path):
     assert [e[0] for e in events] == [1, 2, 3, 1, 2]
     norm = metadata.STORED_STAT_COLUMNS.index("grad_norm")
     assert [e[2][0, 0, norm] for e in events] == pytest.approx([s * np.sqrt(2) for s in (1, 2, 3, 1, 2)])
+
+
+def test_a_logdir_that_cannot_hold_the_run_is_refused_when_the_writer_is_built(tmp_path):
+    with pytest.raises(ValueError, match="tb_gradcheck.GradientWriter can write its run to. Received: '/proc/x'"):
+        GradientWriter("/proc/x")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="Received: '.*file/run': it cannot be created \\(Not a directory\\)"):
+        GradientWriter(tmp_path / "file" / "run")
+    with pytest.raises(ValueError, match="every_n_steps"):  # a bad argument makes no directory
+        GradientWriter(tmp_path / "never", every_n_steps=0)
+    assert not (tmp_path / "never").exists()
+    with GradientWriter(tmp_path / "run") as writer:
+        assert writer.log_dir == str(tmp_path / "run")

@@ -17,16 +17,16 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from test_jax_writer import by_name
-from test_jax_writer import feed
-from test_jax_writer import reference
-from test_jax_writer import run_steps
 
 import tb_gradcheck.jax as tj
 from conftest import read_events
 from conftest import stats_content
+from reference_stats import reference
 from tb_gradcheck import cli
 from tb_gradcheck.core import metadata
+from tests.jax.test_writer import by_name
+from tests.jax.test_writer import feed
+from tests.jax.test_writer import run_steps
 
 # float32 reductions over a few hundred elements agree with float64 numpy to
 # about 1e-6 relative; 1e-5 leaves room for summation order, nothing more.

@@ -15,7 +15,7 @@ from tb_gradcheck.reader import queries
 from tb_gradcheck.reader import store
 from tb_gradcheck.torch import GradientWriter
 
-# One intra-op thread: tiny models on a shared 2-core machine (as in test_torch_findings).
+# One intra-op thread: tiny models on a shared 2-core machine (as in tests/torch/test_findings.py).
 torch.set_num_threads(1)
 
 

@@ -15,10 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import tb_gradcheck.jax as tj
 from conftest import read_events
 from conftest import stats_content
+from reference_stats import layer_groups
+from reference_stats import reference
 from tb_gradcheck.core import metadata
 
 # float32 reductions over a few hundred elements agree with float64 numpy to
@@ -26,40 +29,6 @@ from tb_gradcheck.core import metadata
 RTOL = 1e-5
 COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 HERE = pathlib.Path(__file__).resolve().parents[1]  # tests/, where the job scripts are
-
-
-def reference(grads, weights, units, groups):
-    """numpy float64 statistics per group of names: the definitions, written plainly (``docs/stored_format.md``).
-
-    ``grads``/``weights``: ``{name: array}``; ``units``: ``{name: unit count}``;
-    ``groups``: lists of names (a layer's parameters, in row order; one name
-    for a variable row). Columns ``metadata.stored_columns(1)``.
-    """
-    out = []
-    for group in groups:
-        g = np.concatenate([np.asarray(grads[n], np.float64).ravel() for n in group])
-        w = np.concatenate([np.asarray(weights[n], np.float64).ravel() for n in group])
-        count = units[group[-1]]  # a layer's units are its last parameter's
-        members = [
-            np.all(np.asarray(grads[n], np.float64).reshape(-1, count) == 0, axis=0) for n in group if units[n] == count
-        ]
-        with np.errstate(over="ignore", invalid="ignore"):
-            row = {
-                "grad_norm": np.sqrt(np.sum(g**2)),  # NaN with a NaN, Inf with an Inf
-                "grad_max_abs": np.max(np.abs(g)),
-                "grad_zero_fraction": np.mean(g == 0),
-                "grad_nonfinite": np.sum(~np.isfinite(g)),
-                "dead_unit_fraction": np.mean(np.logical_and.reduce(members)) if count else 0.0,
-                "weight_norm": np.sqrt(np.sum(w**2)),
-            }
-        out.append([row[c] for c in metadata.stored_columns(1)])
-    return np.array(out)
-
-
-def layer_groups(content):
-    """Per layer row of a layout, the names of its variable rows (a variable's layer is its parent path)."""
-    variables = content["variable"]["rows"]
-    return [[v for v in variables if v.rsplit("/", 1)[0] == layer] for layer in content["layer"]["rows"]]
 
 
 def dead_bias(key, shape, dtype=jnp.float32):
@@ -314,3 +283,13 @@ def test_gradient_accumulation_with_multisteps_writes_each_applied_update_once(t
     for update, (_, array, _) in enumerate(variables):
         mean = sum(g["Dense_0/kernel"] for g in micro[update * k : update * k + k]) / k
         np.testing.assert_allclose(array[0, norm, COL["grad_norm"]], np.sqrt(np.sum(mean**2)), rtol=RTOL)
+
+
+def test_a_logdir_that_cannot_hold_the_run_is_refused_when_the_writer_is_built(tmp_path):
+    with pytest.raises(ValueError, match="tb_gradcheck.jax.GradientWriter can write its run to. Received: '/proc/x'"):
+        tj.GradientWriter("/proc/x")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="it is a file, not a directory"):
+        tj.GradientWriter(tmp_path / "file")
+    with tj.GradientWriter(tmp_path / "run") as writer:
+        assert writer.log_dir == str(tmp_path / "run") and os.path.isdir(writer.log_dir)

@@ -209,3 +209,10 @@ def test_a_logging_dir_changed_after_the_trainer_was_built_is_a_warning_and_the_
         )
     assert callback.log_dir == str(built) and not later.exists()
     assert sorted(f.endswith(".gradients") for f in os.listdir(built)) == [False, True]  # beside the Trainer's scalars
+
+
+def test_a_log_dir_that_cannot_hold_the_run_is_refused_when_the_callback_is_built():
+    with pytest.raises(
+        ValueError, match="tb_gradcheck.transformers.GradientCallback can write its run to. Received: '/proc/x'"
+    ):
+        tb_gradcheck.transformers.GradientCallback(log_dir="/proc/x")

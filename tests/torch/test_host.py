@@ -1,7 +1,7 @@
 """tb_gradcheck.torch.host: written steps on their way to the host are written in step order, none lost.
 
-On a GPU each copy's readiness is a CUDA event (tests/torch/test_torch_graphs.py
-and the ``cuda`` tests of tests/torch/test_torch_writer.py run the real thing).
+On a GPU each copy's readiness is a CUDA event (tests/torch/test_graphs.py
+and the ``cuda`` tests of tests/torch/test_writer.py run the real thing).
 Here ``_Event`` stands in for it, so the order and the waits can be driven
 step by step on a machine without a GPU.
 """

@@ -1,60 +1,28 @@
 """GradientCallback on Keras 3's PyTorch backend: real model.fit, against a float64 twin and the TensorFlow backend's callback.
 
-The torch fits run in their own process (``keras_torch_job.py``): Keras picks
-its backend once, at import, and this process runs Keras on TensorFlow. The
-same weights, data and fit configurations are trained here with the
-TensorFlow callback, and the two runs' rows are read back with TensorBoard's
-own loader (``conftest.read_events``) and held to each other.
+The torch fits run in their own process (``keras_job.py``, through
+``keras_fits.runs``): Keras picks its backend once, at import, and this
+process runs Keras on TensorFlow. The same weights, data and fit
+configurations are trained here with the TensorFlow callback, and the two
+runs' rows are read back with TensorBoard's own loader
+(``conftest.read_events``) and held to each other.
 """
-
-import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from keras_jax_job import build
-from keras_torch_job import job_fit
 
+import keras_fits
 from conftest import read_events
 from conftest import stats_content
+from keras_fits import RTOL
+from reference_stats import reference
 from tb_gradcheck.core import metadata
 
-HERE = pathlib.Path(__file__).resolve().parents[1]  # tests/, where the job scripts are
-WIDTHS = (6, 12, 8, 1)
-# Two backends' float32 forward and backward passes, and a few optimizer
-# steps on each's own weights: float32 rounding in another order,
-# compounded over a few layers and steps.
-RTOL = 2e-5
-ATOL = 1e-7
-FITS = {
-    # Every step written; SGD, so the float64 twin can follow the weights.
-    "every": {"optimizer": "SGD", "optimizer_args": {"learning_rate": 0.05}, "callback": {}},
-    # A window of 5 over 12 steps (writes at 5 and 10, the partial window at the end), Adam with clipping.
-    "window": {
-        "optimizer": "Adam",
-        "optimizer_args": {"learning_rate": 0.01, "clipnorm": 0.5},
-        "callback": {"every_n_steps": 5},
-        "epochs": 2,
-    },
-    # Two micro-batches per update: one record per update, of their mean.
-    "accumulate": {
-        "optimizer": "SGD",
-        "optimizer_args": {"learning_rate": 0.05, "momentum": 0.9, "gradient_accumulation_steps": 2},
-        "callback": {},
-    },
-    # A static loss scale, recorded unscaled.
-    "scaled": {
-        "optimizer": "SGD",
-        "optimizer_args": {"learning_rate": 0.05, "loss_scale_factor": 128.0},
-        "callback": {"every_n_steps": 2},
-    },
+FITS = keras_fits.fits(
     # Weight decay (in update_norm, as TensorFlow's bracket around apply
     # measures it) and a global clip norm that binds (grad_norm_before_clip).
-    "decay": {
+    decay={
         "optimizer": "AdamW",
         "optimizer_args": {"learning_rate": 0.01, "weight_decay": 0.1, "global_clipnorm": 0.3},
         "callback": {},
@@ -63,7 +31,7 @@ FITS = {
     # steps refused (the scale halved), the scale doubled after every 2
     # finite steps. A refused step has a step and a record of its own (its
     # unscaled gradient, no update); the loss scale and refused-step columns.
-    "loss_scaled": {
+    loss_scaled={
         "optimizer": "SGD",
         "optimizer_args": {"learning_rate": 0.05},
         "loss_scale": {"initial_scale": 2.0**15, "dynamic_growth_steps": 2},
@@ -74,73 +42,33 @@ FITS = {
     # gradients of every unit that sample reaches (its ReLU masks, taken on
     # finite weights, are the same on both backends; a later step's NaN
     # weights would not be: each backend's ReLU treats NaN its own way).
-    "poisoned": {
+    poisoned={
         "optimizer": "SGD",
         "optimizer_args": {"learning_rate": 0.05},
         "callback": {"every_n_steps": 4},
         "poison": [41],
     },
-}
+)
 # Held to the float64 twin only: Keras' ReLU gradient on TensorFlow
 # (``features > 0`` times the gradient) turns a masked unit's NaN into NaN,
 # torch's (a select) into 0, so the backends' NaN counts differ.
 TWIN_ONLY = {"poisoned"}
-for _config in FITS.values():
-    _config.update(widths=list(WIDTHS), batch_size=8, epochs=_config.get("epochs", 1))
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Both backends' runs of every fit: ``(root, start)``, the torch runs in ``root/<fit>``, TensorFlow's in ``root/tf_<fit>``."""
-    import keras
-
-    root = tmp_path_factory.mktemp("keras_torch")
-    keras.utils.set_random_seed(0)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(48, WIDTHS[0])).astype(np.float32)
-    y = (x[:, :1] * 2.0 + rng.normal(size=(48, 1)) * 0.1).astype(np.float32)
-    start = {f"w{i}": w for i, w in enumerate(build(keras, WIDTHS).get_weights())} | {"x": x, "y": y}
-    np.savez(root / "start.npz", **start)
-    (root / "fits.json").write_text(json.dumps(FITS))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    env.pop("KERAS_BACKEND", None)
-    done = subprocess.run(
-        [sys.executable, str(HERE / "keras_torch_job.py"), str(root)], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-
-    for name, config in FITS.items():
-        if name in TWIN_ONLY:
-            continue
-        job_fit(keras, start, config, root / f"tf_{name}")
-    return root, start
+    """The torch runs of every fit in ``root/<fit>``, TensorFlow's in ``root/tf_<fit>``: ``(root, start)``."""
+    return keras_fits.runs(tmp_path_factory, "torch", FITS, tensorflow_too=set(FITS) - TWIN_ONLY)
 
 
 def test_torch_fit_takes_the_torch_callback_leaves_training_bit_identical_and_imports_no_tensorflow(runs):
     root, _ = runs
-    result = json.loads((root / "result.json").read_text())
-    assert result["backend"] == "torch"
-    assert not result["tensorflow_imported"]
-    for name in FITS:
-        assert result[name]["callback"] == "tb_gradcheck.torch.keras.GradientCallback"
-        # Weights and every optimizer variable (Adam's moments, the
-        # accumulators) after the fit with the callback, against without.
-        assert result[name]["bit_identical"], name
-        assert result[name]["warnings"] == [], name
-        assert result[name]["hooked"] == [], name  # the optimizer left as found
-    assert result["check_arguments_refused"]  # the fit's gradient check runs on TensorFlow
-    assert len(result["loss_scale_warning"]) == 1 and "LossScaleOptimizer" in result["loss_scale_warning"][0]
-    assert not result["loss_scale_wrote"]
-
-
-def test_torch_fit_again_goes_on_from_the_steps_of_the_first(runs):
-    root, _ = runs
-    assert [s for s, _, _ in read_events(root / "again" / "train")] == list(range(1, 13))
+    keras_fits.assert_the_fits_trained_as_without_the_callback(root, "torch", FITS)
 
 
 def test_torch_fit_that_raises_leaves_the_model_as_found(runs):
     root, _ = runs
-    result = json.loads((root / "result.json").read_text())
+    result = keras_fits.result(root)
     step, callback = result["raise_step"], result["raise_callback"]
     # In the step: detached before the error goes on; what was recorded is written.
     assert step["hooked_after_raise"] == []
@@ -157,7 +85,7 @@ def test_torch_fit_that_raises_leaves_the_model_as_found(runs):
 
 def test_torch_fit_with_jit_compile_runs_eagerly_and_puts_it_back(runs):
     root, _ = runs
-    jit = json.loads((root / "result.json").read_text())["jit"]
+    jit = keras_fits.result(root)["jit"]
     assert len(jit["warnings"]) == 1 and "jit_compile" in jit["warnings"][0]
     assert jit["jit_compile_after"] and jit["same_as_eager"]
     assert [s for s, _, _ in read_events(root / "jit" / "train")] == [1, 2, 3, 4, 5, 6]
@@ -166,50 +94,18 @@ def test_torch_fit_with_jit_compile_runs_eagerly_and_puts_it_back(runs):
 @pytest.mark.parametrize("name", sorted(set(FITS) - TWIN_ONLY))
 def test_torch_backend_rows_equal_the_tensorflow_backends(runs, name):
     root, _ = runs
-    torch_run, tf_run = root / name / "train", root / f"tf_{name}" / "train"
-    a, b = stats_content(torch_run), stats_content(tf_run)
-    assert a["layer"]["rows"] == b["layer"]["rows"] == ["mlp/dense_0", "mlp/norm", "mlp/dense_1", "mlp/dense_2"]
-    assert a["variable"]["rows"] == b["variable"]["rows"]
-    assert a["window"] == b["window"]
-    shared = [c for c in a["columns"] if c in b["columns"]]
-    assert set(metadata.stored_columns(a["window"])) <= set(shared)
-    # TensorFlow's callback measures no update under gradient accumulation; this one does.
-    assert {"update_norm", "update_to_weight"} <= set(a["columns"])
+    content, shared = keras_fits.assert_rows_equal_tensorflow(root, name)
+    torch_run = root / name / "train"
     if name in ("window", "decay"):
         assert "grad_norm_before_clip" in shared
-    for granularity in ("layer", "variable"):
-        mine, theirs = read_events(torch_run, granularity=granularity), read_events(tf_run, granularity=granularity)
-        assert [s for s, _, _ in mine] == [s for s, _, _ in theirs]
-        for (step, x, _), (_, y, _) in zip(mine, theirs):
-            columns = shared
-            if name == "loss_scaled" and y[0, 0, b["columns"].index("refused_steps")] > 0:
-                # A refused step's NaN reached other elements on each backend
-                # (``TWIN_ONLY``): what the refusal did must agree.
-                assert x[0, 0, a["columns"].index("refused_steps")] == 1
-                for z, c in ((x, a), (y, b)):
-                    assert np.any(z[0, :, c["columns"].index("grad_nonfinite")] > 0)
-                    np.testing.assert_array_equal(z[0, :, c["columns"].index("update_norm")], 0)
-                columns = ("weight_norm", "update_norm", "update_to_weight", "loss_scale", "refused_steps")
-            for column in columns:
-                np.testing.assert_allclose(
-                    x[..., a["columns"].index(column)],
-                    y[..., b["columns"].index(column)],
-                    rtol=RTOL,
-                    atol=ATOL,
-                    err_msg=f"{name} {granularity} step {step} {column}",
-                )
-    if name == "window":
-        assert [s for s, _, _ in read_events(torch_run)] == [5, 10, 12]  # the partial window at the end
-    if name == "accumulate":
-        assert [s for s, _, _ in read_events(torch_run)] == [1, 2, 3]  # 6 micro-batches, 3 updates
     if name == "loss_scaled":  # the premise: steps refused, and each its own step
         events = read_events(torch_run)
-        refused = sum(x[0, 0, a["columns"].index("refused_steps")] for _, x, _ in events)
+        refused = sum(x[0, 0, content["columns"].index("refused_steps")] for _, x, _ in events)
         assert {"loss_scale", "refused_steps"} <= set(shared) and refused == 2
         # Each training step its column: iterations plus the steps refused.
         assert [s for s, _, _ in events] == [1, 2, 3, 4, 5, 6]
     if name == "decay":  # the clip bound: the norm before it is above the applied one
-        content, (_, x, _) = a, read_events(torch_run)[0]
+        (_, x, _) = read_events(torch_run)[0]
         before, after = (x[0, :, content["columns"].index(c)] for c in ("grad_norm_before_clip", "grad_norm"))
         assert np.all(before > after)
 
@@ -225,26 +121,6 @@ def twin_gradients(weights, x, y):
     h = torch.relu(h @ w[4] + w[5])
     torch.mean((h @ w[6] + w[7] - y) ** 2).backward()
     return [v.grad.numpy() for v in w]
-
-
-def reference(grads, weights, units, groups):
-    """numpy float64 statistics per group of names (a layer's parameters, or one), columns ``stored_columns(1)``."""
-    out = []
-    for group in groups:
-        g = np.concatenate([grads[n].ravel() for n in group])
-        w = np.concatenate([weights[n].ravel() for n in group])
-        count = units[group[-1]]  # a layer's units are its last parameter's
-        members = [np.all(grads[n].reshape(-1, count) == 0, axis=0) for n in group if units[n] == count]
-        row = {
-            "grad_norm": np.linalg.norm(g),
-            "grad_max_abs": np.max(np.abs(g)),
-            "grad_zero_fraction": np.mean(g == 0),
-            "grad_nonfinite": np.sum(~np.isfinite(g)),
-            "dead_unit_fraction": np.mean(np.logical_and.reduce(members)),
-            "weight_norm": np.linalg.norm(w),
-        }
-        out.append([row[c] for c in metadata.stored_columns(1)])
-    return np.array(out)
 
 
 def twin_run(start, poison=None):

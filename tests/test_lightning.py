@@ -352,3 +352,10 @@ def test_pytorch_lightning_gets_its_own_callback_class(tmp_path):
     client, _ = make_app(tmp_path, "python")
     entry = wait_for_steps(client, os.path.relpath(callback.log_dir, tmp_path), 3)
     assert entry["granularities"]["layer"]["rows"] == ["layer"]
+
+
+def test_a_log_dir_that_cannot_hold_the_run_is_refused_when_the_callback_is_built():
+    with pytest.raises(
+        ValueError, match="tb_gradcheck.lightning.GradientCallback can write its run to. Received: '/proc/x'"
+    ):
+        tb_gradcheck.lightning.GradientCallback(log_dir="/proc/x")

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import transformers
 
-from tests.torch.test_torch_writer import _rows
+from tests.torch.test_writer import _rows
 
 torch.set_num_threads(1)
 

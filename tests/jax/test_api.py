@@ -15,7 +15,7 @@ from conftest import read_events
 from conftest import stats_content
 from tb_gradcheck.core import metadata
 
-RTOL = 1e-5  # float32 reductions of a few hundred elements against float64 numpy (as test_jax_writer)
+RTOL = 1e-5  # float32 reductions of a few hundred elements against float64 numpy (as tests/jax/test_writer.py)
 COL = {c: i for i, c in enumerate(metadata.STORED_STAT_COLUMNS)}
 
 

@@ -1,5 +1,6 @@
-"""One cause, one finding: what follows from another finding is attached to it (``finding.attach_consequences``)."""
+"""Findings after the rules: what follows from another finding is attached to it (``finding.attach_consequences``), and a warning over long before the run's end is information (``finding.settle_ended``)."""
 
+import norm_runs
 from tb_gradcheck.findings import diagnose
 from tb_gradcheck.findings import finding
 
@@ -105,3 +106,61 @@ def test_a_head_below_the_decay_point_or_not_learning_for_its_gradient_does_not_
         [_below(["a", "b"], "pooler"), _not_learning(["head"], reason=finding.OUTSIDE)], diagnose.describe
     )
     assert len(out) == 2
+
+
+# A warning that ended long before the run's end is information, for every kind (``finding.settle_ended``), on
+# runs whose norms are set by hand (``norm_runs.findings``).
+MLP = ["dense_0", "dense_1", "head"]
+
+
+def _run(tmp_path, paths, norm, name="run", **kwargs):
+    return norm_runs.findings(tmp_path / name, paths, norm, **kwargs)
+
+
+def _only(found, kind):
+    (f,) = [f for f in found if f.kind == kind]
+    return f
+
+
+def _vanishing_until(end):
+    return lambda step, p: 1e-1 if p == "head" else 1e-6 if p == "dense_0" and step < end else 1e-2
+
+
+def test_vanishing_that_ended_early_is_information_and_one_that_goes_on_a_warning(tmp_path):
+    f = _only(_run(tmp_path, MLP, _vanishing_until(30), name="early"), "vanishing")
+    assert f.severity == "info" and f.layers == ["dense_0"] and f.steps[1] < 50
+    assert f.evidence["dense_0"]["writes_after_it"] >= 50
+    assert "a phase that is over" in f.message
+    # Ended in the latter half of the run: not long before its end, still a warning.
+    f = _only(_run(tmp_path, MLP, _vanishing_until(70), name="late"), "vanishing")
+    assert f.severity == "warning" and "writes_after_it" not in f.evidence["dense_0"]
+
+
+def test_a_short_runs_few_clean_writes_do_not_end_a_phase(tmp_path):
+    """12 writes after it, in a run of 30: the latter half, but not a whole baseline window (20 writes)."""
+    f = _only(_run(tmp_path, MLP, _vanishing_until(12), steps=30), "vanishing")
+    assert f.severity == "warning", f.message
+
+
+def test_a_spike_early_in_the_run_is_information_as_the_vanishing_phase_is(tmp_path):
+    def spike_at(s):
+        return lambda step, p: 1e3 if step == s and p == "dense_1" else 1e-1 if p == "head" else 1e-2
+
+    f = _only(_run(tmp_path, MLP, spike_at(20), name="early"), "exploding")
+    assert f.severity == "info" and f.evidence["dense_1"]["outcome"] == "recovered"
+    f = _only(_run(tmp_path, MLP, spike_at(80), name="late"), "exploding")
+    assert f.severity == "warning"
+
+
+def _ended_finding(kind, severity, last):
+    evidence = {"a": {"first_step": 0, "last_step": last, "reason": "x"}}
+    return finding.Finding(kind, severity, "r", ["a"], [0, last], "grad_norm", "last", "", evidence)
+
+
+def test_settle_ended_treats_every_kind_alike_and_leaves_errors_alone():
+    steps = list(range(100))
+    kinds = ("vanishing", "exploding", "dead", "clipping", "not_learning")
+    found = [_ended_finding(k, "warning", 10) for k in kinds] + [_ended_finding("exploding", "error", 10)]
+    out = finding.settle_ended(found, steps, 20, lambda f: f.kind)
+    assert [(f.kind, f.severity) for f in out] == [*((k, "info") for k in kinds), ("exploding", "error")]
+    assert all(f.evidence["a"]["writes_after_it"] == 89 for f in out[:-1])

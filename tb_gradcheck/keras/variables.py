@@ -1,0 +1,46 @@
+"""Keras variables as rows on every backend: the layer that owns a variable, and the depthwise kernels' unit axis.
+
+Imports Keras, not its backend: the TensorFlow writer's rows and the JAX and
+torch callbacks' rows come out the same.
+"""
+
+import keras
+
+from tb_gradcheck.core import validate
+
+
+def owner(variable, name):
+    """The layer row of a Keras variable: the parent of its ``path`` (``seq/dense/kernel`` -> ``seq/dense``).
+
+    A variable without a Keras ``path`` (a plain ``tf.Variable``), or one
+    whose name has no parent, is a layer of its own.
+    """
+    if isinstance(getattr(variable, "path", None), str) and "/" in name:
+        return name.rsplit("/", 1)[0]
+    return name
+
+
+def unit_axes(model):
+    """``{variable path: 2}`` for the depthwise kernels of a Keras model (``tb_gradcheck.tensorflow.units`` says why).
+
+    Every other variable's units follow from its shape. Walks nested models
+    and layers through their ``layers`` attribute.
+    """
+    depthwise = tuple(
+        getattr(keras.layers, name)
+        for name in ("DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D", "SeparableConv2D")
+        if hasattr(keras.layers, name)
+    )
+    out = {}
+    stack, seen = [model], set()
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if isinstance(layer, depthwise):
+            kernel = getattr(layer, "depthwise_kernel", None) or getattr(layer, "kernel", None)
+            if kernel is not None:
+                out[validate.variable_name(kernel)] = 2
+        stack.extend(getattr(layer, "layers", None) or [])
+    return out
