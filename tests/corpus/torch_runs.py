@@ -210,7 +210,7 @@ def small_head_outside_optimizer(run_dir):
     nn.functional.mse_loss(body(torch.from_numpy(x)), torch.from_numpy(y)).backward()
     orders = float(torch.log10(head.weight.grad.norm() / body.dense_0.weight.grad.norm()))
     grads = math.sqrt(sum(float(p.grad.norm()) ** 2 for p in body.parameters()))
-    weights = math.sqrt(sum(float(p.norm()) ** 2 for p in body.parameters()))
+    weights = math.sqrt(sum(float(p.detach().norm()) ** 2 for p in body.parameters()))
     numbers = {"head_over_body_orders": orders, "network_grad_to_weight_end": grads / weights, "writer_warnings": said}
     return numbers, [
         ("the head never moved", bool(torch.equal(head.weight.detach(), start))),
