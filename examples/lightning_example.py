@@ -13,7 +13,11 @@ TensorBoardLogger's own run (``LOGDIR/lightning_logs/version_N``), where
 The clip (``gradient_clip_val=0.5``) binds at most steps:
 ``grad_norm_before_clip`` above ``grad_norm``, and ``tb-gradcheck report
 LOGDIR`` names the layer that drove the norm over the bound.
-``--precision bf16-mixed`` trains under autocast.
+``--precision bf16-mixed`` trains under autocast. ``--check-every N``
+checks the analytic gradient against numeric ones every N steps on one
+fixed batch, from inside the fit (``GradientCheck``), and writes the check
+into the same run (``callback.writer.write_check``): the ``check_error``
+heatmap.
 """
 
 import argparse
@@ -24,6 +28,7 @@ import torch
 from torch import nn
 
 import tb_gradcheck.lightning
+import tb_gradcheck.torch
 
 
 class Regressor(L.LightningModule):
@@ -45,6 +50,25 @@ class Regressor(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
 
 
+class GradientCheck(L.Callback):
+    """Every ``every`` optimizer steps, a gradient check on one fixed batch, written into the gradients' run."""
+
+    def __init__(self, gradients, batch, every):
+        self.gradients, self.batch, self.every = gradients, batch, every
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        step = trainer.global_step  # the step this step's gradient rows are written at
+        if step % self.every == 0:
+            report = tb_gradcheck.torch.check_gradients(
+                lambda net, batch: nn.functional.mse_loss(net(batch[0]), batch[1]),
+                module.net,
+                self.batch,
+                dtype="float64",
+                seed=step,
+            )
+            self.gradients.writer.write_check(report, step)
+
+
 def data(samples, batch, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(samples, 1, generator=g) * 2 * math.pi - math.pi
@@ -57,9 +81,12 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=20, help="epochs of 16 optimizer steps (default 20)")
     parser.add_argument("--precision", default="32-true", help="Lightning's precision (default 32-true)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data and weights (default 0)")
+    parser.add_argument("--check-every", type=int, default=0, help="gradient check every N steps (default 0: none)")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     callback = tb_gradcheck.lightning.GradientCallback()
+    loader = data(512, 16, args.seed)
+    checks = [GradientCheck(callback, next(iter(loader)), args.check_every)] if args.check_every else []
     trainer = L.Trainer(
         max_epochs=args.epochs,
         accelerator="cpu",
@@ -67,13 +94,13 @@ def main(argv=None):
         accumulate_grad_batches=2,
         gradient_clip_val=0.5,
         logger=L.loggers.TensorBoardLogger(args.logdir),
-        callbacks=[callback],
+        callbacks=[callback, *checks],
         log_every_n_steps=1,
         enable_progress_bar=False,
         enable_checkpointing=False,
         enable_model_summary=False,
     )
-    trainer.fit(Regressor(), data(512, 16, args.seed))
+    trainer.fit(Regressor(), loader)
     print(f"Wrote {trainer.global_step} steps to {callback.log_dir}: tensorboard --logdir {args.logdir}, Gradients tab")
 
 

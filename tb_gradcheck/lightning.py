@@ -29,10 +29,16 @@ under ``16-mixed``, after ``GradScaler.unscale_``) the plugin's
   not recorded.
 
 Steps are ``trainer.global_step`` during the step: the step Lightning logs
-that batch's ``self.log(..., on_step=True)`` scalars at.
+that batch's ``self.log(..., on_step=True)`` scalars at. Lightning logs at
+the steps ``k`` with ``(k + 1) % log_every_n_steps == 0`` (9, 19, ... for 10),
+so with ``every_n_steps=N`` each window ends at such a step too (N - 1,
+2N - 1, ...: the writer's ``phase``), and the gradient rows and the scalars
+share their steps wherever one count is a multiple of the other (a warning
+says so where neither is).
 """
 
 import importlib
+import math
 import os
 import warnings
 
@@ -93,10 +99,13 @@ class _Recorder:
             # Said through Lightning's own logger, where it says where its scalars go.
             rank_zero = importlib.import_module(self._PACKAGE.__name__ + ".utilities.rank_zero")
             rank_zero.rank_zero_info(run_directory.message(self.log_dir))
+        self._warn_unshared_steps(trainer.log_every_n_steps)
         self.writer = GradientWriter(
             self.log_dir,
             pl_module,
             every_n_steps=self.every_n_steps,
+            # Windows end where Lightning logs: at steps k with (k + 1) % log_every_n_steps == 0.
+            phase=self.every_n_steps - 1,
             optimizer=optimizer if follows else None,
             scaler=getattr(plugin, "scaler", None),
         )
@@ -148,6 +157,18 @@ class _Recorder:
     def _write(self, optimizer):
         if self.writer is not None and optimizer is self._optimizer:
             self.writer.write(self._trainer.global_step)
+
+    def _warn_unshared_steps(self, log_every):
+        """Warns where the windows and Lightning's logged steps seldom meet: neither count divides the other."""
+        n = self.every_n_steps
+        if n > 1 and log_every and n % log_every and log_every % n:
+            warnings.warn(
+                f"tb_gradcheck: every_n_steps={n} and the Trainer's log_every_n_steps={log_every}: the gradient "
+                f"windows end at steps {n - 1}, {2 * n - 1}, ... and Lightning logs at {log_every - 1}, "
+                f"{2 * log_every - 1}, ...; they share only every {math.lcm(n, log_every)}th step. Make one a "
+                "multiple of the other.",
+                stacklevel=3,
+            )
 
     def _run_dir(self, trainer):
         """The run directory: ``log_dir=``, else the TensorBoardLogger's ``log_dir`` (Lightning's scalars' run)."""
@@ -206,11 +227,15 @@ def _callback_class(package, name):
 
     Args:
       every_n_steps: Int, default 1: write every N optimizer steps
-        (``GradientWriter``'s windows between writes).
+        (``GradientWriter``'s windows between writes), each window ending
+        at a step Lightning logs at (N - 1, 2N - 1, ...), so with
+        ``log_every_n_steps=N`` the scalars and the gradients share steps.
       log_dir: Optional run directory instead of the TensorBoardLogger's.
 
     Attributes:
-      writer: The ``tb_gradcheck.torch.GradientWriter`` during a fit, else None.
+      writer: The ``tb_gradcheck.torch.GradientWriter`` during a fit, else
+        None: ``callback.writer.write_check(report, trainer.global_step)``
+        writes a gradient check into the run.
       log_dir: The run directory of the last fit.
     """
     return type(name, (_Recorder, base), {"_PACKAGE": package, "__doc__": doc, "__module__": __name__})

@@ -26,8 +26,13 @@ Steps: ``state.global_step`` once this step is done (``state.global_step +
 ``loss`` and ``grad_norm`` at.
 
 The run is the one ``transformers``' ``TensorBoardCallback`` writes its
-scalars to (``report_to="tensorboard"``): ``$TENSORBOARD_LOGGING_DIR``, or
-``output_dir/runs/<date>_<host>``, which it names when training begins.
+scalars to (``report_to="tensorboard"``): ``$TENSORBOARD_LOGGING_DIR`` as it
+was when the ``Trainer`` was built (the TensorBoardCallback reads it then;
+changed before ``train()``, a warning names both directories and the
+gradients follow the scalars), or ``output_dir/runs/<date>_<host>``, which
+it names when training begins. A callback added after the ``Trainer`` was
+built (``trainer.add_callback``) does not see it built, and reads the
+variable at ``train()``.
 """
 
 import os
@@ -43,6 +48,12 @@ from tb_gradcheck.core import validate
 from tb_gradcheck.torch.writer import GradientWriter
 
 
+def _logging_dir():
+    """``$TENSORBOARD_LOGGING_DIR``, ``~`` expanded, as the TensorBoardCallback reads it; None when unset."""
+    env = os.getenv("TENSORBOARD_LOGGING_DIR", None)
+    return None if env is None else os.path.expanduser(env)
+
+
 class GradientCallback(transformers.TrainerCallback):
     """A ``transformers.TrainerCallback`` that writes per-layer gradient statistics for the Gradients tab.
 
@@ -55,7 +66,9 @@ class GradientCallback(transformers.TrainerCallback):
       log_dir: Optional run directory instead of the ``TensorBoardCallback``'s.
 
     Attributes:
-      writer: The ``tb_gradcheck.torch.GradientWriter`` during ``train()``, else None.
+      writer: The ``tb_gradcheck.torch.GradientWriter`` during ``train()``,
+        else None: ``callback.writer.write_check(report, state.global_step + 1)``
+        at ``on_pre_optimizer_step`` writes a gradient check into the run.
       log_dir: The run directory of the last ``train()``.
     """
 
@@ -69,9 +82,13 @@ class GradientCallback(transformers.TrainerCallback):
         self.log_dir = None
         self.writer = None
         self._since = None  # when the Trainer was made: its TensorBoardCallback's run is newer
+        self._built_env = None  # $TENSORBOARD_LOGGING_DIR when the Trainer was made
 
     def on_init_end(self, args, state, control, **kwargs):
+        # The TensorBoardCallback reads $TENSORBOARD_LOGGING_DIR when it is
+        # made, with the Trainer: the run is fixed then, and read here then.
         self._since = time.time()
+        self._built_env = _logging_dir()
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self._close()
@@ -107,18 +124,29 @@ class GradientCallback(transformers.TrainerCallback):
             writer.close()
 
     def _run_dir(self, args, state):
-        """The TensorBoardCallback's run: ``log_dir=``, ``$TENSORBOARD_LOGGING_DIR``, or ``output_dir/runs/<date>_<host>``."""
+        """The TensorBoardCallback's run: ``log_dir=``, ``$TENSORBOARD_LOGGING_DIR`` as the Trainer was built, or ``output_dir/runs/<date>_<host>``."""
         if self._log_dir is not None:
             return os.fspath(self._log_dir)
         # As transformers.integrations.TensorBoardCallback resolves it at on_train_begin.
         trial = state.trial_name if state.is_hyper_param_search else None
-        env = os.getenv("TENSORBOARD_LOGGING_DIR", None)
+        env = _logging_dir()
+        report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+        reports = bool({"tensorboard", "all"} & set(report_to or ()))
+        if reports and self._since is not None:  # made with the Trainer: its run is the one named then
+            if env != self._built_env:
+                warnings.warn(
+                    f"tb_gradcheck: TENSORBOARD_LOGGING_DIR was {self._built_env!r} when the Trainer was built and is "
+                    f"{env!r} at train(). The Trainer's TensorBoardCallback read it when it was built, so its "
+                    "scalars, and the gradients with them, go to the run named then; set it before building the "
+                    "Trainer.",
+                    stacklevel=3,
+                )
+            env = self._built_env
         if env is not None and trial is None:
-            return os.path.expanduser(env)
+            return env
         from transformers.integrations import integration_utils
 
-        report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
-        if not {"tensorboard", "all"} & set(report_to or ()):
+        if not reports:
             where = os.path.join(args.output_dir, integration_utils.default_logdir())
             warnings.warn(
                 f"tb_gradcheck: the Trainer writes no TensorBoard scalars (report_to={args.report_to!r}); the "

@@ -49,8 +49,9 @@ PRECISIONS = {
 }
 
 
-def _heat(client, run, metric):
-    body = get_json(client, f"/data/plugin/gradients/heatmap?run={run}&metric={metric}&granularity=variable")
+def _heat(client, run, metric, aggregate="last"):
+    query = f"run={run}&metric={metric}&granularity=variable&aggregate={aggregate}"
+    body = get_json(client, f"/data/plugin/gradients/heatmap?{query}")
     assert body["layers"] == VARIABLES
     values = np.array([[np.nan if v is None else v for v in row] for row in body["values"]], float)
     return body["steps"], values
@@ -236,7 +237,7 @@ def test_example_writes_the_loggers_run_as_a_user_runs_it(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     script = ROOT / "examples" / "lightning_example.py"
     out = subprocess.run(
-        [sys.executable, str(script), "--logdir", str(tmp_path), "--epochs", "1"],
+        [sys.executable, str(script), "--logdir", str(tmp_path), "--epochs", "1", "--check-every", "8"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -249,6 +250,43 @@ def test_example_writes_the_loggers_run_as_a_user_runs_it(tmp_path):
     assert entry["granularities"]["layer"]["rows"] == [f"net.{i}" for i in range(0, 12, 2)]
     assert {"grad_norm_before_clip", "update_norm"} <= set(entry["metrics"])
     assert "train_loss" in get_json(client, "/data/plugin/scalars/tags")["lightning_logs/version_0"]
+    # Its gradient check from inside the fit, in the same run at the steps its gradient rows are written at.
+    checks = get_json(client, "/data/plugin/gradients/checks?run=lightning_logs/version_0")
+    assert checks["failures"] == [] and len(checks["rows"]) == 6
+    heat = get_json(client, "/data/plugin/gradients/heatmap?run=lightning_logs/version_0&metric=check_error")
+    assert heat["steps"] == [0, 8]
+
+
+def test_docs_show_the_examples_gradient_check():
+    """docs/torch.md's check from inside a Lightning fit is the example's, which the test above runs."""
+    example = (ROOT / "examples" / "lightning_example.py").read_text()
+    shown = (ROOT / "docs" / "torch.md").read_text()
+    start = example.index("class GradientCheck(L.Callback)")
+    code = example[start : example.index("\n\n\n", start)]
+    assert code in shown
+
+
+def test_windows_end_at_the_steps_lightning_logs_at(tmp_path):
+    """every_n_steps=2 beside log_every_n_steps=2: the gradient rows and self.log's scalars share steps 1, 3, 5, 7."""
+    callback = tb_gradcheck.lightning.GradientCallback(every_n_steps=2)
+    net, _, trainer = lightning_job.fit(tmp_path, callback=callback, log_every_n_steps=2)
+    run = os.path.relpath(trainer.logger.log_dir, tmp_path)
+    client, _ = make_app(tmp_path, "python")
+    wait_for_steps(client, run, STEPS // 2)
+    loss = get_json(client, f"/data/plugin/scalars/scalars?run={run}&tag=train_loss")
+    steps, grad = _heat(client, run, "grad_norm")
+    assert steps == [1, 3, 5, 7] == [point[1] for point in loss]
+    # Each window's steps: the write step and the one before it (the largest of the two in `max`).
+    np.testing.assert_allclose(grad, _by_param_order(net, np.stack([net.applied[s] for s in steps])), RTOL)
+    _, peak = _heat(client, run, "grad_norm", aggregate="max")
+    both = np.maximum(np.stack([net.applied[s - 1] for s in steps]), np.stack([net.applied[s] for s in steps]))
+    np.testing.assert_allclose(peak, _by_param_order(net, both), RTOL)
+
+
+def test_windows_and_logged_steps_that_seldom_meet_are_a_warning(tmp_path):
+    callback = tb_gradcheck.lightning.GradientCallback(every_n_steps=3)
+    with pytest.warns(UserWarning, match=r"every_n_steps=3 and the Trainer's log_every_n_steps=2.*every 6th step"):
+        lightning_job.fit(tmp_path, callback=callback, log_every_n_steps=2, max_epochs=1)
 
 
 def test_a_fit_that_raises_leaves_its_steps_written_and_lightning_as_it_was(tmp_path):

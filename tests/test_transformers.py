@@ -165,7 +165,7 @@ def test_example_writes_the_trainers_run_as_a_user_runs_it(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     script = ROOT / "examples" / "transformers_example.py"
     out = subprocess.run(
-        [sys.executable, str(script), "--output-dir", str(tmp_path), "--steps", "6"],
+        [sys.executable, str(script), "--output-dir", str(tmp_path), "--steps", "6", "--check-every", "3"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -180,6 +180,35 @@ def test_example_writes_the_trainers_run_as_a_user_runs_it(tmp_path):
     assert rows[:2] == ["transformer.wte", "transformer.wpe"] and rows[-1] == "transformer.ln_f"
     assert "update_norm" in entry["metrics"]
     assert "train/loss" in get_json(client, "/data/plugin/scalars/tags")[run]
+    # Its gradient check from inside train(), in the same run at the steps its gradient rows are written at.
+    checks = get_json(client, f"/data/plugin/gradients/checks?run={run}")
+    assert checks["failures"] == [] and len(checks["rows"]) == len(rows)
+    assert get_json(client, f"/data/plugin/gradients/heatmap?run={run}&metric=check_error")["steps"] == [3, 6]
+
+
+def test_docs_show_the_examples_gradient_check():
+    """docs/torch.md's check from inside train() is the example's, which the test above runs."""
+    example = (ROOT / "examples" / "transformers_example.py").read_text()
+    shown = (ROOT / "docs" / "torch.md").read_text()
+    start = example.index("class GradientCheck(transformers.TrainerCallback)")
+    code = example[start : example.index("\n\n\n", start)]
+    assert code in shown
+
+
+def test_a_logging_dir_changed_after_the_trainer_was_built_is_a_warning_and_the_gradients_go_with_the_scalars(
+    tmp_path, monkeypatch
+):
+    built, later = tmp_path / "built", tmp_path / "later"
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(built))
+    message = r"TENSORBOARD_LOGGING_DIR was '.*built' when the Trainer was built and is '.*later' at train\(\)"
+    with pytest.warns(UserWarning, match=message):
+        _, callback, _ = transformers_job.train(
+            tmp_path / "out",
+            max_steps=1,
+            before_train=lambda: monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(later)),
+        )
+    assert callback.log_dir == str(built) and not later.exists()
+    assert sorted(f.endswith(".gradients") for f in os.listdir(built)) == [False, True]  # beside the Trainer's scalars
 
 
 def test_a_log_dir_that_cannot_hold_the_run_is_refused_when_the_callback_is_built():

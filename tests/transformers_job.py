@@ -71,8 +71,8 @@ def _norms(tensors):
     return np.array([np.linalg.norm(t.detach().double().cpu().numpy().ravel()) for t in tensors])
 
 
-def train(output_dir, callback=None, **overrides):
-    """Trains the tiny GPT-2 for one epoch; returns (record, callback, trainer)."""
+def train(output_dir, callback=None, before_train=None, **overrides):
+    """Trains the tiny GPT-2 for one epoch; returns (record, callback, trainer). ``before_train()`` runs between the two."""
     net = model()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
     record = Record(net, optimizer)
@@ -95,6 +95,8 @@ def train(output_dir, callback=None, **overrides):
     trainer = transformers.Trainer(
         model=net, args=args, train_dataset=data(), optimizers=(optimizer, None), callbacks=[callback]
     )
+    if before_train is not None:
+        before_train()
     trainer.train()
     return record, callback, trainer
 

@@ -11,11 +11,14 @@ the default ``message``), plain names in the command line's report.
 
 import dataclasses
 
+import numpy as np
+
 from tb_gradcheck.core import metadata
 from tb_gradcheck.findings import dead_units
 from tb_gradcheck.findings import finding
 from tb_gradcheck.findings import optimizer
 from tb_gradcheck.findings import rules
+from tb_gradcheck.findings import vanishing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +40,10 @@ class Thresholds(optimizer.OptimizerThresholds):
         median of 20 points ignores a few outliers, and a window of writes,
         not of the whole run, keeps every verdict causal: a long run's normal
         large early gradients are not compared with its converged tail.
+        Also the writes after a growth in which it must settle to be a new
+        level (``rises.settled``), and the least a phase needs after it to
+        be over (``finding.settle_ended``): a state a window establishes
+        takes a window to end.
       rise_orders: Orders of magnitude a write's peak norm must sit above its
         trailing median to be a rise ("exploding"). 2: a hundredfold jump in
         one write is not optimiser noise (mini-batch noise changes a norm by
@@ -55,7 +62,12 @@ class Thresholds(optimizer.OptimizerThresholds):
         zero-initialised head) gains at most about a factor 3 per half-window;
         a tenfold gain in ten writes is exponential growth, which is what a
         divergence looks like before it overflows. Growth of ``rise_orders``
-        or more is an error.
+        or more is an error. Also the band growth must settle in
+        (``rises.settled``): over the window after it, no further growth of
+        this much, no fall back by this much (a slow spike), and the weights'
+        norm within this many orders of its value before: a tenfold change
+        of the weights is more than the steady steps of training make in a
+        window, and a thrown-about network makes more.
       sustained_writes: A rise that stays ``rise_orders`` above its baseline
         for this many writes or more is an error; a shorter one a warning.
         3: a one-write spike is survivable (clipping, Adam's normalisation);
@@ -67,10 +79,24 @@ class Thresholds(optimizer.OptimizerThresholds):
         (vanishing, dead) speak, and the writes in a row in which every unit
         of a layer gets no gradient for it to be dead at once. 5: a majority
         of fewer than five writes is one or two steps.
-      vanishing_orders: Orders of magnitude a layer's norm may sit below the
-        largest norm among the layers after it (toward the output) before it
-        is vanishing. 3: healthy deep nets keep layer norms within one or two
-        orders; a thousandfold drop means the input side barely learns.
+      vanishing_orders: Orders of magnitude every row below a point in the
+        depth order must sit below the largest row above it for the point
+        to be a decay (``vanishing.decay_points``). 3: healthy deep nets keep
+        layer norms within one or two orders; a thousandfold drop means the
+        input side barely learns.
+      kind_orders: Orders of magnitude a kind's largest row above a decay
+        point must sit above its largest row below it, for every kind (a
+        row's role: its name with the block indices taken out, and its
+        parameter shapes) with rows on both sides. 1: rows of one kind at
+        different depths of a healthy network sit within a factor of a few
+        of each other (a residual stream hands every block the same
+        gradient; a variance-preserving initialisation keeps a plain stack's
+        layers at one scale), so a row within an order of a row of its kind
+        above the point is as small as its role makes it, wherever it sits:
+        attention's query and key, orders below the value projection in
+        every layer while the softmax is near uniform. A real decay across
+        the point lifts each kind it crosses by more than that: the corpus'
+        sigmoid stacks rise 0.5-0.9 orders per layer.
       vanishing_ratio: See ``optimizer.OptimizerThresholds``, which
         reads it too.
       dead_units: A layer's ``dead_unit_fraction`` (units whose every
@@ -148,6 +174,7 @@ class Thresholds(optimizer.OptimizerThresholds):
     persistence: float = 0.5
     min_writes: int = 5
     vanishing_orders: float = 3.0
+    kind_orders: float = 1.0
     dead_units: float = 0.25
     dying_share: float = 0.4
     dead_mostly: float = 0.75
@@ -170,7 +197,7 @@ _METRICS = {
 }
 
 
-def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_optimizer=(), labels=None):
+def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_optimizer=(), labels=None, shapes=None):
     """Runs every rule over one run's layer matrices.
 
     Args:
@@ -184,6 +211,9 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_
         saw the groups): a warning, not the "frozen" information.
       labels: ``{layer: label}`` for layers named by an index
         (``metadata.labels``): their sentences show the label.
+      shapes: Optional ``{layer: shapes}``: each row's parameter shapes
+        (or its size), which with its name say its kind
+        (``vanishing.kinds``).
 
     Returns:
       A list of ``finding.Finding``, most severe first (errors, warnings,
@@ -192,24 +222,30 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_
       that follows from another on the same layers and steps (anything
       weaker after an error about non-finite or exploding gradients; layers
       not learning because their gradient vanishes: ``finding.FOLLOWS``) is
-      attached to it (``Finding.consequences``), not listed.
+      attached to it (``Finding.consequences``), not listed. A warning
+      that ended long before the run's latest write is information
+      (``finding.settle_ended``).
     """
     out = []
-    found = verdicts(stats, checks, thresholds, sparse_rows)
+    found = verdicts(stats, checks, thresholds, sparse_rows, shapes)
     for kind, verdict in found.items():
         out += _findings(kind, run, verdict)
     dead = found["dead"].accounted_for if "dead" in found else ()
     out += optimizer.find(run, stats, thresholds, dead, outside_optimizer)
+    if stats is not None:
+        window = (thresholds or Thresholds()).baseline_writes
+        out = finding.settle_ended(out, np.asarray(stats.steps), window, describe)
     order = [*KINDS, *optimizer.KINDS]
     out.sort(key=lambda f: (-SEVERITIES.index(f.severity), order.index(f.kind)))
-    out = finding.attach_consequences(out, describe)
+    depth = {name: i for i, name in enumerate(stats.rows)} if stats is not None else {}
+    out = finding.attach_consequences(out, describe, depth)
     if labels:
         for f in finding.with_labels(out, labels):
             f.message = describe(f)
     return out
 
 
-def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
+def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=(), shapes=None):
     """Every rule's ``rules.Verdict``, by kind: the per-write flags behind ``find``.
 
     Args: as ``find``.
@@ -228,7 +264,7 @@ def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=()):
         out["dead"] = dead_units.dead(view, t, set(sparse_rows))
         # A dead layer is reported once, as dead: its zero gradient is also
         # far below the layers after it.
-        out["vanishing"] = rules.vanishing(view, t, exclude=out["dead"].accounted_for)
+        out["vanishing"] = vanishing.vanishing(view, t, out["dead"].accounted_for, shapes)
     if checks is not None and len(checks.steps):
         out["check_failure"] = rules.check_failures(checks)
     return out
@@ -272,6 +308,12 @@ def describe(found, quote=None):
         return plain(labels.get(name, name))
 
     text = (optimizer.describe if found.kind not in KINDS else _sentence)(found, quote)
+    after = [e["writes_after_it"] for e in found.evidence.values() if "writes_after_it" in e]
+    if after:
+        text += (
+            f" It ended by step {found.steps[1]}, and the {_count(min(after), 'write')} since, the latter half of "
+            "the run, are free of it (information: a phase that is over)."
+        )
     if found.consequences:
         parts = [
             f"{_CONSEQUENCE.get(c.kind, c.kind.replace('_', ' '))} in {finding.name_list(c.layers, quote)} "
@@ -314,6 +356,14 @@ def _sentence(found, quote):
         return text + "."
     if f.kind == "exploding":
         worst = max(e.values(), key=lambda x: x["max_norm"] or 0.0)
+        if all(x["outcome"] == rules.HELD for x in e.values()):
+            grew = sorted({f"{x['growth_orders_half_window']:.1f}" for x in e.values()}, key=float)
+            return (
+                f"Gradients in {names} grew {'-'.join(dict.fromkeys([grew[0], grew[-1]]))} orders in half a baseline window "
+                f"(up to {worst['max_norm']:.3g}), steps {first}-{last}, and then held that level for a whole "
+                "window, with no NaN/Inf and the weights not thrown about: a change of level, such as a network "
+                "leaving its starting plateau, not a divergence, which grows on (information)."
+            )
         detail = []
         ratios = [x for x in e.values() if x.get("max_grad_to_weight") is not None]
         if ratios:
@@ -334,17 +384,7 @@ def _sentence(found, quote):
             f"({', '.join(detail)}), steps {first}-{last}."
         )
     if f.kind == "vanishing":
-        orders = [
-            x["median_orders_below_later_layers"]
-            for x in e.values()
-            if x["median_orders_below_later_layers"] is not None
-        ]
-        detail = (
-            f"{min(orders):.1f}-{max(orders):.1f} orders of magnitude below the layers after them"
-            if orders
-            else "too small against its weights to change them in float32"
-        )
-        return f"Vanishing gradients in {names}: gradient norm {detail}, steps {first}-{last}."
+        return vanishing.describe(f, quote)
     if f.kind == "dead":
         return dead_units.describe(f, quote)
     worst = max(x["max_relative_error"] for x in e.values())

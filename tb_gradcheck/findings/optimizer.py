@@ -33,8 +33,8 @@ class OptimizerThresholds:
         in a healthy run); binding in one step in ten or more means the
         bound sits inside the ordinary range of norms, where it silently
         lowers the learning rate and hides a growing gradient as the clip
-        norm. Information only when it bound in none of the latter half of
-        the writes: an early transient that has ended.
+        norm. Information once it has stopped binding, early in the run
+        (``finding.settle_ended``): an early transient that has ended.
       clip_drivers: The layers named as driving the norm over the bound are
         the fewest whose squared norms before clipping make up this share of
         the total over the bound steps. 0.5: those layers alone put the
@@ -176,19 +176,14 @@ def _clipping(run, stats, t):
         return []
     names = list(evidence)
     # Clipping that bound only while the network left its initialisation
-    # (a run's largest gradients are usually its first) and not once in the
-    # latter half of the run's writes no longer shapes training: the finding
-    # is history, information. Binding that goes on is a warning.
-    written = np.flatnonzero(steps_here)
-    latter = written[len(written) // 2 :]
-    stopped = len(written) >= 2 and not steps_bound[latter].any()
+    # (a run's largest gradients are usually its first) and not since is
+    # history: information, by the rule every finding shares
+    # (``finding.settle_ended``). Binding that goes on is a warning.
     for e in evidence.values():
         e["run_steps_bound"] = int(steps_bound.sum())
         e["run_steps_written"] = int(steps_here.sum())
-        e["stopped_binding"] = bool(stopped)
     steps = [min(e["first_step"] for e in evidence.values()), max(e["last_step"] for e in evidence.values())]
-    severity = "info" if stopped else "warning"
-    f = finding.Finding("clipping", severity, run, names, steps, "grad_norm_before_clip", "last", "", evidence)
+    f = finding.Finding("clipping", "warning", run, names, steps, "grad_norm_before_clip", "last", "", evidence)
     f.message = describe(f)
     return [f]
 
@@ -275,7 +270,7 @@ def _not_learning(run, stats, t, dead, outside=frozenset()):
 # The reason of a layer the optimizer does not update (``_frozen``).
 FROZEN = "frozen by the optimizer"
 # The reason of a layer the writer saw no parameter group hold (``outside_optimizer``).
-OUTSIDE = "no parameter group of the optimizer holds it"
+OUTSIDE = finding.OUTSIDE
 
 
 def _frozen(ratio, here, grad, no_gradient, to_weight, t):
@@ -363,20 +358,18 @@ def describe(found, quote=None):
         return (
             f"Clipping bound in {first['fraction_of_steps']:.0%} of steps ({first['run_steps_bound']} of "
             f"{first['run_steps_written']}); {names} drove the norm over the bound (applied/before median "
-            f"{min(x['median_applied_over_before'] for x in e.values()):.2g})"
-            + (
-                f"; it has not bound since step {found.steps[1]}, in the latter half of the run "
-                "(information: an early transient)."
-                if first.get("stopped_binding")
-                else "."
-            )
+            f"{min(x['median_applied_over_before'] for x in e.values()):.2g})."
         )
     if all(x["reason"] == OUTSIDE for x in e.values()):
+        one = len(found.layers) == 1
+        verb, them, their, they = (
+            ("gets", "it", "its", "it never moves") if one else ("get", "them", "their", "they never move")
+        )
         return (
-            f"{names} get a gradient (norm {_span([x['median_grad_norm'] for x in e.values()])}) but no parameter "
-            f"group of the optimizer holds them (or some of their parameters): they never move, steps "
-            f"{found.steps[0]}-{found.steps[1]}. Pass them to the optimizer (or add_param_group), or set "
-            "requires_grad=False to freeze them."
+            f"{names} {verb} a gradient (norm {_span([x['median_grad_norm'] for x in e.values()])}) but no parameter "
+            f"group of the optimizer holds {them} (or some of {their} parameters): {they}, steps "
+            f"{found.steps[0]}-{found.steps[1]}. Pass {them} to the optimizer (or add_param_group), or set "
+            f"requires_grad=False to freeze {them}."
         )
     if found.severity == "info":
         return (

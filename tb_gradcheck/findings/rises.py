@@ -63,7 +63,8 @@ def end(i, level, lt, lp, bad):
 def growth(lt, t):
     """Steady growth: the median of the latest half-window against the half-window before it.
 
-    Returns ``(growth orders [S, L], growing [S, L])``. Medians of half the
+    Returns ``(growth orders [S, L], growing [S, L], recent [S, L])``,
+    ``recent`` the median of the latest half-window. Medians of half the
     baseline window each: one outlier moves neither, and a polynomial climb
     from zero (a layer behind a zero-initialised head: its gradient grows
     like the head's weights, about linearly) gains a factor of about 3 per
@@ -84,7 +85,51 @@ def growth(lt, t):
     growth = np.where(enough, recent - earlier, np.nan)
     with np.errstate(invalid="ignore"):
         growing = enough & (growth >= t.growth_orders) & (recent > before) & (recent > network)
-    return growth, growing
+    return growth, growing, recent
+
+
+def settled(growing, recent, lt, bad, weight, t):
+    """bool ``[S]``: the writes of one layer's growth after which the growth stopped at its new level for a whole baseline window.
+
+    Growth is flagged because exponential growth is how a divergence
+    starts; a divergence does not stop by itself, it grows on until the
+    gradient overflows or something (clipping, saturation) holds it. A
+    growth is settled when, over the ``baseline_writes`` writes after it,
+    the growth rule does not fire again (no further gain of
+    ``growth_orders`` per half-window), the layer's typical norm does not
+    fall back (their median stays within ``growth_orders`` below the level
+    it had reached: a growth that falls back is a slow spike, not a new
+    level), no gradient is NaN or Inf, and the weights are not thrown about
+    (their norm stays within ``growth_orders`` of where it was before the
+    growth). That is a change of level: a network leaving its starting
+    plateau raises its gradients (attention that starts to pick raises its
+    projections') to where they then stay, while the loss falls. No loss
+    is stored with the gradients, so that is what stands in for it. A
+    growth whose window has not passed yet is not settled.
+
+    Args:
+      growing: bool ``[S]``: one layer's growth writes (``growth``).
+      recent: ``[S]``: its median of the latest half-window (``growth``).
+      lt: ``[S]``: its log10 typical norm.
+      bad: bool ``[S]``: non-finite writes.
+      weight: ``[S]`` weight norms, or None.
+      t: ``diagnose.Thresholds``.
+    """
+    s = len(growing)
+    out = np.zeros(s, bool)
+    edges = np.diff(np.concatenate([[0], growing.astype(np.int8), [0]]))
+    for a, b in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):  # growth at writes a .. b-1
+        hold = slice(b, b + t.baseline_writes)
+        after = lt[hold]
+        if b + t.baseline_writes > s or growing[hold].any() or bad[hold].any() or not np.isfinite(after).any():
+            continue
+        with np.errstate(invalid="ignore"):
+            if not np.nanmedian(after) >= recent[b - 1] - t.growth_orders:
+                continue
+            if weight is not None and np.nanmax(weight[hold]) > weight[max(a - 1, 0)] * 10.0**t.growth_orders:
+                continue
+        out[a:b] = True
+    return out
 
 
 def too_large(v, limit):

@@ -183,7 +183,9 @@ def exploding(v, t):
     Severity: error when the rise (or the too-large stretch) lasts
     ``sustained_writes`` writes or more, ends in non-finite gradients or in a
     norm of exactly 0, or the growth reaches ``rise_orders``; warning
-    otherwise.
+    otherwise; information where the layer only grew, and each growth then
+    held its new level for a baseline window (``rises.settled``: a change
+    of level, not a divergence).
     """
     s, n_rows = v.norm.shape
     lt = windows.log_level(v.norm, v.present)
@@ -196,7 +198,7 @@ def exploding(v, t):
     rise = lp - base
     with np.errstate(invalid="ignore"):
         onset = (rise >= t.rise_orders) & (lp > high) & (lp > network)
-    growth, growing = rises.growth(lt, t)
+    growth, growing, recent = rises.growth(lt, t)
     large, ratio, network_ratio = rises.too_large(v, t.explode_ratio)
 
     flags = np.zeros((s, n_rows), bool)
@@ -235,7 +237,10 @@ def exploding(v, t):
             or ends_zero
             or (max_growth is not None and max_growth >= t.rise_orders)
         )
-        severity[name] = "error" if error else "warning"
+        # Growth alone, each to a level that then held: a change of level, information (``rises.settled``).
+        weight = v.weight_norm[:, j] if v.weight_norm is not None else None
+        held = not len(all_starts) and rises.settled(grew, recent[:, j], lt[:, j], bad[:, j], weight, t)[grew].all()
+        severity[name] = "info" if held else "error" if error else "warning"
         # A write summarises the steps since the previous one; the rise is
         # somewhere in there, so the range starts where that window starts.
         first, steps = v.starts[flags[:, j]], v.steps[flags[:, j]]
@@ -262,12 +267,18 @@ def exploding(v, t):
             if ends_bad
             else "ends with no gradient at all"
             if ends_zero
+            else HELD
+            if held
             else ("sustained" if error else "recovered"),
             "first_step": int(first[0]),
             "last_step": int(steps[-1]),
             "reason": " and ".join(reasons),
         }
     return Verdict(flags, severity, evidence, v.peak_aggregate)
+
+
+# The outcome of growth that settled at its new level (``rises.settled``).
+HELD = "held its new level"
 
 
 def _outcomes(v, bad, j, starts, ends):
@@ -283,81 +294,6 @@ def _outcomes(v, bad, j, starts, ends):
     after = np.minimum(ends, s - 1)
     ends_zero = (ends < s) & v.present[after, j] & (v.norm[after, j] == 0)
     return ends_bad, ends_zero
-
-
-def vanishing(v, t, exclude=()):
-    """Layers far below the layers after them, or too small to move their weights, persistently.
-
-    A layer is vanishing at a write when its norm is ``vanishing_orders``
-    below the largest norm among the layers after it (toward the output) and
-    so is every layer before it, or its ``grad_to_weight`` is below
-    ``vanishing_ratio`` and its measured update (``update_to_weight``, where
-    the run has it) is below ``not_learning_floor``; and that held in at
-    least ``persistence`` of the trailing window's writes. The finding
-    starts where the unbroken run of such writes that made it sure began
-    (``first_step``; ``confirmed_at_step`` where the window made it sure).
-    """
-    s, n_rows = v.norm.shape
-    # A gradient of exactly 0 is not a small one: no unit gets any (the dead
-    # rule's case), or the weights are NaN and ReLU(NaN) gave 0 (non_finite's).
-    # Such a write is passed over, like a write without a gradient.
-    finite = v.present & np.isfinite(v.norm) & (v.norm > 0)
-    norm = np.where(finite, v.norm, np.nan)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_norm = np.log10(norm)
-        # The largest norm among the layers after each one: a running maximum from the output side.
-        filled = np.where(np.isnan(log_norm), -np.inf, log_norm)
-        after = np.full((s, n_rows), -np.inf)
-        after[:, :-1] = np.flip(np.maximum.accumulate(np.flip(filled[:, 1:], axis=1), axis=1), axis=1)
-        decay = after - log_norm
-        decayed = finite & np.isfinite(after) & (decay > t.vanishing_orders)
-    # Vanishing is the backward signal decaying toward the input, so a layer
-    # counts only when every layer before it is decayed too (a layer without
-    # a gradient at that write is passed over). A small gradient in the middle
-    # of a net whose input side learns is local to that layer: attention's
-    # query and key while the softmax is still near uniform, for instance.
-    # The chain holds at a layer while no layer before it with a gradient is undecayed.
-    broken = np.logical_or.accumulate(finite & ~decayed, axis=1)
-    decayed[:, 1:] &= ~broken[:, :-1]
-    with np.errstate(invalid="ignore"):
-        tiny = finite & (v.ratio < t.vanishing_ratio) if v.ratio is not None else np.zeros((s, n_rows), bool)
-        if v.update is not None:
-            # "Too small to move its weights" is a claim about an SGD step,
-            # lr * g. Where the run measured the step the optimizer took,
-            # that claim is tested directly: an adaptive optimizer (Adam)
-            # scales the step to about lr per element whatever |g| is, so a
-            # gradient under float32's half-ulp of the weights can still move
-            # them. A measured update at or above not_learning_floor (what
-            # moves float32 weights) refutes it at that write.
-            tiny &= ~(v.update >= t.not_learning_floor)
-    excluded = np.array([name in exclude for name in v.rows])
-    sick = (decayed | tiny) & ~excluded[None, :]
-    flags = windows.persistent(sick, finite, t)
-    evidence = {}
-    for j in flagged_columns(flags):
-        name = v.rows[j]
-        f = flags[:, j]
-        steps = v.steps[f]
-        # The rule is sure once the trailing window holds enough sick writes;
-        # the finding starts where that unbroken run of sick writes began, as
-        # dead's does (writes without a gradient are passed over, not breaks).
-        confirmed = int(np.argmax(f))
-        onset = windows.run_start(sick[:, j] | ~finite[:, j], confirmed)
-        onset += int(np.argmax(finite[onset : confirmed + 1, j]))  # the first of them with a gradient
-        d = decay[f & decayed[:, j], j]
-        d = d[np.isfinite(d)]
-        evidence[name] = {
-            "median_norm": float(np.median(norm[f, j])),
-            "median_orders_below_later_layers": float(np.median(d)) if len(d) else None,
-            "fraction_of_steps": float(f.sum() / finite[:, j].sum()),
-            "first_step": int(v.steps[onset]),
-            "confirmed_at_step": int(steps[0]),
-            "last_step": int(steps[-1]),
-            "reason": "decays across depth"
-            if (f & decayed[:, j]).sum() >= (f & tiny[:, j]).sum()
-            else "too small to move its weights",
-        }
-    return Verdict(flags, {name: "warning" for name in evidence}, evidence, v.typical)
 
 
 def check_failures(checks):

@@ -305,6 +305,7 @@ def _find(st, ctx, experiment_id, index, run, thresholds):
         sparse_rows=index.sparse_rows(layer),
         outside_optimizer=index.outside_optimizer(layer),
         labels=index.labels(layer),
+        shapes=index.shapes(layer),
     )
 
 

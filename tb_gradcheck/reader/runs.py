@@ -56,6 +56,22 @@ class RunIndex:
             }
         )
 
+    def shapes(self, granularity):
+        """``{row: shapes}``: each row's parameter shapes as tuples (its element count where no layout has shapes).
+
+        With its name, what a row's kind is read from (the vanishing rule's
+        ``vanishing.kinds``). The first layout that has a row decides it.
+        """
+        out = {}
+        for s in self.layouts(metadata.KIND_STATS, granularity):
+            block = s.content[granularity]
+            given = block.get("shapes")
+            rows = block.get("rows", [])
+            values = [tuple(map(tuple, x)) for x in given] if given else [(int(n),) for n in block.get("sizes", [])]
+            for name, value in zip(rows, values):
+                out.setdefault(name, value)
+        return out
+
     def labels(self, granularity):
         """``{row name: label}`` for the rows a layout names by an index (``0 (Linear)``: ``metadata.labels``)."""
         out = {}

@@ -159,10 +159,12 @@ class Follower:
         if unheld and not self._unheld_warned:
             self._unheld_warned = True
             shown = ", ".join(unheld[:5]) + (f" and {len(unheld) - 5} more" if len(unheld) > 5 else "")
+            one = len(unheld) == 1
+            verb, them, they = ("gets", "it", "it never moves") if one else ("get", "them", "they never move")
             warnings.warn(
-                f"tb_gradcheck: {shown} get a gradient but no parameter group of the optimizer holds them, so they "
-                "never move. Pass them to the optimizer (or add_param_group), or set requires_grad=False to "
-                "freeze them.",
+                f"tb_gradcheck: {shown} {verb} a gradient but no parameter group of the optimizer holds {them}, so "
+                f"{they}. Pass {them} to the optimizer (or add_param_group), or set requires_grad=False to "
+                f"freeze {them}.",
                 stacklevel=5,  # the user's optimizer.step(): past this, _before, the compiler wrapper, the step hook
             )
 

@@ -84,6 +84,8 @@ class GradientWriter:
         max, min and sum of the norm and NaN/Inf count over the steps since
         the previous write; max |g|, zeros, dead units and weights are
         taken at the write step.
+      phase: Int, default 0: write the steps ``phase`` past a multiple of N
+        (Lightning's callback passes N - 1: Lightning logs at N-1, 2N-1, ...).
       optimizer: Optional ``torch.optim.Optimizer`` that steps these
         parameters: records ``update_norm`` and ``update_to_weight`` at
         written steps, from its step hooks (``optimizer``).
@@ -92,10 +94,12 @@ class GradientWriter:
         scale and the steps it refused.
     """
 
-    def __init__(self, logdir=None, model=None, *, writer=None, every_n_steps=1, optimizer=None, scaler=None):
+    def __init__(self, logdir=None, model=None, *, writer=None, every_n_steps=1, phase=0, optimizer=None, scaler=None):
         validate.exactly_one(logdir=logdir, writer=writer)
         validate.instance(model, "model", torch.nn.Module, "a torch.nn.Module")
         self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        if validate.non_negative_int(phase, "phase") >= self.every_n_steps:
+            raise ValueError(f"Expected `phase` below `every_n_steps` ({self.every_n_steps}). Received: {phase!r}")
         if optimizer is not None:
             validate.instance(optimizer, "optimizer", torch.optim.Optimizer, "a torch.optim.Optimizer")
         if scaler is not None and not hasattr(scaler, "is_enabled"):
@@ -108,6 +112,7 @@ class GradientWriter:
                     "Expected `writer` to be an open torch.utils.tensorboard.SummaryWriter. "
                     f"Received: {type(writer).__name__}"
                 )
+        self._phase = int(phase)
         self._model = modules.unwrap(model)
         self._group = distributed.Group(self._model)
         if scaler is not None and self._group.sharded:
@@ -163,7 +168,7 @@ class GradientWriter:
         present, where, tensors, sparse, coalesced = self._reduce.gather(rows.params, self._dense)
         key = (present, sparse, self._optimizer_columns(before_clip))
         self._last_key = key
-        due = step % self.every_n_steps == 0
+        due = step % self.every_n_steps == self._phase
         device = tensors[0].device if tensors else self._group.local(rows.params[0]).device
         if self.every_n_steps > 1 and self._window is None:
             self._window = self._group.window(rows.structure, self._reduce.constants)

@@ -189,10 +189,11 @@ def test_a_dead_layer_is_reported_once_as_dead_not_again_as_not_learning(tmp_pat
 def test_clipping_that_bound_only_early_is_information(tmp_path):
     # Premise (measured without clipping): the global norm falls from 1.56 to 0.34 by step 4 and stays
     # within 0.18-0.23 from step 8 on. A bound of 0.3 binds in the first five steps (12% of 40) and,
-    # with a margin of 25%, in none of the latter half: an early transient, information.
+    # with a margin of 25%, in none of the latter half: an early transient, information
+    # (finding.settle_ended, as for every kind).
     found = kinds(fit(tmp_path, keras.optimizers.SGD(0.05, global_clipnorm=0.3), input_scale=3.0, steps=40))
     clip = found["clipping"]
     evidence = next(iter(clip.evidence.values()))
-    assert evidence["stopped_binding"] and clip.severity == "info", clip.message
+    assert evidence["writes_after_it"] >= 20 and clip.severity == "info", clip.message
     assert evidence["run_steps_bound"] >= 4 and clip.steps[1] < 20
-    assert "has not bound since step" in clip.message
+    assert "a phase that is over" in clip.message

@@ -68,7 +68,9 @@ def test_a_layer_no_group_holds_is_a_warning_and_a_group_at_learning_rate_0_is_f
     ]
     unheld, frozen = found
     assert unheld.layers == ["2"]
-    assert "no parameter group of the optimizer holds them" in unheld.message and "never move" in unheld.message
+    # One layer: the sentence is in the singular ("classifier gets a gradient ... holds it ... it never moves").
+    assert unheld.message.startswith("\u20682 (Linear)\u2069 gets a gradient"), unheld.message
+    assert "no parameter group of the optimizer holds it " in unheld.message and "it never moves" in unheld.message
     assert unheld.evidence["2"]["median_update_to_weight"] == 0 and unheld.evidence["2"]["median_grad_norm"] > 0
     assert frozen.layers == ["4"]
     assert "frozen by the optimizer" in frozen.message and "learning rate of 0" in frozen.message

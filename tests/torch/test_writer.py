@@ -496,6 +496,23 @@ def test_window_aggregates_equal_an_every_step_twin(tmp_path, device):
     assert layer_slabs[8][0, 0, col["first_nonfinite_offset"]] == -1.0
 
 
+def test_a_phase_moves_the_written_steps_to_the_end_of_each_window(tmp_path):
+    """every_n_steps=3, phase=2: writes at 2 and 5 (Lightning logs at such steps), each window its 3 steps."""
+    model = nn.Linear(2, 2)
+    writer = GradientWriter(tmp_path, model, every_n_steps=3, phase=2)
+    for step in range(6):
+        model.zero_grad()
+        (model(torch.ones(1, 2)).sum() * (step + 1)).backward()
+        writer.write(step)
+    writer.close()
+    events = read_events(tmp_path, "stats", "layer")
+    assert [s for s, _, _ in events] == [2, 5]
+    col = {c: i for i, c in enumerate(stats_content(tmp_path)["columns"])}
+    # Step k's gradient is (k + 1) times step 0's: the windows' sums hold steps 0-2 and 3-5.
+    first, second = (a[metadata.AGGREGATES.index("sum"), 0, col["grad_norm"]] for _, a, _ in events)
+    np.testing.assert_allclose(second / first, (4 + 5 + 6) / (1 + 2 + 3), rtol=1e-6)
+
+
 def test_header_row_counts_written_steps(tmp_path):
     model = nn.Linear(2, 2)
     writer = GradientWriter(tmp_path, model, every_n_steps=2)
@@ -516,6 +533,10 @@ def test_misuse_raises_expected_received(tmp_path):
         GradientWriter(None, model)
     with pytest.raises(ValueError, match="every_n_steps"):
         GradientWriter(tmp_path, model, every_n_steps=0)
+    with pytest.raises(ValueError, match=r"Expected `phase` below `every_n_steps` \(3\). Received: 3"):
+        GradientWriter(tmp_path, model, every_n_steps=3, phase=3)
+    with pytest.raises(ValueError, match="Expected `phase` to be a non-negative integer"):
+        GradientWriter(tmp_path, model, every_n_steps=3, phase=-1)
     writer = GradientWriter(tmp_path, model)
     with pytest.raises(TypeError, match="Expected `step` to be an integer"):
         writer.write(1.5)
