@@ -1,11 +1,13 @@
-"""A writer's run directory: created and checked when the writer is built, and announced once, in one line.
+"""A writer's run directory: checked when the writer is built, and announced once, in one line.
 
 A directory that cannot hold the run (a parent that does not exist and
 cannot be made, a file in the way, no permission, a read-only file system)
 is refused when the writer or callback is built, in one sentence that names
 it and the path, instead of failing at the first optimizer step from deep
-inside TensorBoard's event writer. Nothing is written there then: the
-directory is made, the event file only at the first write.
+inside TensorBoard's event writer. Nothing is left there then: the check
+makes the missing directories and removes them again, so a writer that
+never writes (a worker, a fit that stops before its first step) leaves the
+file system as it found it; the event writer makes them at the first write.
 
 Where the run goes is said once per run directory and process, as
 Lightning says where it logs: through the package's logger
@@ -30,7 +32,7 @@ _announced = set()
 
 
 def prepare(value, name, owner):
-    """``value``, a run directory ``owner`` can write, made if missing.
+    """``value``, a run directory ``owner`` can write: checked by making it, left as found.
 
     Args:
       value: The path (str, bytes or ``os.PathLike``).
@@ -48,11 +50,23 @@ def prepare(value, name, owner):
     if os.path.exists(path) and not os.path.isdir(path):
         reason = "it is a file, not a directory"
     else:
+        # Made to ask the file system itself (permission bits say nothing to root, nor about a
+        # read-only mount), then the directories this made are removed, deepest first.
+        missing = []
+        walk = os.path.abspath(path)
+        while not os.path.lexists(walk) and os.path.dirname(walk) != walk:
+            missing.append(walk)
+            walk = os.path.dirname(walk)
         try:
             os.makedirs(path, exist_ok=True)
             reason = None if os.access(path, os.W_OK | os.X_OK) else "it is not writable"
         except OSError as e:
             reason = f"it cannot be created ({e.strerror or e})"
+        for made in missing:
+            try:
+                os.rmdir(made)
+            except OSError:
+                break  # not made by us, or something was written there meanwhile: kept
     if reason is not None:
         raise ValueError(
             f"Expected `{name}` to be a directory {owner} can write its run to. Received: {path!r}: {reason}"

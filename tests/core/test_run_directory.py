@@ -1,4 +1,4 @@
-"""core/run_directory.py: a run directory made and checked when a writer is built, and said once where it goes."""
+"""core/run_directory.py: a run directory checked when a writer is built, and said once where it goes."""
 
 import logging
 import os
@@ -10,10 +10,15 @@ import pytest
 from tb_gradcheck.core import run_directory
 
 
-def test_prepare_makes_missing_parents_and_writes_nothing_else(tmp_path):
+def test_prepare_leaves_the_file_system_as_it_found_it(tmp_path):
+    # The missing parents are made to check them, then removed: a writer that never writes leaves nothing.
     path = run_directory.prepare(tmp_path / "a" / "b" / "run", "logdir", "W")
-    assert path == str(tmp_path / "a" / "b" / "run") and os.path.isdir(path)
-    assert os.listdir(path) == []  # the event file comes with the first write
+    assert path == str(tmp_path / "a" / "b" / "run")
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "events").write_text("a run already there")
+    assert run_directory.prepare(tmp_path / "kept", "logdir", "W") == str(tmp_path / "kept")
+    assert os.listdir(tmp_path / "kept") == ["events"]
 
 
 @pytest.mark.parametrize(
