@@ -73,6 +73,13 @@ STORED_STAT_COLUMNS = GRADIENT_STAT_COLUMNS + ("weight_norm",) + ONSET_STAT_COLU
 # value in every row (a few floats per write), so they ride along the step
 # axis of the heatmap itself and bin with it.
 OPTIMIZER_STAT_COLUMNS = ("grad_norm_before_clip", "update_norm", "update_to_weight", "loss_scale", "refused_steps")
+# Each layer row's forward output at the write step (activations=True; defined in rowstats.ACTIVATION_SUMS and
+# tb_gradcheck.torch.activations): only in layouts that have them, in the "last" slab, MISSING in variable rows (an
+# output is a module's) and where the module did not run. act_dead_fraction only where a ReLU module follows the
+# layer, act_saturated_fraction only where a Tanh or Sigmoid module does.
+ACTIVATION_STAT_COLUMNS = ("act_rms", "act_max_abs", "act_nonfinite", "act_dead_fraction", "act_saturated_fraction")
+# Columns a layout stores only when its writer measured them, after the statistics above, in this order.
+OPTIONAL_STAT_COLUMNS = OPTIMIZER_STAT_COLUMNS + ACTIVATION_STAT_COLUMNS
 # Per-step series the tab draws as a track along the heatmap's step axis,
 # not as a heatmap of their own (every row holds the same value).
 TRACK_METRICS = ("loss_scale", "refused_steps")
@@ -84,7 +91,7 @@ TRACK_METRICS = ("loss_scale", "refused_steps")
 DERIVED_STAT_COLUMNS = ("grad_to_weight", "clip_ratio")
 # The columns of a stats matrix as a reader holds it: stored, then derived.
 # Not every column is a metric (see METRICS).
-STAT_COLUMNS = STORED_STAT_COLUMNS + OPTIMIZER_STAT_COLUMNS + DERIVED_STAT_COLUMNS
+STAT_COLUMNS = STORED_STAT_COLUMNS + OPTIONAL_STAT_COLUMNS + DERIVED_STAT_COLUMNS
 
 # Slabs of a stats tensor. A writer that writes every step stores only "last";
 # a windowed writer (every_n_steps > 1) stores all of them, each reduced over
@@ -120,6 +127,8 @@ METRIC_AGGREGATES = {
     # (non-finite gradient: no update, scale halved).
     "loss_scale": ("last",),
     "refused_steps": ("last",),
+    # Forward outputs, taken at the write step.
+    **{c: ("last",) for c in ACTIVATION_STAT_COLUMNS},
 }
 METRICS = tuple(METRIC_AGGREGATES)
 
@@ -175,8 +184,9 @@ def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
       variables: The same for the variable rows.
       aggregates: Slab names, in stored order.
       window: Training steps one write summarises (1: every step is written).
-      optimizer_columns: Names from ``OPTIMIZER_STAT_COLUMNS`` this layout
-        stores after the others, in that order; default none.
+      optimizer_columns: Names from ``OPTIONAL_STAT_COLUMNS`` (the
+        optimizer's and the activations') this layout stores after the
+        others, in that order; default none.
 
     Returns:
       A JSON-able dict; ``encode`` turns it into content bytes.
@@ -184,7 +194,7 @@ def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
     return {
         "version": CONTENT_VERSION,
         "kind": KIND_STATS,
-        "columns": list(stored_columns(window)) + [c for c in OPTIMIZER_STAT_COLUMNS if c in optimizer_columns],
+        "columns": list(stored_columns(window)) + [c for c in OPTIONAL_STAT_COLUMNS if c in optimizer_columns],
         "aggregates": list(aggregates),
         "window": int(window),
         "layer": _granularity_block(**layers),
@@ -331,7 +341,7 @@ def parse(content_bytes):
     # Columns this version does not know are skipped when reading, so a
     # newer writer's extra statistic does not hide the rest; a layout with
     # nothing readable is no layout at all.
-    known = STORED_STAT_COLUMNS + OPTIMIZER_STAT_COLUMNS if kind == KIND_STATS else CHECK_COLUMNS
+    known = STORED_STAT_COLUMNS + OPTIONAL_STAT_COLUMNS if kind == KIND_STATS else CHECK_COLUMNS
     if not set(content["columns"]) & set(known):
         raise ContentError(f"columns {_short(content['columns'])} include none of {list(known)}")
     return content

@@ -16,7 +16,8 @@ with the same definitions as TensorFlow's in-graph ``tb_gradcheck.tensorflow.sta
 - ``dead_unit_fraction``: units whose every gradient element is exactly 0,
   over the units; a layer's unit j is dead when it is dead in every present
   parameter with the layer's unit count (``tb_gradcheck.tensorflow.units``);
-- ``weight_norm``: the L2 norm of the weights, a layer's as for grad_norm.
+- ``weight_norm``: the L2 norm of the weights, a layer's as for grad_norm;
+- the activation columns, from a layer's forward outputs (``activation_values``).
 
 The window (``every_n_steps > 1``) is reduced on the adapter's device by
 ``running``, written in the array operations NumPy, PyTorch and JAX share.
@@ -327,6 +328,54 @@ def bincount_layers(values, structure):
 def _ratio(num, den):
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where((num >= 0) & (den > 0), num / np.where(den > 0, den, 1.0), MISSING)
+
+
+# What a framework hands over per layer row for the activation columns
+# (``activation_values``): sums over every forward call of the row's module
+# at the written step, so several calls (gradient accumulation, a module used
+# twice) combine exactly: squares and counts add, the maximum is the
+# maximum. MISSING in a row whose module did not run (elements 0), and in
+# the unit and saturation pairs where no ReLU or Tanh/Sigmoid module follows.
+ACTIVATION_SUMS = (
+    "squares",  # sum of a**2
+    "elements",  # elements summed
+    "max_abs",  # largest |a|, NaN if any is NaN
+    "nonfinite",  # NaN and Inf elements
+    "dead_units",  # units with no positive value in any call
+    "units",  # units of the output a ReLU module takes (0: none does)
+    "saturated",  # elements of a following Tanh/Sigmoid's output near a bound
+    "squashed",  # elements of that output (0: no Tanh/Sigmoid follows)
+)
+
+
+def activation_values(structure, sums):
+    """``{column: (layer [L], variable [V])}`` float32 of ``metadata.ACTIVATION_STAT_COLUMNS``.
+
+    Args:
+      structure: The ``structure.Structure``.
+      sums: float64 ``[L, len(ACTIVATION_SUMS)]``, the layer rows' sums.
+
+    ``act_rms`` is ``sqrt(squares / elements)``: NaN or Inf anywhere gives
+    NaN or Inf, as data. Variable rows are MISSING: an output is a
+    module's, not one parameter's.
+    """
+    sums = np.asarray(sums, np.float64).reshape(len(structure.layer_names), len(ACTIVATION_SUMS))
+    col = {name: sums[:, k] for k, name in enumerate(ACTIVATION_SUMS)}
+    ran = col["elements"] > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        layer = {
+            "act_rms": np.where(ran, np.sqrt(col["squares"] / np.maximum(col["elements"], 1.0)), MISSING),
+            "act_max_abs": np.where(ran, col["max_abs"], MISSING),
+            "act_nonfinite": np.where(ran, col["nonfinite"], MISSING),
+            "act_dead_fraction": np.where(
+                ran & (col["units"] > 0), col["dead_units"] / np.maximum(col["units"], 1.0), MISSING
+            ),
+            "act_saturated_fraction": np.where(
+                ran & (col["squashed"] > 0), col["saturated"] / np.maximum(col["squashed"], 1.0), MISSING
+            ),
+        }
+    missing_v = np.full(len(structure.variable_names), MISSING, np.float32)
+    return {k: (v.astype(np.float32), missing_v) for k, v in layer.items()}
 
 
 def fill(layer, variable, names, values):

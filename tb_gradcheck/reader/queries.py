@@ -64,11 +64,11 @@ def metric_aggregates(index):
     out = {}
     if metadata.KIND_STATS in index.kinds():
         stored = index.aggregates()
-        # Optimizer columns are optional in a layout: offered where one stores them.
+        # Optimizer and activation columns are optional in a layout: offered where one stores them.
         present = {c for s in index.layouts(metadata.KIND_STATS, "layer") for c in s.content["columns"]}
         for m in metadata.METRICS:  # served metrics only; onset columns are stored, not offered
             needs = merge.DERIVED.get(m, (m,))
-            if any(c in metadata.OPTIMIZER_STAT_COLUMNS and c not in present for c in needs):
+            if any(c in metadata.OPTIONAL_STAT_COLUMNS and c not in present for c in needs):
                 continue
             out[m] = [a for a in metadata.METRIC_AGGREGATES[m] if a in stored]
     if metadata.KIND_CHECK in index.kinds():

@@ -177,6 +177,8 @@ def step_slabs(pending, values, structure, window=None):
             loss_scale=float(values["loss_scale"]) if "loss_scale" in values else None,
             refused=float(values["refused"]) if "refused" in values else None,
         )
+        if "act" in values:
+            optimizer.update(rowstats.activation_values(structure, values["act"]))
         layer, variable = rowstats.fill(layer, variable, columns, optimizer)
     return layer, variable
 

@@ -47,6 +47,7 @@ a ``Linear``'s bias, or its weight without one.
 """
 
 import dataclasses
+import warnings
 
 import torch
 
@@ -251,3 +252,22 @@ def parameters(model, order=None):
 def global_shape(param):
     """The parameter's whole shape (a DTensor's, not its local shard's)."""
     return tuple(int(d) for d in param.shape)
+
+
+def warn_unrecorded(model, params, stacklevel):
+    """Warns of parameters of ``model`` that need a gradient but are not among the rows' ``params``.
+
+    The rows are fixed at the first write: a layer unfrozen later (gradual
+    unfreezing) or a parameter added after it would be left out without a
+    word. Returns whether it warned.
+    """
+    rows = {id(p) for p in params}
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in rows]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        warnings.warn(
+            f"tb_gradcheck: {shown} need a gradient but are not recorded: the rows are the parameters that "
+            "required one at the first write. Create a new GradientWriter after unfreezing or adding parameters.",
+            stacklevel=stacklevel,
+        )
+    return bool(missing)

@@ -20,7 +20,6 @@ the host and the written step's rows (``host``), what the optimizer did
 """
 
 import numbers
-import warnings
 
 import torch
 
@@ -30,6 +29,7 @@ from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import validate
+from tb_gradcheck.torch import activations as forward
 from tb_gradcheck.torch import distributed
 from tb_gradcheck.torch import host
 from tb_gradcheck.torch import modules
@@ -92,9 +92,23 @@ class GradientWriter:
       scaler: Optional ``torch.amp.GradScaler``: statistics of the unscaled
         gradients (also when ``scaler.unscale_`` was not called), the loss
         scale and the steps it refused.
+      activations: Bool, default False: also statistics of each layer's
+        forward output at written steps (``tb_gradcheck.torch.activations``),
+        from forward hooks registered here: make the writer before ``torch.compile``.
     """
 
-    def __init__(self, logdir=None, model=None, *, writer=None, every_n_steps=1, phase=0, optimizer=None, scaler=None):
+    def __init__(
+        self,
+        logdir=None,
+        model=None,
+        *,
+        writer=None,
+        every_n_steps=1,
+        phase=0,
+        optimizer=None,
+        scaler=None,
+        activations=False,
+    ):
         validate.exactly_one(logdir=logdir, writer=writer)
         validate.instance(model, "model", torch.nn.Module, "a torch.nn.Module")
         self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
@@ -120,6 +134,7 @@ class GradientWriter:
                 "Expected no `scaler` with sharded (FSDP2 / DTensor) parameters: the steps it refuses are not "
                 "counted across shards yet. Received: a GradScaler and DTensor parameters"
             )
+        self._forward = forward.recorder(self._model, self._group, activations)
         if logdir is not None and self._group.writes:
             logdir = run_directory.prepare(logdir, "logdir", "tb_gradcheck.torch.GradientWriter")
             run_directory.announce(logdir)
@@ -181,6 +196,8 @@ class GradientWriter:
             self._scale.count(columns[1])
         if self._window is not None:
             self._window.add(present, step)
+        next_due = (step + 1) % self.every_n_steps == self._phase
+        outputs = self._forward.at_write(due, next_due, rows, device)  # {} or {"act": ...}
         if not due:
             return
         self._warn_unrecorded()
@@ -189,6 +206,7 @@ class GradientWriter:
         if scale is not None and "max_abs" in reduced:
             reduced["max_abs"] = reduced["max_abs"] * scale.inverse
         weight = reduced.pop("weight")
+        reduced.update(outputs)
         for name, value in reduced.items():
             pack.add(name, value)
         pack.add("norm", columns[0])
@@ -280,6 +298,7 @@ class GradientWriter:
             at_exit.closed(self)
             if self._follower is not None:
                 self._follower.detach()
+            self._forward.remove()
             self._log.close()
 
     @property
@@ -311,29 +330,17 @@ class GradientWriter:
         return self._rows
 
     def _warn_unrecorded(self):
-        """Warns once, at a written step, of parameters that need a gradient but are not rows.
-
-        The rows are fixed at the first write: a layer unfrozen later (gradual
-        unfreezing) or a parameter added after it would be left out without a word.
-        """
-        if self._unrecorded_warned:
-            return
-        rows = {id(p) for p in self._rows.params}
-        missing = [n for n, p in self._model.named_parameters() if p.requires_grad and id(p) not in rows]
-        if missing:
-            self._unrecorded_warned = True
-            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            warnings.warn(
-                f"tb_gradcheck: {shown} need a gradient but are not recorded: the rows are the parameters that "
-                "required one at the first write. Create a new GradientWriter after unfreezing or adding parameters.",
-                stacklevel=4,  # the user's write(): past write() and torch.compiler.disable's wrapper
-            )
+        """Warns once, at a written step, of parameters that need a gradient but are not rows (``modules``)."""
+        if not self._unrecorded_warned:
+            # The user's write(): past modules, this method, write() and torch.compiler.disable's wrapper.
+            self._unrecorded_warned = modules.warn_unrecorded(self._model, self._rows.params, stacklevel=5)
 
     def _optimizer_columns(self, before_clip):
         """The optimizer columns a step has (made once for clipped steps and once for the others)."""
         clipped = before_clip is not None
         if clipped not in self._columns:
-            self._columns[clipped] = optim.columns(clipped, self._follower is not None, self._scale)
+            columns = optim.columns(clipped, self._follower is not None, self._scale)
+            self._columns[clipped] = columns + self._forward.columns
         return self._columns[clipped]
 
     def _content(self, key):

@@ -125,3 +125,40 @@ def test_plugin_entry_module_imports_no_tensorflow():
     code = "import sys, tb_gradcheck.reader.plugin; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_activation_columns_follow_the_optimizer_columns_and_parse():
+    content = metadata.stats_layout(
+        {"rows": ["a"], "sizes": [3]},
+        {"rows": ["a/w"], "sizes": [3]},
+        aggregates=("last",),
+        window=1,
+        optimizer_columns=("act_rms", "update_norm", "act_dead_fraction"),
+    )
+    assert content["columns"][-3:] == ["update_norm", "act_rms", "act_dead_fraction"]
+    assert metadata.parse(metadata.encode(content)) == content
+    # A layout of only activation columns (and ones this version does not know) is readable too.
+    content["columns"] = ["act_rms", "act_from_the_future"]
+    assert metadata.parse(metadata.encode(content))["columns"] == ["act_rms", "act_from_the_future"]
+
+
+def test_activation_values_from_sums_with_missing_where_undefined():
+    import numpy as np
+
+    from tb_gradcheck.core import rowstats
+    from tb_gradcheck.core import structure
+
+    s = structure.Structure(["a/w", "b/w", "c/w"], ["a", "b", "c"], [(4, 2), (4, 4), (1, 4)], [4, 4, 1])
+    sums = np.zeros((3, len(rowstats.ACTIVATION_SUMS)))
+    col = {n: k for k, n in enumerate(rowstats.ACTIVATION_SUMS)}
+    sums[0, [col["squares"], col["elements"], col["max_abs"], col["dead_units"], col["units"]]] = [8, 2, 3, 1, 4]
+    sums[1, [col["squares"], col["elements"], col["max_abs"], col["nonfinite"]]] = [np.inf, 4, np.nan, 2]
+    sums[1, [col["saturated"], col["squashed"]]] = [1, 4]
+    values = rowstats.activation_values(s, sums)  # row c did not run: elements 0
+    layer = {k: v[0].tolist() for k, v in values.items()}
+    assert layer["act_rms"] == [2.0, float("inf"), -1.0]
+    assert layer["act_max_abs"][0] == 3.0 and np.isnan(layer["act_max_abs"][1]) and layer["act_max_abs"][2] == -1
+    assert layer["act_nonfinite"] == [0.0, 2.0, -1.0]
+    assert layer["act_dead_fraction"] == [0.25, -1.0, -1.0]
+    assert layer["act_saturated_fraction"] == [-1.0, 0.25, -1.0]
+    assert all((v[1] == -1).all() for v in values.values())
