@@ -16,6 +16,11 @@ export const METRIC_LABELS = {
   clip_ratio: 'before-clip / applied norm',
   update_norm: 'update norm',
   update_to_weight: 'update / weight norm',
+  act_rms: 'activation RMS',
+  act_max_abs: 'max |activation|',
+  act_nonfinite: 'non-finite activations',
+  act_dead_fraction: 'dead by output (ReLU)',
+  act_saturated_fraction: 'saturated (tanh/sigmoid)',
   check_error: 'gradient check error',
 };
 
@@ -48,6 +53,9 @@ export function allZeroText(metric) {
     grad_nonfinite: 'no NaN or Inf in any gradient',
     grad_zero_fraction: 'no gradient element is exactly zero',
     dead_unit_fraction: 'no dead units',
+    act_nonfinite: 'no NaN or Inf in any layer output',
+    act_dead_fraction: 'every unit feeding a ReLU had a positive output',
+    act_saturated_fraction: 'no tanh or sigmoid output near its bounds',
   }[metric];
   return `${metric} is 0 at every step and row shown${why ? `: ${why}` : ''}.`;
 }

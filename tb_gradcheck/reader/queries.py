@@ -121,7 +121,10 @@ def runs(st, ctx, experiment_id):
                         "last_step": int(steps[-1]) if len(steps) else None,
                     },
                 )
-                described.setdefault("metrics", []).extend(kind_metrics)
+                # An output is a module's: activation metrics have layer rows only.
+                described.setdefault("metrics", []).extend(
+                    m for m in kind_metrics if granularity == "layer" or m not in metadata.ACTIVATION_STAT_COLUMNS
+                )
                 if kind == metadata.KIND_STATS:
                     kept = max(kept, len(steps))
         total, problems = st.progress(ctx, experiment_id, index)
@@ -151,7 +154,7 @@ def heatmap(st, ctx, experiment_id, run, metric, granularity="layer", aggregate=
         raise BadRequest(f"aggregate must be one of {allowed} for metric {metric!r} of run {run!r}, got {aggregate!r}")
     check = metric == metadata.CHECK_METRIC
     kind = metadata.KIND_CHECK if check else metadata.KIND_STATS
-    if not index.layouts(kind, granularity):
+    if not index.layouts(kind, granularity) or (granularity != "layer" and metric in metadata.ACTIVATION_STAT_COLUMNS):
         raise NotFound(f"run {run!r} has no {granularity}-level {metric!r} data")
     # One metric is a small share of its tags (which hold every column of both
     # granularities): kept apart, a refresh, zoom or new width on unchanged

@@ -71,3 +71,10 @@ test('only ratio metrics get the diverging scale, with both ends named', () => {
   }
   assert.equal(metricLabel('clip_ratio'), 'before-clip / applied norm (clip_ratio)');
 });
+
+test('activation_metrics_have_labels_and_all_zero_sentences', () => {
+  assert.equal(metricLabel('act_max_abs'), 'max |activation| (act_max_abs)');
+  assert.equal(metricLabel('act_dead_fraction'), 'dead by output (ReLU) (act_dead_fraction)');
+  assert.match(allZeroText('act_saturated_fraction'), /no tanh or sigmoid output near its bounds/);
+  assert.match(allZeroText('act_nonfinite'), /no NaN or Inf in any layer output/);
+});

@@ -154,3 +154,24 @@ test('status_line_says_sampled_binned_and_rows_in_pixels', () => {
   assert.match(capped, /showing 100 of 500 steps \(a uniform sample: the run is larger than one read/);
   assert.doesNotMatch(capped, /samples_per_plugin/);
 });
+
+test('activation_metrics_are_offered_under_their_labels_at_layer_granularity_only', () => {
+  // What GET runs lists for a run written with activations=True: the act_ metrics at the layer granularity only.
+  const run = {
+    run: 'acts',
+    metrics: ['grad_norm', 'act_rms', 'act_saturated_fraction'],
+    aggregates: {grad_norm: ['last'], act_rms: ['last'], act_saturated_fraction: ['last']},
+    granularities: {
+      layer: {rows: ['0', '2'], metrics: ['grad_norm', 'act_rms', 'act_saturated_fraction']},
+      variable: {rows: ['0.weight'], metrics: ['grad_norm']},
+    },
+  };
+  assert.deepEqual(metricChoices(run).map((c) => c.label), [
+    'gradient norm (grad_norm)',
+    'activation RMS (act_rms)',
+    'saturated (tanh/sigmoid) (act_saturated_fraction)',
+  ]);
+  assert.deepEqual(granularitiesWithMetric(run, 'act_rms'), ['layer']);
+  const sel = reconcileSelection([run], {run: 'acts', metric: 'act_rms', granularity: 'variable'});
+  assert.equal(sel.granularity, 'layer');
+});

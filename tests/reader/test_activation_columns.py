@@ -88,3 +88,23 @@ def test_export_writes_act_rms_like_any_metric(logdir, capsys):
     stored = [a[0, :2, -len(ACT)] for _, a, _ in read_events(logdir / "new")]
     for row, want in zip(table[1:], stored):
         np.testing.assert_array_equal(np.array(row[1:], np.float32), want)
+
+
+def test_compare_and_layer_only(logdir, data_path):
+    client, _ = make_app(logdir, data_path)
+    entry = wait_for_steps(client, "both", STEPS)
+    assert "act_rms" in entry["granularities"]["layer"]["metrics"]
+    assert not set(ACT) & set(entry["granularities"]["variable"]["metrics"])  # an output is a module's
+    get_json(client, "/data/plugin/gradients/heatmap?run=new&metric=act_rms&granularity=variable", status=404)
+    body = get_json(client, "/data/plugin/gradients/compare?run=new&other=both&metric=act_rms")
+    # run / other where both recorded (steps 2, 3); before that "both" has no activation values.
+    assert body["steps"] == list(range(STEPS))
+    assert all(v is None for row in body["values"][:2] for v in row)
+    new = np.array([a[0, :2, -len(ACT)] for _, a, _ in read_events(logdir / "new")], np.float64)
+    both = {
+        s: a[0, :2, -len(ACT)]
+        for s, a, _ in read_events(logdir / "both")
+        if a.shape[-1] == len(metadata.stored_columns(1)) + len(ACT)
+    }
+    want = new[2:] / np.array([both[2], both[3]], np.float64)
+    np.testing.assert_allclose(np.array(body["values"][2:], np.float64), want, rtol=1e-6)
