@@ -53,9 +53,12 @@ class _Recorder:
 
     _PACKAGE = None
 
-    def __init__(self, every_n_steps=1, log_dir=None):
+    def __init__(self, every_n_steps=1, log_dir=None, activations=False):
         super().__init__()
         self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        if not isinstance(activations, bool):
+            raise TypeError(f"Expected `activations` to be a bool. Received: {activations!r}")
+        self.activations = activations
         self._log_dir = validate.optional_path(log_dir, "log_dir")
         if self._log_dir is not None:
             self._log_dir = run_directory.prepare(self._log_dir, "log_dir", "tb_gradcheck.lightning.GradientCallback")
@@ -108,6 +111,7 @@ class _Recorder:
             phase=self.every_n_steps - 1,
             optimizer=optimizer if follows else None,
             scaler=getattr(plugin, "scaler", None),
+            activations=self.activations,
         )
         self._trainer, self._optimizer = trainer, optimizer
         module_class = self._PACKAGE.LightningModule
@@ -231,6 +235,10 @@ def _callback_class(package, name):
         at a step Lightning logs at (N - 1, 2N - 1, ...), so with
         ``log_every_n_steps=N`` the scalars and the gradients share steps.
       log_dir: Optional run directory instead of the TensorBoardLogger's.
+      activations: Bool, default False: also statistics of each layer's
+        forward output at written steps (``tb_gradcheck.torch.activations``;
+        validation passes are not counted). The hooks are registered at the
+        fit's start: a model compiled before that does not run them.
 
     Attributes:
       writer: The ``tb_gradcheck.torch.GradientWriter`` during a fit, else

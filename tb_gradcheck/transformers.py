@@ -64,6 +64,10 @@ class GradientCallback(transformers.TrainerCallback):
       every_n_steps: Int, default 1: write every N optimizer steps
         (``GradientWriter``'s windows between writes).
       log_dir: Optional run directory instead of the ``TensorBoardCallback``'s.
+      activations: Bool, default False: also statistics of each layer's
+        forward output at written steps (``tb_gradcheck.torch.activations``;
+        evaluation passes are not counted). The hooks are registered at
+        ``train()``'s start: with ``torch_compile=True`` the compiled model does not run them.
 
     Attributes:
       writer: The ``tb_gradcheck.torch.GradientWriter`` during ``train()``,
@@ -72,8 +76,11 @@ class GradientCallback(transformers.TrainerCallback):
       log_dir: The run directory of the last ``train()``.
     """
 
-    def __init__(self, every_n_steps=1, log_dir=None):
+    def __init__(self, every_n_steps=1, log_dir=None, activations=False):
         self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        if not isinstance(activations, bool):
+            raise TypeError(f"Expected `activations` to be a bool. Received: {activations!r}")
+        self.activations = activations
         self._log_dir = validate.optional_path(log_dir, "log_dir")
         if self._log_dir is not None:
             self._log_dir = run_directory.prepare(
@@ -109,6 +116,7 @@ class GradientCallback(transformers.TrainerCallback):
             every_n_steps=self.every_n_steps,
             optimizer=inner,
             scaler=getattr(optimizer, "scaler", None),
+            activations=self.activations,
         )
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):

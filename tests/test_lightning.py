@@ -359,3 +359,32 @@ def test_a_log_dir_that_cannot_hold_the_run_is_refused_when_the_callback_is_buil
         ValueError, match="tb_gradcheck.lightning.GradientCallback can write its run to. Received: '/proc/x'"
     ):
         tb_gradcheck.lightning.GradientCallback(log_dir="/proc/x")
+
+
+def test_activations_are_recorded_over_the_accumulated_batches_of_each_written_step(tmp_path):
+    """activations=True: act_rms of each written step, over both accumulated micro-batches, as the test's own hook sees."""
+    callback = tb_gradcheck.lightning.GradientCallback(every_n_steps=2, activations=True)
+    outputs = {}
+
+    def record(net):
+        def hook(module, args, output):
+            if module.training:  # the sanity check's validation passes run in eval mode
+                outputs.setdefault(net.trainer.global_step, []).append(output.detach().double().numpy().ravel())
+
+        net.body.register_forward_hook(hook)
+
+    original = lightning_job.Net.on_fit_start
+    lightning_job.Net.on_fit_start = lambda self: record(self)
+    try:
+        _, _, trainer = lightning_job.fit(tmp_path, callback=callback, log_every_n_steps=2)
+    finally:
+        lightning_job.Net.on_fit_start = original
+    run = os.path.relpath(trainer.logger.log_dir, tmp_path)
+    client, _ = make_app(tmp_path, "python")
+    wait_for_steps(client, run, STEPS // 2)
+    body = get_json(client, f"/data/plugin/gradients/heatmap?run={run}&metric=act_rms")
+    assert body["steps"] == [1, 3, 5, 7] and body["layers"] == ROWS
+    want = [np.sqrt(np.mean(np.concatenate(outputs[s]) ** 2)) for s in body["steps"]]
+    assert all(len(outputs[s]) == lightning_job.ACCUMULATE for s in body["steps"])
+    # float32 sums of squares over a few dozen elements, stored as float32: 1e-5 is far above that noise.
+    np.testing.assert_allclose([row[0] for row in body["values"]], want, rtol=1e-5)

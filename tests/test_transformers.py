@@ -216,3 +216,44 @@ def test_a_log_dir_that_cannot_hold_the_run_is_refused_when_the_callback_is_buil
         ValueError, match="tb_gradcheck.transformers.GradientCallback can write its run to. Received: '/proc/x'"
     ):
         tb_gradcheck.transformers.GradientCallback(log_dir="/proc/x")
+
+
+def test_activations_are_recorded_over_the_accumulated_batches(tmp_path):
+    """activations=True: c_fc's act_rms at each step, over both micro-batches, as the test's own hook sees."""
+    outputs, record = {}, {}
+    callback = tb_gradcheck.transformers.GradientCallback(activations=True)
+
+    def before_train():
+        net = callback_model[0]
+        layer = net.get_submodule("transformer.h.0.mlp.c_fc")
+
+        def hook(module, args, output):
+            if module.training:
+                step = len(record["r"].applied) + 1
+                outputs.setdefault(step, []).append(output.detach().double().numpy().ravel())
+
+        layer.register_forward_hook(hook)
+
+    callback_model = []
+    original = transformers_job.Record.__init__
+
+    def keep(self, net, optimizer):
+        original(self, net, optimizer)
+        callback_model.append(net)
+        record["r"] = self
+
+    transformers_job.Record.__init__ = keep
+    try:
+        transformers_job.train(tmp_path, callback=callback, before_train=before_train)
+    finally:
+        transformers_job.Record.__init__ = original
+    run = os.path.relpath(callback.log_dir, tmp_path)
+    client, _ = make_app(tmp_path, "python")
+    wait_for_steps(client, run, STEPS)
+    layers, steps, values = _heat(client, run, "act_rms", granularity="layer")
+    j = layers.index("transformer.h.0.mlp.c_fc")
+    assert steps == list(range(1, STEPS + 1))
+    assert all(len(outputs[s]) == transformers_job.ACCUMULATE for s in steps)
+    want = [np.sqrt(np.mean(np.concatenate(outputs[s]) ** 2)) for s in steps]
+    # float32 sums of squares, stored as float32: 1e-5 is far above that noise.
+    np.testing.assert_allclose(values[:, j], want, rtol=1e-5)
