@@ -6,6 +6,8 @@ A way is one eager loop (zero_grad, forward, backward, record,
 - ``bare``: nothing recorded;
 - ``tb_gradcheck``: ``tb_gradcheck.torch.GradientWriter`` (with the
   optimizer, so the update columns too);
+- ``tb_gradcheck_act``: the same with ``activations=True`` (forward hooks
+  on every layer, their statistics at written steps);
 - ``histogram``: ``SummaryWriter.add_histogram`` of every parameter's
   gradient (what ``torch.utils.tensorboard`` users write);
 - ``norm_item``: one ``p.grad.norm().item()`` per parameter logged with
@@ -30,7 +32,7 @@ from benchmarks.common import interleaved
 from benchmarks.common import skipped
 
 STEPS_PER_CALL = 10
-RECORDS = ("bare", "tb_gradcheck", "histogram", "norm_item", "lightning", "wandb")
+RECORDS = ("bare", "tb_gradcheck", "tb_gradcheck_act", "histogram", "norm_item", "lightning", "wandb")
 
 # Offline and quiet: nothing reaches the network, nothing is printed over the table.
 WANDB_ENVIRON = {
@@ -96,10 +98,13 @@ def make_way(torch, record, every, model, loss_fn, device, logdir, shared, compi
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     module = torch.compile(model) if compile_model else model
     writer = summary = run = grad_norm = None
-    if record == "tb_gradcheck":
+    if record in ("tb_gradcheck", "tb_gradcheck_act"):
         from tb_gradcheck.torch import GradientWriter
 
-        writer = GradientWriter(logdir, module, every_n_steps=every, optimizer=optimizer)
+        # Made before torch.compile traces the module: its hooks are in the compiled graph.
+        writer = GradientWriter(
+            logdir, model, every_n_steps=every, optimizer=optimizer, activations=record == "tb_gradcheck_act"
+        )
     elif record in ("histogram", "norm_item", "lightning"):
         from torch.utils.tensorboard import SummaryWriter
 

@@ -17,7 +17,11 @@ is not counted.
   output is 0 for every element of the step's batch: no positive input
   anywhere, so its output and its gradient are exactly 0 for that batch.
   A functional ``F.relu`` cannot be seen by a hook: those rows have no
-  dead fraction (MISSING), nor do rows followed by anything else.
+  dead fraction (MISSING), nor do rows followed by anything else. In an
+  ``nn.Sequential`` the row's own hook measures it on the activation's
+  input (a channel's largest input above 0 is a positive output), and the
+  activation module gets no hook: every hook costs every forward call a few
+  microseconds, written step or not.
 - Saturation (``act_saturated_fraction``): the same for a following
   ``torch.nn.Tanh`` or ``Sigmoid`` module, the fraction of its outputs
   within 1% of its range from a bound (``metadata`` gives the reason).
@@ -40,6 +44,8 @@ inside the autograd engine: ``torch._C._current_graph_task_id() != -1``), so
 a checkpointed layer counts once.
 """
 
+import math
+
 import torch
 
 from tb_gradcheck.core import metadata
@@ -55,10 +61,13 @@ _CHANNELS_FIRST = (
     torch.nn.GroupNorm,
     torch.nn.modules.instancenorm._InstanceNorm,
 )
-_SUMS = {name: k for k, name in enumerate(rowstats.ACTIVATION_SUMS)}
 # Within 1% of the range from a bound (metadata.ACTIVATION_STAT_COLUMNS says why).
 _TANH_SATURATED = 0.98
 _SIGMOID_SATURATED = 0.01
+_TANH_INPUT = math.atanh(_TANH_SATURATED)  # the same bound on the activation's input
+_SIGMOID_INPUT = math.log((1 - _SIGMOID_SATURATED) / _SIGMOID_SATURATED)
+# Device constants kept (Recorder._constant): a few per model; more means shapes that change from step to step.
+_MAX_CONSTANTS = 64
 
 
 def _in_backward():
@@ -66,6 +75,12 @@ def _in_backward():
     if torch.compiler.is_compiling():
         return False  # a compiled graph recomputes checkpointed layers without running Python hooks
     return torch._C._current_graph_task_id() != -1
+
+
+def _kind(activation):
+    if isinstance(activation, _RELUS):
+        return "relu"
+    return "tanh" if isinstance(activation, torch.nn.Tanh) else "sigmoid"
 
 
 def _first_tensor(output):
@@ -124,53 +139,86 @@ class Recorder:
 
     def __init__(self, model):
         self.armed = True  # the first step's number is not known yet: record it
-        self._records = {}  # module path -> [per-call float64 [len(ACTIVATION_SUMS)] device tensors]
-        self._alive = {}  # module path -> [per-call bool [units]] of the ReLU that follows it
-        self._last = None  # (path, output, unit axis) of the latest row output at a recorded step
         self._handles = []
+        self._constants = {}  # (device, host numbers) -> their device tensor, made once
+        self.clear()
         owners = {modules.owner_path(n) for n, p in model.named_parameters() if p.requires_grad}
+        # A row module followed by an activation module in an nn.Sequential: its hook measures the activation
+        # from its own output (the pre-activation), and the activation module needs no hook of its own (each
+        # hook costs every forward call a few microseconds, written step or not).
+        after, claimed = {}, set()
+        for path, module in model.named_modules():
+            if isinstance(module, torch.nn.Sequential):
+                children = list(module.named_children())
+                for (name, _), (_, following) in zip(children, children[1:]):
+                    child_path = f"{path}.{name}" if path else name
+                    if child_path in owners and isinstance(following, _RELUS + _SQUASHES):
+                        after[child_path] = _kind(following)
+                        claimed.add(id(following))
         for path, module in model.named_modules():
             if path in owners:
                 axis = 1 if isinstance(module, _CHANNELS_FIRST) else -1
-                self._handles.append(module.register_forward_hook(self._row_hook(path, axis)))
-            elif isinstance(module, _RELUS + _SQUASHES):
-                self._handles.append(module.register_forward_hook(self._follower_hook(module)))
+                self._handles.append(module.register_forward_hook(self._row_hook(path, axis, after.get(path))))
+            elif isinstance(module, _RELUS + _SQUASHES) and id(module) not in claimed:
+                self._handles.append(module.register_forward_hook(self._follower_hook(_kind(module))))
 
-    def _row_hook(self, path, axis):
+    def _row_hook(self, path, axis, follower):
         def hook(module, args, output):
             if not self.armed or not module.training or _in_backward():
                 return
             out = _first_tensor(output)
-            if out is None or not (out.is_floating_point() or out.is_complex()):
+            if out is None or not (out.is_floating_point() or out.is_complex()) or out.numel() == 0:
                 return
-            self._records.setdefault(path, []).append(_reduce(out.detach()))
-            self._last = (path, out, axis)
+            flat = out.detach().reshape(-1)
+            if flat.is_complex():
+                flat = flat.abs()
+            # Three reductions a call, each one operator; they are combined per layer at the write.
+            # The squares in float32 at least: a bf16 or fp16 output's would overflow in its own dtype.
+            wide = torch.float64 if flat.dtype == torch.float64 else torch.float32
+            self._norms.append(torch.linalg.vector_norm(flat, dtype=wide))
+            # max |a| from the extremes: one pass, NaN if any is NaN (the inf-norm takes ten times as long on a CPU).
+            self._extremes.append(torch.aminmax(flat))
+            # a - a is 0 where a is finite and NaN where it is NaN or Inf: as 1s, their sum counts the non-finite
+            # elements, in float operators (a boolean mask and its count take longer on a CPU).
+            self._nonfinite.append(torch.nan_to_num(flat - flat, nan=1.0).sum(dtype=wide))
+            self._calls.append((path, flat.numel()))
+            if follower is not None:
+                self._follow(path, axis, follower, out.detach(), before_activation=True)
+            else:
+                self._last = (path, out, axis)
 
         return hook
 
-    def _follower_hook(self, activation):
-        squash = isinstance(activation, _SQUASHES)
-
+    def _follower_hook(self, kind):
         def hook(module, args, output):
             last = self._last
             if not self.armed or last is None or not args or args[0] is not last[1] or _in_backward():
                 return
             path, _, axis = last
-            out = output.detach()
-            if squash:
-                if isinstance(activation, torch.nn.Tanh):
-                    saturated = (out.abs() > _TANH_SATURATED).sum()
-                else:
-                    saturated = ((out < _SIGMOID_SATURATED) | (out > 1 - _SIGMOID_SATURATED)).sum()
-                record = self._records[path][-1]
-                record[_SUMS["saturated"]] += saturated.to(F64)
-                record[_SUMS["squashed"]] += out.numel()
-            elif out.dim() > 0:
-                # A unit is alive where the ReLU passed a positive value anywhere in the batch.
-                units = out.movedim(axis, -1).reshape(-1, out.shape[axis])
-                self._alive.setdefault(path, []).append((units > 0).any(dim=0))
+            self._follow(path, axis, kind, output.detach(), before_activation=False)
 
         return hook
+
+    def _follow(self, path, axis, kind, out, before_activation):
+        """Records what the activation ``kind`` after row ``path`` makes of ``out`` (its input or its output)."""
+        if kind != "relu":
+            # |tanh(x)| > 0.98 where |x| > atanh(0.98); sigmoid(x) within 0.01 of 0 or 1 where |x| > log(99).
+            if before_activation:
+                near = out.abs() > (_TANH_INPUT if kind == "tanh" else _SIGMOID_INPUT)
+            elif kind == "tanh":
+                near = out.abs() > _TANH_SATURATED
+            else:
+                near = (out < _SIGMOID_SATURATED) | (out > 1 - _SIGMOID_SATURATED)
+            self._saturated.append((path, out.numel(), torch.count_nonzero(near)))
+        elif out.dim() > 0:
+            # A unit is alive where the ReLU passes a positive value anywhere in the batch: where the largest
+            # value of its channel, before the ReLU or after it, is above 0.
+            unit = axis % out.dim()
+            peak = out.amax(dim=[d for d in range(out.dim()) if d != unit]) if out.dim() > 1 else out
+            before = self._alive.get(path)
+            if before is not None and before.shape == peak.shape:
+                peak = torch.maximum(before, peak)  # another call of the layer at this step: the same units
+            self._alive[path] = peak
 
     def at_write(self, due, next_due, rows, device):
         """At the writer's ``write(step)``: ``{"act": sums}`` for a written step (``take``), else ``{}``; arms the next.
@@ -188,34 +236,75 @@ class Recorder:
         return taken
 
     def take(self, layer_names, device):
-        """float64 ``[L, len(ACTIVATION_SUMS)]`` on ``device``: the recorded step's sums per layer row; then clears.
+        """float64 ``[L, len(ACTIVATION_SUMS)]`` on ``device``: the recorded step's sums per layer row.
 
-        A row without a record (its module did not run, or is not a module)
-        has elements 0, which ``rowstats.activation_values`` reads as MISSING.
+        A fixed number of operators whatever the layers: each per-call list
+        stacked once and added into its layers (``index_add_``,
+        ``scatter_reduce_``). A row without a record (its module did not
+        run, or is not a module) has elements 0, which
+        ``rowstats.activation_values`` reads as MISSING.
         """
-        empty = torch.zeros(len(rowstats.ACTIVATION_SUMS), dtype=F64, device=device)
-        rows = []
-        for name in layer_names:
-            calls = self._records.get(name)
-            if not calls:
-                rows.append(empty)
-                continue
-            calls = torch.stack([c.to(device) for c in calls])
-            row = calls.sum(dim=0)
-            # The maximum of the calls' maxima, NaN if any is NaN (amax propagates NaN).
-            row[_SUMS["max_abs"]] = calls[:, _SUMS["max_abs"]].amax()
-            alive = self._alive.get(name)
-            if alive and len({a.numel() for a in alive}) == 1:
-                alive = torch.stack([a.to(device) for a in alive]).any(dim=0)
-                row[_SUMS["dead_units"]] = (~alive).sum().to(F64)
-                row[_SUMS["units"]] = alive.numel()
-            rows.append(row)
-        self.clear()
-        return torch.stack(rows)
+        at = {name: i for i, name in enumerate(layer_names)}
+        n = len(layer_names)
+        # What the host knows (elements, units, squashed elements per layer), as Python numbers: one constant.
+        host = [[0.0] * n for _ in range(3)]
+        calls = [(k, at[p]) for k, (p, size) in enumerate(self._calls) if p in at]
+        for k, i in calls:
+            host[0][i] += self._calls[k][1]
+        alive = [(at[p], a) for p, a in self._alive.items() if p in at]
+        for i, a in alive:
+            host[1][i] = float(a.numel())
+        saturated = [(at[p], size, count) for p, size, count in self._saturated if p in at]
+        for i, size, _ in saturated:
+            host[2][i] += size
+        zero = torch.zeros(n, dtype=F64, device=device)
+        sums = dict.fromkeys(rowstats.ACTIVATION_SUMS, zero)
+        sums["elements"], sums["units"], sums["squashed"] = self._constant(device, host, dtype=F64).unbind(0)
+
+        def stacked(values):
+            return torch.stack([v.to(device) for v in values]).to(F64)
+
+        if calls:
+            index = self._constant(device, [i for _, i in calls])
+            keep = [k for k, _ in calls]
+            sums["squares"] = zero.index_add(0, index, stacked([self._norms[k] for k in keep]) ** 2)
+            lowest = stacked([self._extremes[k][0] for k in keep])
+            largest = torch.maximum(-lowest, stacked([self._extremes[k][1] for k in keep]))  # NaN propagates
+            sums["max_abs"] = zero.scatter_reduce(0, index, largest, "amax", include_self=False)
+            sums["nonfinite"] = zero.index_add(0, index, stacked([self._nonfinite[k] for k in keep]))
+        if alive:
+            # Every unit's peak in one vector; its layer's alive count by one index_add.
+            peaks = torch.cat([a.to(device).reshape(-1) for _, a in alive])
+            # Keyed by (layer, units), not by the expanded list: building that list is the cost being saved.
+            shape = [(i, a.numel()) for i, a in alive]
+            owner = self._constant(device, shape, lambda: [i for i, units in shape for _ in range(units)])
+            sums["dead_units"] = sums["units"] - zero.index_add(0, owner, (peaks > 0).to(F64))
+        if saturated:
+            index = self._constant(device, [i for i, _, _ in saturated])
+            sums["saturated"] = zero.index_add(0, index, stacked([c for _, _, c in saturated]))
+        return torch.stack([sums[name] for name in rowstats.ACTIVATION_SUMS], dim=1)
+
+    def _constant(self, device, values, make=None, dtype=torch.int64):
+        """``values`` (Python numbers, nested lists; or ``make()``'s) on ``device``, made once: then no copy, no wait.
+
+        Keyed by ``values``; the cache is emptied when it holds many (steps
+        whose shapes keep changing), so it stays small.
+        """
+        key = (device, dtype, repr(values))
+        found = self._constants.get(key)
+        if found is None:
+            if len(self._constants) >= _MAX_CONSTANTS:
+                self._constants.clear()
+            values = torch.tensor(make() if make is not None else values, dtype=dtype)
+            if device.type == "cuda":
+                values = values.pin_memory().to(device, non_blocking=True)  # staged: the host does not wait
+            found = self._constants[key] = values.to(device)
+        return found
 
     def clear(self):
         """Drops what was recorded (a recorded step that was not written)."""
-        self._records, self._alive, self._last = {}, {}, None
+        self._norms, self._extremes, self._nonfinite, self._calls = [], [], [], []
+        self._alive, self._saturated, self._last = {}, [], None
 
     def remove(self):
         """Removes the hooks (the writer's ``close``)."""
@@ -223,21 +312,3 @@ class Recorder:
             handle.remove()
         self._handles = []
         self.clear()
-
-
-def _reduce(out):
-    """float64 ``[len(ACTIVATION_SUMS)]``: one call's sums, on the output's device, without a host sync.
-
-    The squares are summed in float32 at least (a bf16 or fp16 output's
-    squares would overflow or lose the sum's precision in its own dtype).
-    """
-    n = out.numel()
-    if out.is_complex():
-        out = out.abs()
-    wide = torch.float64 if out.dtype == torch.float64 else torch.float32
-    norm = torch.linalg.vector_norm(out, dtype=wide).to(F64) if n else torch.zeros((), dtype=F64, device=out.device)
-    max_abs = out.abs().amax().to(F64) if n else torch.zeros((), dtype=F64, device=out.device)
-    nonfinite = (~torch.isfinite(out)).sum().to(F64)
-    zero = torch.zeros((), dtype=F64, device=out.device)
-    count = torch.full((), float(n), dtype=F64, device=out.device)
-    return torch.stack([norm * norm, count, max_abs, nonfinite, zero, zero, zero, zero])

@@ -236,7 +236,7 @@ def test_hooks_are_registered_once_and_idle_between_written_steps(tmp_path):
         model.zero_grad()
         model(torch.randn(4, 6)).sum().backward()
         # Steps 1..3 and 5..7 are not written: their forward passes recorded nothing.
-        assert bool(recorder._records) == (step % 4 == 0), step
+        assert bool(recorder._calls) == (step % 4 == 0), step
         writer.write(step)
     assert {name: len(m._forward_hooks) for name, m in model.named_modules()} == hooks
     writer.close()
