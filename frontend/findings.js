@@ -13,6 +13,9 @@ export const KIND_LABELS = {
   dead: 'Dead units',
   clipping: 'Clipping binds',
   not_learning: 'Not learning',
+  saturated: 'Saturated tanh/sigmoid',
+  activation_growth: 'Activations growing',
+  massive_activations: 'Massive activations',
 };
 
 /**
@@ -133,6 +136,14 @@ const EVIDENCE_FIELDS = {
   checks_failed: ['checks failed', formatNumber],
   checks_run: ['checks run', formatNumber],
   reason: ['reason', String],
+  median_saturated_fraction: ['saturated outputs (median)', percent],
+  max_saturated_fraction: ['saturated outputs (max)', percent],
+  dead_by_output: ['dead by output (median)', percent],
+  views_disagree: ['gradient and output views disagree', (v) => (v ? 'yes' : 'no')],
+  max_growth_orders: ['activation growth (orders, max)', formatNumber],
+  max_act_rms: ['activation RMS (max)', formatNumber],
+  max_abs_activation: ['max |activation|', formatNumber],
+  max_over_rms: ['max |activation| / RMS', formatNumber],
 };
 
 /**
@@ -176,6 +187,12 @@ export function layerHeadline(f, layer) {
       return e.median_norm != null ? `median norm ${formatNumber(e.median_norm)}` : '';
     case 'dead':
       return e.median_dead_unit_fraction != null ? `${percent(e.median_dead_unit_fraction)} ${e.state === 'idle' ? 'idle' : 'dead'}` : '';
+    case 'saturated':
+      return e.max_saturated_fraction != null ? `${percent(e.max_saturated_fraction)} saturated` : '';
+    case 'activation_growth':
+      return e.max_growth_orders != null ? `+${formatNumber(e.max_growth_orders)} orders` : '';
+    case 'massive_activations':
+      return e.max_abs_activation != null ? `|a| ${formatNumber(e.max_abs_activation)}` : '';
     case 'non_finite':
       return e.writes_with_nonfinite != null ? `${formatNumber(e.writes_with_nonfinite)} write${e.writes_with_nonfinite === 1 ? '' : 's'}` : '';
     default:

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 
 from tb_gradcheck.core import metadata
+from tb_gradcheck.findings import activations
 from tb_gradcheck.findings import dead_units
 from tb_gradcheck.findings import finding
 from tb_gradcheck.findings import optimizer
@@ -22,12 +23,12 @@ from tb_gradcheck.findings import vanishing
 
 
 @dataclasses.dataclass(frozen=True)
-class Thresholds(optimizer.OptimizerThresholds):
+class Thresholds(optimizer.OptimizerThresholds, activations.ActivationThresholds):
     """When a pattern becomes a finding. Every field can be overridden.
 
-    The optimizer findings' thresholds (clipping, not_learning) are fields
-    too, inherited from ``optimizer.OptimizerThresholds`` where
-    their reasoning is written, so ``--threshold`` reaches them as well.
+    The optimizer's and the forward side's thresholds are fields too, inherited from
+    ``optimizer.OptimizerThresholds`` and ``activations.ActivationThresholds`` where their
+    reasoning is written, so ``--threshold`` reaches them as well.
 
     No threshold is an absolute gradient norm: a layer in front of a
     normalisation layer has a gradient that scales as 1 / ||W||, so "large"
@@ -232,10 +233,11 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_
         out += _findings(kind, run, verdict)
     dead = found["dead"].accounted_for if "dead" in found else ()
     out += optimizer.find(run, stats, thresholds, dead, outside_optimizer)
+    out += activations.find(run, stats, thresholds or Thresholds())
     if stats is not None:
         window = (thresholds or Thresholds()).baseline_writes
         out = finding.settle_ended(out, np.asarray(stats.steps), window, describe)
-    order = [*KINDS, *optimizer.KINDS]
+    order = [*KINDS, *optimizer.KINDS, *activations.KINDS]
     out.sort(key=lambda f: (-SEVERITIES.index(f.severity), order.index(f.kind)))
     depth = {name: i for i, name in enumerate(stats.rows)} if stats is not None else {}
     out = finding.attach_consequences(out, describe, depth)
@@ -265,6 +267,7 @@ def verdicts(stats=None, checks=None, thresholds=None, sparse_rows=(), shapes=No
         # A dead layer is reported once, as dead: its zero gradient is also
         # far below the layers after it.
         out["vanishing"] = vanishing.vanishing(view, t, out["dead"].accounted_for, shapes)
+        activations.annotate(out, stats, t)  # the forward view beside the gradient's, where recorded
     if checks is not None and len(checks.steps):
         out["check_failure"] = rules.check_failures(checks)
     return out
@@ -307,7 +310,9 @@ def describe(found, quote=None):
     def quote(name):
         return plain(labels.get(name, name))
 
-    text = (optimizer.describe if found.kind not in KINDS else _sentence)(found, quote)
+    sentence = activations.describe if found.kind in activations.KINDS else _sentence
+    text = (optimizer.describe if found.kind in optimizer.KINDS else sentence)(found, quote)
+    text += activations.remark(found, quote)
     after = [e["writes_after_it"] for e in found.evidence.values() if "writes_after_it" in e]
     if after:
         text += (

@@ -112,3 +112,20 @@ test('kindLabel: dead units that are information are not called dead; unknown ki
   assert.equal(kindLabel({kind: 'not_learning', severity: 'warning'}), 'Not learning');
   assert.equal(kindLabel({kind: 'some_new_kind', severity: 'warning'}), 'some new kind');
 });
+
+test('forward_side_findings_read_with_their_own_headings_headlines_and_evidence', () => {
+  const f = {
+    kind: 'saturated', severity: 'warning', layers: ['0'],
+    evidence: {'0': {first_step: 4, last_step: 29, max_saturated_fraction: 0.804, fraction_of_steps: 0.87}},
+  };
+  assert.equal(kindLabel(f), 'Saturated tanh/sigmoid');
+  assert.equal(layerHeadline(f, '0'), '80.4% saturated');
+  assert.deepEqual(evidenceItems(f)[0].items, [['steps', '4\u201329'], ['saturated outputs (max)', '80.4%'], ['steps affected', '87%']]);
+  const dead = {kind: 'dead', severity: 'warning', layers: ['2'], evidence: {'2': {dead_by_output: 0, views_disagree: true}}};
+  assert.deepEqual(evidenceItems(dead)[0].items, [['dead by output (median)', '0%'], ['gradient and output views disagree', 'yes']]);
+  const massive = {kind: 'massive_activations', severity: 'info', layers: ['a'], evidence: {a: {max_abs_activation: 1e4}}};
+  assert.equal(kindLabel(massive), 'Massive activations');
+  assert.equal(layerHeadline(massive, 'a'), '|a| 10,000');
+  const growth = {kind: 'activation_growth', severity: 'warning', layers: ['a'], evidence: {a: {max_growth_orders: 2.26}}};
+  assert.equal(layerHeadline(growth, 'a'), '+2.26 orders');
+});
