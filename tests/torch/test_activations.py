@@ -277,3 +277,27 @@ def test_writers_without_activations_store_no_activation_column(tmp_path):
 def test_activations_must_be_a_bool(tmp_path):
     with pytest.raises(TypeError, match="Expected `activations` to be a bool. Received: 'yes'"):
         GradientWriter(tmp_path, mlp(), activations="yes")
+
+
+def test_a_compiled_model_records_what_the_eager_one_does(tmp_path):
+    # The hooks are registered by the writer before torch.compile first runs the model: the compiled graph
+    # runs them (the armed flag is guarded: one graph armed, one not), and the numbers are the eager ones.
+    def run(where, compiled):
+        torch.manual_seed(0)
+        model = mlp()
+        with GradientWriter(where, model, every_n_steps=2, activations=True) as writer:
+            forward = torch.compile(model) if compiled else model
+            g = torch.Generator().manual_seed(1)
+            for step in range(4):
+                model.zero_grad()
+                forward(torch.randn(12, 6, generator=g)).square().mean().backward()
+                writer.write(step)
+        return _stored(where)[0]
+
+    eager, compiled = run(tmp_path / "eager", False), run(tmp_path / "compiled", True)
+    assert sorted(compiled) == sorted(eager) == [0, 2, 3]  # 3: the partial window at close, no record
+    for step in (0, 2):
+        for path, want in eager[step].items():
+            for c in ACT:
+                np.testing.assert_allclose(compiled[step][path][c], want[c], rtol=RTOL, err_msg=f"{step} {path} {c}")
+        assert eager[step]["2"]["act_saturated_fraction"] > 0 and eager[step]["0"]["act_dead_fraction"] >= 0
