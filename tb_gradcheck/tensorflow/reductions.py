@@ -46,6 +46,17 @@ def tensor_norms(values, compiled=False):
     )
 
 
+def half_in_band(half_sumsq):
+    """Where a quick sum of squares (given as half of it, ``l2_loss``'s) gives the exact norm.
+
+    True where the sum is zero or inside float32's safe band (``_SUMSQ_LOW``,
+    ``_SUMSQ_HIGH``); False for NaN and Inf, which a non-finite element
+    makes of the sum. Halving the bounds is exact, so this is ``gather``'s
+    test without the doubling.
+    """
+    return (half_sumsq <= _SUMSQ_HIGH / 2) & ((half_sumsq >= _SUMSQ_LOW / 2) | tf.equal(half_sumsq, 0.0))
+
+
 def graph_partials(gradient, variable, unit_axes, full=True):
     """One gradient's dense values, half its sum of squares and (when full) per-unit max and min and nonzero count.
 
