@@ -153,7 +153,9 @@ def half_sums(gradients, rows):
     )
     rare = tf.logical_not(tf.reduce_all(reductions.half_in_band(half)))
     if len(where) < n_var:
-        half = tf.tensor_scatter_nd_update(tf.fill([n_var], tf.constant(MISSING, tf.float64)), [[i] for i in where], half)
+        half = tf.tensor_scatter_nd_update(
+            tf.fill([n_var], tf.constant(MISSING, tf.float64)), [[i] for i in where], half
+        )
     return half, rare
 
 
