@@ -74,8 +74,8 @@ class Recording:
         write's cond, which waits for every gradient, the weight reads would
         make the optimizer's updates wait for the whole backward pass,
         serialising the step; here the cond runs as soon as the step is known.
-        ``due``: False where the caller knows the step is not written, True
-        where it knows the step is (no cond either way).
+        ``due``: False where the caller knows the step is not written (no
+        cond), or the bool tensor of the write step when the caller has it.
         """
         n_l, n_v = len(self.rows.layer_names), len(self.rows.variable_names)
 
@@ -84,11 +84,9 @@ class Recording:
 
         if not self.own_weights or due is False:
             return missing()
-        if due is True:
-            return statistics.weight_norms(self.rows, compiled)
-        return branches.cond(
-            tf.equal(step % self.every_n_steps, 0), lambda: statistics.weight_norms(self.rows, compiled), missing
-        )
+        if due is None:
+            due = tf.equal(step % self.every_n_steps, 0)
+        return branches.cond(due, lambda: statistics.weight_norms(self.rows, compiled), missing)
 
     def record(self, measured, gradients, step, writer, extra, guard):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics.
@@ -115,18 +113,21 @@ class Recording:
         return self._record_window(measured, gradients, step, writer, extra, guard)
 
     def _record_window(self, measured, gradients, step, writer, extra, guard):
-        """A window's step: holds its sums and takes one cond, which does the rest only when it must.
+        """A window's step: holds its sums and takes one cond on them, which does the rest only when it must.
 
-        The cond runs at a write step, when the held steps fill their variable,
-        and at a rare step (``statistics.half_sums``); between, a step runs its
-        ``l2_loss`` per gradient, a scatter and the cond's predicate
-        (``tests/tensorflow/test_window_ops.py`` counts them). The weights are
-        read inside the cond at the write step: the updates that follow wait
-        for the cond, which waits for every gradient, as the write did anyway.
+        That cond runs its work at a write step, when the held steps fill
+        their variable, and at a rare step (``statistics.half_sums``); between,
+        a step runs its ``l2_loss`` per gradient, a scatter, the cond's
+        predicate and the weights' cond (``_weight_norms``), which reads only
+        the step and the weights (``tests/tensorflow/test_window_ops.py``
+        counts them). Read inside the cond on the gradients, the weights would
+        make every step's updates wait for the whole backward pass: on the
+        benchmark's MLP that cost more than the second cond (docs/benchmarks.md).
         """
         half, rare = measured
-        held = self.window.hold(half, step)
         due = tf.equal(step % self.every_n_steps, 0)
+        weights = self._weight_norms(step, due=due)
+        held = self.window.hold(half, step)
 
         def this_step_alone():
             # The steps before it are folded first, so the window sees them in order.
@@ -141,7 +142,7 @@ class Recording:
         def write_window():
             with writer.as_default():
                 full = statistics.compute(gradients, self.rows, weights=False)
-                return self.flush_window(step, self._weight_norms(step, due=True), full, extra)
+                return self.flush_window(step, weights, full, extra)
 
         def act():
             branches.cond(rare, this_step_alone, fold)

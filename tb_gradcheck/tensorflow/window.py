@@ -54,8 +54,10 @@ class Window:
         shape = (n_layers + n_variables, len(statistics.WINDOW_COLUMNS))
         # The steps held since the last fold: their half sums of squares (hold, fold).
         self.depth = min(every_n_steps, DEPTH)
+        # Step k of those held is in row k (1 to depth): the count after its
+        # increment is its row, with no op to subtract one. Row 0 is unused.
         self._half = distributed.host_variable(
-            np.full((self.depth, n_variables), statistics.MISSING), tf.float64, "tb_gradcheck_window_held"
+            np.full((self.depth + 1, n_variables), statistics.MISSING), tf.float64, "tb_gradcheck_window_held"
         )
         self._held = distributed.host_variable(0, tf.int64, "tb_gradcheck_window_held")
 
@@ -93,7 +95,7 @@ class Window:
     def hold(self, half, step):
         """Holds one step's ``statistics.half_sums`` (float64 ``[V]``); returns the steps held, this one included."""
         held = self._held.assign_add(1)
-        tf.raw_ops.ResourceScatterUpdate(resource=self._half.handle, indices=held - 1, updates=half)
+        tf.raw_ops.ResourceScatterUpdate(resource=self._half.handle, indices=held, updates=half)
         self.last_step.assign(step)
         return held
 
@@ -103,7 +105,7 @@ class Window:
         The sums are added in another order than ``add``'s, so they can
         differ from it in float32's last bit; last, max, min and counts are the same.
         """
-        x = statistics.held_columns(self._half.read_value(), self._rows)  # [R, D, 3]
+        x = statistics.held_columns(self._half[1:], self._rows)  # [R, D, 3]
         here = (tf.range(self.depth, dtype=tf.int64) < count)[None, :, None] & tf.not_equal(x, statistics.MISSING)
         self._count.assign_add(tf.reduce_sum(tf.cast(here, tf.float32), axis=1))
         self._sum.assign_add(tf.reduce_sum(tf.where(here, x, 0.0), axis=1))

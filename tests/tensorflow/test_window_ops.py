@@ -13,10 +13,9 @@ from tests.tensorflow.test_writer import COL
 from tests.tensorflow.test_writer import rows
 from tests.tensorflow.test_writer import stats_events
 
-# Issue 46: between writes a traced step adds at most one conditional and at
-# most this many other ops beyond one per variable, whatever the number of
-# variables (the window's state, the scatter of the held sums, the cond's
-# predicate and the captured state the cond takes as inputs).
+# Issue 46: between writes a traced step adds at most this many ops beyond
+# one per variable and its conds, whatever the number of variables (the
+# scatter of the held sums, the conds' predicate, the state the cond captures).
 OTHER_OPS_BETWEEN_WRITES = 48
 CONDS = ("If", "StatelessIf")
 
@@ -53,14 +52,32 @@ def test_a_window_step_between_writes_adds_one_cond_and_a_fixed_number_of_ops(tm
     added = collections.Counter(op.type for op in graph.get_operations())
     added.subtract(op.type for op in bare.get_operations())
     conds = [op for op in graph.get_operations() if op.type in CONDS]
-    assert len(conds) == 1, [op.name for op in conds]
     assert added["L2Loss"] == n_variables  # the one op per variable: the norm's fused pass
     other = sum(added.values()) - n_variables - len(conds)
     assert other <= OTHER_OPS_BETWEEN_WRITES, dict(added)
-    # Between writes the cond takes its other branch, which does nothing (a constant and its output).
+    # Two conds: one on the held sums, which waits for every gradient, and the
+    # weights' one, which reads only the step and the weights, so that no
+    # update waits for the backward pass (recording._record_window).
+    on_gradients = [op for op in conds if "L2Loss" in _ancestor_types(op)]
+    assert len(conds) == 2 and len(on_gradients) == 1, [op.name for op in conds]
+    (weights,) = set(conds) - set(on_gradients)
+    assert not {"L2Loss", "Pack", "ResourceScatterUpdate"} & _ancestor_types(weights)
+    # Between writes the cond on the gradients takes its other branch, which
+    # does nothing (a constant and its output).
     library = {f.signature.name: f for f in graph.as_graph_def().library.function}
-    (cond,) = conds
-    assert len(library[cond.get_attr("else_branch").name].node_def) <= 2
+    assert len(library[on_gradients[0].get_attr("else_branch").name].node_def) <= 2
+
+
+def _ancestor_types(op):
+    """The types of the ops ``op`` depends on, through data and control inputs."""
+    seen, stack = set(), list(op.inputs) + list(op.control_inputs)
+    while stack:
+        node = stack.pop()
+        node = node.op if isinstance(node, tf.Tensor) else node
+        if node.name not in seen:
+            seen.add(node.name)
+            stack.extend(list(node.inputs) + list(node.control_inputs))
+    return {op.graph.get_operation_by_name(name).type for name in seen}
 
 
 def test_a_window_longer_than_the_held_steps_records_every_step_and_the_rare_ones_in_order(tmp_path):
