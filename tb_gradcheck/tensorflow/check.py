@@ -124,10 +124,18 @@ def check_gradients(
         )
     if not callable(loss_fn):
         raise TypeError(f"Expected `loss_fn` to be a zero-argument callable. Received: {type(loss_fn).__name__}")
+    opts = algorithm.options(probes, epsilon, seed, granularity, tolerance, thorough)
+    return run(loss_fn, variables, opts)
+
+
+def run(loss_fn, variables, opts, only=None):
+    """``check_gradients`` with its options validated (``algorithm.Options``), over the rows ``only`` or all.
+
+    The float64 re-check of the rows a float32 check left open
+    (``tb_gradcheck.check.settle``) runs the twin's check through here.
+    """
     variables = checked_variables(variables)  # non-empty, distinct, floating-point variables
     rows = Rows(variables)
-    opts = algorithm.options(probes, epsilon, seed, granularity, tolerance, thorough)
-
     checked = [tf_variable(v) for v in variables]
     # On Ampere and newer GPUs TensorFlow runs float32 matmuls and
     # convolutions in TensorFloat-32 by default: inputs rounded to 10 mantissa
@@ -141,7 +149,7 @@ def check_gradients(
     try:
         evaluator = Evaluator(loss_fn, checked)
         try:
-            report = algorithm.run(evaluator, rows, opts)
+            report = algorithm.run(evaluator, rows, opts, only)
         finally:
             changed = evaluator.restore_all()
     finally:
@@ -152,6 +160,6 @@ def check_gradients(
             f"({', '.join(sorted(changed))}), e.g. BatchNormalization moving statistics in training mode; "
             "check_gradients restored them bit for bit. Call the model with training=False in loss_fn "
             "to check the inference-mode gradient without this.",
-            stacklevel=2,
+            stacklevel=3,
         )
     return report
