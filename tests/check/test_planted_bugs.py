@@ -204,7 +204,9 @@ def test_callback_checks_a_float64_twin_and_leaves_the_model_as_plain_training_d
     for _, matrix, _ in records:
         assert [status[int(s)] for s in matrix[:, column]][1] == "mismatch"
         assert "mismatch" not in [status[int(s)] for j, s in enumerate(matrix[:, column]) if j != 1]
-    with pytest.raises(ValueError, match=r"`check_dtype` to be one of \[None, 'float32', 'float64'\]. Received: 'float16'"):
+    with pytest.raises(
+        ValueError, match=r"`check_dtype` to be one of \[None, 'float32', 'float64'\]. Received: 'float16'"
+    ):
         GradientCallback(tmp_path, check_dtype="float16")
 
 
