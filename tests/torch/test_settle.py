@@ -161,5 +161,11 @@ def test_the_marker_is_stored_and_served_and_the_report_shows_it(tmp_path):
     by_name = {c["name"]: c for c in body["rows"]}
     assert by_name["fc2"]["float64_recheck"] == "float64" and by_name["fc1"]["float64_recheck"] == "none"
     assert by_name["fc2"]["status"] == report.layers[1].status
+    (failure,) = [
+        f
+        for f in get_json(client, "/data/plugin/gradients/findings?run=run")["findings"]
+        if f["kind"] == "check_failure"
+    ]
+    assert failure["evidence"]["fc2"]["decided_by_float64_twin"] == 1
     column = metadata.CHECK_COLUMNS.index("float64_recheck")
     assert np.float32(metadata.CHECK_RECHECKS.index("float64")) == 1.0 and column == len(metadata.CHECK_COLUMNS) - 1
