@@ -98,7 +98,8 @@ class PeriodicCheck:
                     # Dropout's seed), and put back: not news at every check.
                     warnings.filterwarnings("ignore", "loss_fn changed variables other than the ones checked")
                 if opts is None:
-                    return check.check_gradients(loss_fn, model.trainable_variables)
+                    # The settling, if any, is this class's: it has the model to make a twin of.
+                    return check.check_gradients(loss_fn, model.trainable_variables, dtype="float32")
                 return check.run(loss_fn, model.trainable_variables, opts, only)
         finally:
             for v, value in snapshot:
