@@ -63,7 +63,13 @@ def check_gradients(
       params: The parameter pytree, or an NNX module (then ``loss_fn`` takes
         the module; its ``nnx.Param`` state is checked). Not modified.
       batch: None (default), or the batch ``loss_fn`` takes (any pytree).
-      dtype: None (default) checks in the parameters' own dtype.
+      dtype: None (default) checks in the parameters' own dtype, then
+        re-checks the rows that leaves inconclusive on the float64 twin below,
+        with the same seed and probes (``tb_gradcheck.check.settle``): those
+        rows hold the twin's verdict, marked ``float64_recheck="float64"``, or
+        stay inconclusive, marked ``"unavailable"`` with the reason, where the
+        twin cannot run (a loss that cannot be traced in float64, not enough
+        free memory). ``"float32"``: the parameters' own dtype only.
         ``"float64"`` checks a float64 twin: ``params`` and ``batch``'s
         floating-point leaves cast to float64, traced and run under
         ``jax.enable_x64``. Its error bar is ~1e-7 of the derivative instead

@@ -76,7 +76,15 @@ def check_gradients(
         of parameters (named by position).
       batch: None (default), or the batch ``loss_fn(model, batch)`` takes:
         a tensor or a tuple, list or dict of them.
-      dtype: None (default) checks the model as it is. ``"float64"`` checks a
+      dtype: None (default) checks the model as it is, then re-checks the
+        rows it leaves inconclusive on the float64 twin below, with the same
+        seed and probes (``tb_gradcheck.check.settle``): those rows hold the
+        twin's verdict, marked ``float64_recheck="float64"``, or stay
+        inconclusive, marked ``"unavailable"`` with the reason, where the twin
+        cannot run (no ``batch``, bare parameters, a module ``deepcopy``
+        refuses, an op that refuses float64, not enough free memory).
+        ``"float32"`` checks the model as it is, and nothing more.
+        ``"float64"`` checks a
         float64 twin: ``copy.deepcopy(model)`` cast to float64, called as
         ``loss_fn(twin, batch)`` with the batch's floating-point tensors cast
         to float64 and float64 as the default dtype (so tensors ``loss_fn``
