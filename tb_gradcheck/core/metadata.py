@@ -129,12 +129,17 @@ METRICS = tuple(METRIC_AGGREGATES)
 # derivatives: the smallest discrepancy the check could resolve), the row's
 # power (min_detectable_error: the smallest relative error along the row's
 # gradient the check would have convicted; +inf when it had no gradient
-# probe) and the status. Readers take columns by name, so layouts written
-# before min_detectable_error existed read with that column missing.
+# probe), the status and whose verdict it is (float64_recheck, an index
+# into CHECK_RECHECKS). Readers take columns by name, so layouts written
+# before min_detectable_error or float64_recheck read with them missing.
 CHECK_COLUMNS = ("analytic", "numeric", "relative_error", "noise_floor", "min_detectable_error", "status")
+CHECK_COLUMNS += ("float64_recheck",)
 # Stored as the index into this tuple, which is also the order of severity:
 # binning several steps keeps the worst status with a plain max.
 CHECK_STATUSES = ("ok", "inconclusive", "mismatch")
+# Whose verdict a check row holds (tb_gradcheck.check.settle): its own
+# dtype's, the float64 twin's, or its own because the twin could not run.
+CHECK_RECHECKS = ("none", "float64", "unavailable")
 # The check metric served in the heatmap, and the column it reads.
 CHECK_METRIC = "check_error"
 

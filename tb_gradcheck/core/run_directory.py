@@ -4,10 +4,10 @@ A directory that cannot hold the run (a parent that does not exist and
 cannot be made, a file in the way, no permission, a read-only file system)
 is refused when the writer or callback is built, in one sentence that names
 it and the path, instead of failing at the first optimizer step from deep
-inside TensorBoard's event writer. Nothing is left there then: the check
-makes the missing directories and removes them again, so a writer that
-never writes (a worker, a fit that stops before its first step) leaves the
-file system as it found it; the event writer makes them at the first write.
+inside TensorBoard's event writer. Nothing is left there then: a writer
+that never writes (a worker, a fit that stops before its first step) leaves
+the file system as it found it; the event writer makes the directory at the
+first write.
 
 Where the run goes is said once per run directory and process, as
 Lightning says where it logs: through the package's logger
@@ -16,8 +16,10 @@ the program has configured logging itself; a trainer's callback says it
 through the trainer's own logger first (``announced``).
 """
 
+import errno
 import logging
 import os
+import tempfile
 
 from tb_gradcheck.core import validate
 
@@ -32,7 +34,7 @@ _announced = set()
 
 
 def prepare(value, name, owner):
-    """``value``, a run directory ``owner`` can write: checked by making it, left as found.
+    """``value``, a run directory ``owner`` can write, checked and left as found.
 
     Args:
       value: The path (str, bytes or ``os.PathLike``).
@@ -50,28 +52,36 @@ def prepare(value, name, owner):
     if os.path.exists(path) and not os.path.isdir(path):
         reason = "it is a file, not a directory"
     else:
-        # Made to ask the file system itself (permission bits say nothing to root, nor about a
-        # read-only mount), then the directories this made are removed, deepest first.
-        missing = []
-        walk = os.path.abspath(path)
-        while not os.path.lexists(walk) and os.path.dirname(walk) != walk:
-            missing.append(walk)
-            walk = os.path.dirname(walk)
-        try:
-            os.makedirs(path, exist_ok=True)
-            reason = None if os.access(path, os.W_OK | os.X_OK) else "it is not writable"
-        except OSError as e:
-            reason = f"it cannot be created ({e.strerror or e})"
-        for made in missing:
-            try:
-                os.rmdir(made)
-            except OSError:
-                break  # not made by us, or something was written there meanwhile: kept
+        reason = _unwritable(os.path.abspath(path))
     if reason is not None:
         raise ValueError(
             f"Expected `{name}` to be a directory {owner} can write its run to. Received: {path!r}: {reason}"
         )
     return path
+
+
+def _unwritable(path):
+    """Why no run directory can be made at ``path`` (absolute), or None; the file system left as found.
+
+    The nearest directory that exists is asked by the file system itself: a
+    directory of a unique name made there and removed (permission bits say
+    nothing to root, nor about a read-only mount or /proc). Unique, so that
+    the processes of a distributed job checking one path at once never
+    remove what another made; the path's own missing directories are made by
+    the event writer at the first write.
+    """
+    parent = path
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"it cannot be created ({os.strerror(errno.ENOTDIR)})"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".tb_gradcheck_", dir=parent))
+    except OSError as e:
+        if os.path.exists(path):
+            return "it is not writable"
+        return f"it cannot be created ({e.strerror or e})"
+    return None
 
 
 def announced(path):
