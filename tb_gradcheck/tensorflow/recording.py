@@ -98,7 +98,7 @@ class Recording:
         ``writer.as_default()`` flushes it: that makes every written step
         survive a SIGKILL (writer.py's flush policy), so it is entered only
         where something is written, never at a window's other steps, which
-        run no more than the window's update and one cond.
+        hold their sums and run the window's conds (_record_window).
         """
         if self.every_n_steps == 1:
             layer, variable = measured

@@ -5,13 +5,14 @@ the training step by the replica that records. Layer and variable rows are
 kept as one matrix (layers first).
 
 Between writes a graph step only holds its ``statistics.half_sums`` (one
-``l2_loss`` per gradient) in a ``[DEPTH, V]`` variable: one scatter, whatever
-the number of variables. Everything else (the norms, the layer rows, the
-running last/sum/max/min/count) is computed from the held steps when the
-window is folded, inside the one cond a step takes only at a write step, when
-the held steps fill the variable (every ``DEPTH`` steps), or at a rare step
-(a non-finite gradient, a sum of squares out of band), which is added on its
-own from ``statistics.quick``. A compiled step adds each step itself (``add``).
+``l2_loss`` per gradient) in a ``[DEPTH + 1, V]`` variable: one scatter,
+whatever the number of variables. Everything else (the norms, the layer rows,
+the running last/sum/max/min/count) is computed from the held steps when the
+window is folded, inside the step's cond on those sums
+(``recording.Recording._record_window``), which works only at a write step,
+when the held steps fill the variable (every ``DEPTH`` steps), or at a rare
+step (a non-finite gradient, a sum of squares out of band), which is added on
+its own from ``statistics.quick``. A compiled step adds each step itself (``add``).
 """
 
 import numpy as np
