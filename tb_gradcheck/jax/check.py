@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from tb_gradcheck.check import algorithm
-from tb_gradcheck.check import evaluator
 from tb_gradcheck.check import float32_gap
 from tb_gradcheck.check import settle
 from tb_gradcheck.core import validate
 from tb_gradcheck.jax import layout
+from tb_gradcheck.jax.evaluator import Evaluator
 
 DTYPES = (None, "float32", "float64")
 
@@ -147,70 +147,6 @@ def _free_bytes(leaf):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
         return None
-
-
-class _Leaf:
-    """One checked parameter: its index among the pytree's leaves (a handle the check passes back)."""
-
-    def __init__(self, index):
-        self.index = index
-
-
-class Evaluator(evaluator.Evaluator):
-    """The loss and its gradient at the parameters as they are, through two jitted functions of the leaves.
-
-    Args:
-      fn: The loss as a function of the parameter pytree.
-      tree: The parameter pytree (JAX arrays); never modified: written
-        values live in the evaluator's own list of leaves.
-      checked: Indices of the checked leaves, in row order.
-    """
-
-    def __init__(self, fn, tree, checked):
-        super().__init__([_Leaf(i) for i in checked])
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        self._saved = [jnp.asarray(x) for x in leaves]
-        self._current = list(self._saved)
-        indices = list(checked)
-
-        def loss_of(checked_leaves, all_leaves):
-            merged = list(all_leaves)
-            for i, x in zip(indices, checked_leaves):
-                merged[i] = x
-            return fn(jax.tree_util.tree_unflatten(treedef, merged))
-
-        self._loss = jax.jit(loss_of)
-        self._grad = jax.jit(jax.grad(loss_of))
-
-    def _checked_leaves(self):
-        return [self._current[v.index] for v in self.checked]
-
-    def _forward(self):
-        value = self._loss(self._checked_leaves(), self._current)
-        if np.ndim(value) != 0 or not jnp.issubdtype(value.dtype, jnp.floating):
-            raise TypeError(
-                "Expected `loss_fn` to return a floating-point scalar. "
-                f"Received: shape {np.shape(value)}, dtype {value.dtype}"
-            )
-        return float(value), str(value.dtype)
-
-    def _backward(self):
-        return [np.asarray(g, np.float64) for g in self._grad(self._checked_leaves(), self._current)]
-
-    def write(self, v, value):
-        saved = self._saved[v.index]
-        rounded = np.asarray(value).astype(saved.dtype)
-        self._current[v.index] = jax.device_put(rounded, saved.sharding)
-        return np.asarray(rounded, np.float64)
-
-    def saved64(self, v):
-        return np.asarray(self._saved[v.index], np.float64)
-
-    def reset(self, v):
-        self._current[v.index] = self._saved[v.index]
-
-    def dtype_name(self, v):
-        return str(self._saved[v.index].dtype)
 
 
 def _pure(loss_fn, params, batch):
