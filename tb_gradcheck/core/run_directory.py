@@ -1,13 +1,13 @@
-"""A writer's run directory: checked when the writer is built, and announced once, in one line.
+"""A writer's run directory: made and checked when the writer is built, and announced once, in one line.
 
 A directory that cannot hold the run (a parent that does not exist and
 cannot be made, a file in the way, no permission, a read-only file system)
 is refused when the writer or callback is built, in one sentence that names
 it and the path, instead of failing at the first optimizer step from deep
-inside TensorBoard's event writer. Nothing is left there then: a writer
-that never writes (a worker, a fit that stops before its first step) leaves
-the file system as it found it; the event writer makes the directory at the
-first write.
+inside TensorBoard's event writer. The directory is made then, as
+``torch.utils.tensorboard.SummaryWriter`` makes its own; nothing is written
+in it before the first write (no event file: a worker that never writes, a
+fit refused before its first step leave an empty directory at most).
 
 Where the run goes is said once per run directory and process, as
 Lightning says where it logs: through the package's logger
@@ -16,7 +16,6 @@ the program has configured logging itself; a trainer's callback says it
 through the trainer's own logger first (``announced``).
 """
 
-import errno
 import logging
 import os
 import tempfile
@@ -34,7 +33,7 @@ _announced = set()
 
 
 def prepare(value, name, owner):
-    """``value``, a run directory ``owner`` can write, checked and left as found.
+    """``value``, a run directory ``owner`` can write, made if missing.
 
     Args:
       value: The path (str, bytes or ``os.PathLike``).
@@ -52,7 +51,12 @@ def prepare(value, name, owner):
     if os.path.exists(path) and not os.path.isdir(path):
         reason = "it is a file, not a directory"
     else:
-        reason = _unwritable(os.path.abspath(path))
+        try:
+            # exist_ok: the processes of a distributed job make one path at once.
+            os.makedirs(path, exist_ok=True)
+            reason = None if _writable(path) else "it is not writable"
+        except OSError as e:
+            reason = f"it cannot be created ({e.strerror or e})"
     if reason is not None:
         raise ValueError(
             f"Expected `{name}` to be a directory {owner} can write its run to. Received: {path!r}: {reason}"
@@ -60,28 +64,18 @@ def prepare(value, name, owner):
     return path
 
 
-def _unwritable(path):
-    """Why no run directory can be made at ``path`` (absolute), or None; the file system left as found.
+def _writable(path):
+    """Whether ``path`` takes a new entry, asked of the file system itself; nothing left there.
 
-    The nearest directory that exists is asked by the file system itself: a
-    directory of a unique name made there and removed (permission bits say
-    nothing to root, nor about a read-only mount or /proc). Unique, so that
-    the processes of a distributed job checking one path at once never
-    remove what another made; the path's own missing directories are made by
-    the event writer at the first write.
+    Permission bits say nothing to root, nor about a read-only mount: a
+    directory of a unique name (unique, so that processes checking one path
+    at once never remove each other's) is made there and removed.
     """
-    parent = path
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        return f"it cannot be created ({os.strerror(errno.ENOTDIR)})"
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".tb_gradcheck_", dir=parent))
-    except OSError as e:
-        if os.path.exists(path):
-            return "it is not writable"
-        return f"it cannot be created ({e.strerror or e})"
-    return None
+        os.rmdir(tempfile.mkdtemp(prefix=".tb_gradcheck_", dir=path))
+    except OSError:
+        return False
+    return True
 
 
 def announced(path):
