@@ -135,6 +135,7 @@ const EVIDENCE_FIELDS = {
   max_relative_error: ['max relative error', percent],
   checks_failed: ['checks failed', formatNumber],
   checks_run: ['checks run', formatNumber],
+  decided_by_float64_twin: ['of the failed, decided by the float64 twin', formatNumber],
   reason: ['reason', String],
   median_saturated_fraction: ['saturated outputs (median)', percent],
   max_saturated_fraction: ['saturated outputs (max)', percent],

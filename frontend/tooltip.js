@@ -62,7 +62,26 @@ export function checkRows(c) {
   const rows = [['check', c.status || 'not checked', c.status === 'mismatch' ? 'tip-bad' : '']];
   const power = checkPower(c.check, c.rowName);
   if (power !== null && c.count === 1) rows.push(['power', `would catch errors \u2265 ${formatValue(power)} (last check)`]);
+  const source = RECHECK_TEXT[checkRecheck(c.check, c.rowName)];
+  if (source && c.count === 1) rows.push(['decided by', source]);
   return rows;
+}
+
+// What each `float64_recheck` value (metadata.CHECK_RECHECKS) says in the
+// tooltip; "none" (the check's own dtype decided) says nothing.
+const RECHECK_TEXT = {
+  float64: 'the float64 twin (float32 left it inconclusive; last check)',
+  unavailable: 'nothing: the float64 twin could not re-check it (last check)',
+};
+
+/**
+ * Whose verdict the row's last check holds (`float64_recheck`: "none",
+ * "float64" or "unavailable"), or null when the records do not say.
+ */
+export function checkRecheck(check, rowName) {
+  if (!check || !Array.isArray(check.rows)) return null;
+  const row = check.rows.find((r) => r.name === rowName);
+  return row && typeof row.float64_recheck === 'string' ? row.float64_recheck : null;
 }
 
 /**

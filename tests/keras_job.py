@@ -12,6 +12,7 @@ torch (eager, where a Python loss runs at every step) fits that raise and a fit
 with ``jit_compile=True``. Writes ``DIR/result.json``.
 """
 
+import glob
 import json
 import os
 import sys
@@ -202,7 +203,8 @@ def main(backend, root):
         warnings.simplefilter("always")
         fit(keras, start, refused, os.path.join(root, "refused"))
     result["refused_warnings"] = _messages(caught)
-    result["refused_wrote"] = os.path.exists(os.path.join(root, "refused"))
+    # Made when the callback was built (as every writer's run directory), never written.
+    result["refused_wrote"] = bool(glob.glob(os.path.join(root, "refused", "**", "events.*"), recursive=True))
     if backend == "torch":
         for where in ("step", "callback"):
             result[f"raise_{where}"] = _raising_fits(keras, start, root, where)

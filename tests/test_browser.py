@@ -80,6 +80,7 @@ def write_checks(path):
             "noise_floor": 1e-6,
             "min_detectable_error": 0.02,
             "status": status,
+            "float64_recheck": metadata.CHECK_RECHECKS.index("none"),
         }
         return [cells[c] for c in metadata.CHECK_COLUMNS]
 

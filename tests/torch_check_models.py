@@ -41,6 +41,10 @@ def cross_entropy(model, batch):
 # -- planted bugs ---------------------------------------------------------------------------
 
 
+# The output unit whose weight-gradient row the ``row`` kind scales.
+ROW = 5
+
+
 class PlantedLinearFunction(torch.autograd.Function):
     """``x @ w.T + b`` with a backward pass wrong in the way ``kind`` says (None: right).
 
@@ -48,7 +52,8 @@ class PlantedLinearFunction(torch.autograd.Function):
     gradient negated: the wrong sign on one input), ``input_sign`` (the
     input's gradient negated: the layers below get the wrong gradient),
     ``transpose`` (the weight gradient transposed; square weights),
-    ``element`` (one weight-gradient element doubled), ``bias_mean`` (the
+    ``element`` (one weight-gradient element doubled), ``row`` (one
+    weight-gradient row, output unit ROW, 1.3x too large), ``bias_mean`` (the
     bias gradient averaged over the batch instead of summed) and
     ``cancel`` (the weight gradient computed as (dy + C)^T x - C sum(x),
     exact in exact arithmetic and in float64, ~10% off in float32).
@@ -76,6 +81,9 @@ class PlantedLinearFunction(torch.autograd.Function):
         elif kind == "element":
             dw = dw.clone()
             dw[1, 2] *= 2.0
+        elif kind == "row":
+            dw = dw.clone()
+            dw[ROW] *= 1.3
         elif kind == "bias_mean":
             db = dy.mean(0)
         elif kind == "cancel":
@@ -232,6 +240,24 @@ def planted(kind, seed=0, width=16):
     model.body, model.head = body, nn.Linear(width, 1)
     wrong = ("body.0",) if kind == "input_sign" else ("body.2",)
     return Case(model, _mlp_batch(generator), mse, wrong)
+
+
+def localized(seed=0, width=48, kind="row"):
+    """A 4-layer tanh MLP (8 -> width -> width -> width -> 1) whose ``fc2`` backward has planted bug ``kind``.
+
+    With ``kind="row"``, one of fc2's ``width`` weight-gradient rows is 1.3x
+    too large: ~0.1% of the row's gradient along itself at width 48, under
+    float32's power (the float32 check leaves it inconclusive or calls it ok
+    at most seeds) and far above float64's. ``kind=None``: the same model, correct.
+    """
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed + 1000)
+    model = nn.Sequential()
+    model.fc1, model.act1 = nn.Linear(8, width), nn.Tanh()
+    model.fc2, model.act2 = PlantedLinear(width, width, kind), nn.Tanh()
+    model.fc3, model.act3 = nn.Linear(width, width), nn.Tanh()
+    model.fc4 = nn.Linear(width, 1)
+    return Case(model, _mlp_batch(generator, batch=32), mse, ("fc2",) if kind else ())
 
 
 # Caught by the default float32 check along the gradient (the TensorFlow check's DEFAULT_CATCHES).

@@ -9,6 +9,7 @@ from tb_gradcheck.core import metadata
 
 STATUSES = metadata.CHECK_STATUSES
 OK, INCONCLUSIVE, MISMATCH = STATUSES
+RECHECKS = metadata.CHECK_RECHECKS
 # Probe directions: along the row's analytic gradient, Gaussian random, and
 # the two blind-spot kinds whose analytic derivative is zero by construction:
 # over the elements whose gradient is exactly zero ("zero_set"), and over a
@@ -81,6 +82,11 @@ class CheckRow:
       location: For a mismatch, where bisection narrowed the fault (e.g.
         ``"dense_1/kernel[3, 7]"``, ``"dense_1/kernel[0:32, :]"``); empty
         when not a mismatch or not narrowed below the whole row.
+      float64_recheck: Whose verdict this is (``settle``): ``"none"`` the
+        check's own dtype's, ``"float64"`` the float64 twin's (the own dtype
+        left the row inconclusive; every number above is then the twin's),
+        ``"unavailable"`` the own dtype's, inconclusive, because the twin
+        could not run (``reason`` says why).
     """
 
     name: str
@@ -95,6 +101,7 @@ class CheckRow:
     probes: tuple
     min_detectable_error: float = math.inf
     location: str = ""
+    float64_recheck: str = RECHECKS[0]
 
     def to_dict(self):
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "probes"}
@@ -196,6 +203,8 @@ class GradientCheckReport:
                 # "catches >=": the row's min_detectable_error, the smallest
                 # relative error along its gradient this check convicts.
                 note = f" ({r.reason})" if r.reason else (f" (at {r.location})" if r.location else "")
+                if r.float64_recheck == RECHECKS[1]:
+                    note = f" [float64 twin]{note}"
                 lines.append(
                     f"{r.name:<{width}}  {r.analytic:>12.5e}  {r.numeric:>12.5e}  "
                     f"{abs(r.analytic - r.numeric):>10.2e}  {r.relative_error:>10.2e}  "
@@ -215,7 +224,8 @@ def stored_checks(report):
 
     Layers always, variables when the check ran per variable. The matrix is
     float32 ``[R, len(CHECK_COLUMNS)]``, the status as its index in
-    ``CHECK_STATUSES`` (docs/stored_format.md).
+    ``CHECK_STATUSES`` and whose verdict it is as its index in
+    ``CHECK_RECHECKS`` (docs/stored_format.md).
 
     Raises:
       TypeError: ``report`` is not a ``GradientCheckReport``.
@@ -232,6 +242,10 @@ def stored_checks(report):
         for i, row in enumerate(rows):
             for j, column in enumerate(metadata.CHECK_COLUMNS):
                 value = getattr(row, column)
-                matrix[i, j] = metadata.CHECK_STATUSES.index(value) if column == "status" else value
+                if column == "status":
+                    value = metadata.CHECK_STATUSES.index(value)
+                elif column == "float64_recheck":
+                    value = metadata.CHECK_RECHECKS.index(value)
+                matrix[i, j] = value
         stored.append((metadata.check_layout(granularity, [r.name for r in rows]), matrix))
     return stored

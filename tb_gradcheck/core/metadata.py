@@ -73,10 +73,8 @@ STORED_STAT_COLUMNS = GRADIENT_STAT_COLUMNS + ("weight_norm",) + ONSET_STAT_COLU
 # value in every row (a few floats per write), so they ride along the step
 # axis of the heatmap itself and bin with it.
 OPTIMIZER_STAT_COLUMNS = ("grad_norm_before_clip", "update_norm", "update_to_weight", "loss_scale", "refused_steps")
-# Each layer row's forward output at the write step (activations=True; defined in rowstats.ACTIVATION_SUMS and
-# tb_gradcheck.torch.activations): only in layouts that have them, in the "last" slab, MISSING in variable rows (an
-# output is a module's) and where the module did not run. act_dead_fraction only where a ReLU module follows the
-# layer, act_saturated_fraction only where a Tanh or Sigmoid module does.
+# Each layer's forward output at the write step (activations=True; docs/stored_format.md, rowstats.ACTIVATION_SUMS):
+# "last" slab only; MISSING in variable rows, where the module did not run, or no ReLU / Tanh / Sigmoid follows it.
 ACTIVATION_STAT_COLUMNS = ("act_rms", "act_max_abs", "act_nonfinite", "act_dead_fraction", "act_saturated_fraction")
 # Columns a layout stores only when its writer measured them, after the statistics above, in this order.
 OPTIONAL_STAT_COLUMNS = OPTIMIZER_STAT_COLUMNS + ACTIVATION_STAT_COLUMNS
@@ -127,8 +125,7 @@ METRIC_AGGREGATES = {
     # (non-finite gradient: no update, scale halved).
     "loss_scale": ("last",),
     "refused_steps": ("last",),
-    # Forward outputs, taken at the write step.
-    **{c: ("last",) for c in ACTIVATION_STAT_COLUMNS},
+    **{c: ("last",) for c in ACTIVATION_STAT_COLUMNS},  # forward outputs, taken at the write step
 }
 METRICS = tuple(METRIC_AGGREGATES)
 
@@ -138,12 +135,17 @@ METRICS = tuple(METRIC_AGGREGATES)
 # derivatives: the smallest discrepancy the check could resolve), the row's
 # power (min_detectable_error: the smallest relative error along the row's
 # gradient the check would have convicted; +inf when it had no gradient
-# probe) and the status. Readers take columns by name, so layouts written
-# before min_detectable_error existed read with that column missing.
+# probe), the status and whose verdict it is (float64_recheck, an index
+# into CHECK_RECHECKS). Readers take columns by name, so layouts written
+# before min_detectable_error or float64_recheck read with them missing.
 CHECK_COLUMNS = ("analytic", "numeric", "relative_error", "noise_floor", "min_detectable_error", "status")
+CHECK_COLUMNS += ("float64_recheck",)
 # Stored as the index into this tuple, which is also the order of severity:
 # binning several steps keeps the worst status with a plain max.
 CHECK_STATUSES = ("ok", "inconclusive", "mismatch")
+# Whose verdict a check row holds (tb_gradcheck.check.settle): its own
+# dtype's, the float64 twin's, or its own because the twin could not run.
+CHECK_RECHECKS = ("none", "float64", "unavailable")
 # The check metric served in the heatmap, and the column it reads.
 CHECK_METRIC = "check_error"
 

@@ -1,13 +1,13 @@
-"""A writer's run directory: checked when the writer is built, and announced once, in one line.
+"""A writer's run directory: made and checked when the writer is built, and announced once, in one line.
 
 A directory that cannot hold the run (a parent that does not exist and
 cannot be made, a file in the way, no permission, a read-only file system)
 is refused when the writer or callback is built, in one sentence that names
 it and the path, instead of failing at the first optimizer step from deep
-inside TensorBoard's event writer. Nothing is left there then: the check
-makes the missing directories and removes them again, so a writer that
-never writes (a worker, a fit that stops before its first step) leaves the
-file system as it found it; the event writer makes them at the first write.
+inside TensorBoard's event writer. The directory is made then, as
+``torch.utils.tensorboard.SummaryWriter`` makes its own; nothing is written
+in it before the first write (no event file: a worker that never writes, a
+fit refused before its first step leave an empty directory at most).
 
 Where the run goes is said once per run directory and process, as
 Lightning says where it logs: through the package's logger
@@ -18,6 +18,7 @@ through the trainer's own logger first (``announced``).
 
 import logging
 import os
+import tempfile
 
 from tb_gradcheck.core import validate
 
@@ -32,7 +33,7 @@ _announced = set()
 
 
 def prepare(value, name, owner):
-    """``value``, a run directory ``owner`` can write: checked by making it, left as found.
+    """``value``, a run directory ``owner`` can write, made if missing.
 
     Args:
       value: The path (str, bytes or ``os.PathLike``).
@@ -50,28 +51,31 @@ def prepare(value, name, owner):
     if os.path.exists(path) and not os.path.isdir(path):
         reason = "it is a file, not a directory"
     else:
-        # Made to ask the file system itself (permission bits say nothing to root, nor about a
-        # read-only mount), then the directories this made are removed, deepest first.
-        missing = []
-        walk = os.path.abspath(path)
-        while not os.path.lexists(walk) and os.path.dirname(walk) != walk:
-            missing.append(walk)
-            walk = os.path.dirname(walk)
         try:
+            # exist_ok: the processes of a distributed job make one path at once.
             os.makedirs(path, exist_ok=True)
-            reason = None if os.access(path, os.W_OK | os.X_OK) else "it is not writable"
+            reason = None if _writable(path) else "it is not writable"
         except OSError as e:
             reason = f"it cannot be created ({e.strerror or e})"
-        for made in missing:
-            try:
-                os.rmdir(made)
-            except OSError:
-                break  # not made by us, or something was written there meanwhile: kept
     if reason is not None:
         raise ValueError(
             f"Expected `{name}` to be a directory {owner} can write its run to. Received: {path!r}: {reason}"
         )
     return path
+
+
+def _writable(path):
+    """Whether ``path`` takes a new entry, asked of the file system itself; nothing left there.
+
+    Permission bits say nothing to root, nor about a read-only mount: a
+    directory of a unique name (unique, so that processes checking one path
+    at once never remove each other's) is made there and removed.
+    """
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".tb_gradcheck_", dir=path))
+    except OSError:
+        return False
+    return True
 
 
 def announced(path):

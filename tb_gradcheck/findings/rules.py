@@ -302,6 +302,10 @@ def check_failures(checks):
     error, _ = checks.slab("relative_error")
     mismatch = metadata.CHECK_STATUSES.index("mismatch")
     bad = ~status_missing & (status == mismatch)
+    # Convictions whose verdict is the float64 twin's (settle): float32
+    # could not decide the row. Missing in checks written before the column.
+    recheck, recheck_missing = checks.slab("float64_recheck")
+    by_twin = bad & ~recheck_missing & (recheck == metadata.CHECK_RECHECKS.index("float64"))
     evidence = {}
     for j in flagged_columns(bad):
         name = checks.rows[j]
@@ -313,6 +317,8 @@ def check_failures(checks):
             "first_step": int(steps[0]),
             "last_step": int(steps[-1]),
         }
+        if by_twin[:, j].any():
+            evidence[name]["decided_by_float64_twin"] = int(by_twin[:, j].sum())
     return Verdict(bad, {name: "error" for name in evidence}, evidence, "last")
 
 

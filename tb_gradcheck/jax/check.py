@@ -11,17 +11,20 @@ call). The report is the ``GradientCheckReport`` every check returns, for
 ``GradientWriter.write_check``.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from tb_gradcheck.check import algorithm
-from tb_gradcheck.check import evaluator
 from tb_gradcheck.check import float32_gap
+from tb_gradcheck.check import settle
 from tb_gradcheck.core import validate
 from tb_gradcheck.jax import layout
+from tb_gradcheck.jax.evaluator import Evaluator
 
-DTYPES = (None, "float64")
+DTYPES = (None, "float32", "float64")
 
 
 def check_gradients(
@@ -60,7 +63,13 @@ def check_gradients(
       params: The parameter pytree, or an NNX module (then ``loss_fn`` takes
         the module; its ``nnx.Param`` state is checked). Not modified.
       batch: None (default), or the batch ``loss_fn`` takes (any pytree).
-      dtype: None (default) checks in the parameters' own dtype.
+      dtype: None (default) checks in the parameters' own dtype, then
+        re-checks the rows that leaves inconclusive on the float64 twin below,
+        with the same seed and probes (``tb_gradcheck.check.settle``): those
+        rows hold the twin's verdict, marked ``float64_recheck="float64"``, or
+        stay inconclusive, marked ``"unavailable"`` with the reason, where the
+        twin cannot run (a loss that cannot be traced in float64, not enough
+        free memory). ``"float32"``: the parameters' own dtype only.
         ``"float64"`` checks a float64 twin: ``params`` and ``batch``'s
         floating-point leaves cast to float64, traced and run under
         ``jax.enable_x64``. Its error bar is ~1e-7 of the derivative instead
@@ -93,85 +102,51 @@ def check_gradients(
     dtype = validate.one_of(dtype, "dtype", DTYPES)
     tree, fn = _pure(loss_fn, params, batch)
     with jax.default_matmul_precision("float32"):
+        if dtype == "float64":
+            return _twin_check(loss_fn, params, batch, tree, fn, opts)
+        report = _check(fn, tree, opts)
         if dtype is None:
-            return _check(fn, tree, opts)
-        with jax.enable_x64(True):
-            tree64 = _to_float64(tree)
-            fn64 = _pure(loss_fn, params, _to_float64(batch))[1]
-            report = _check(fn64, tree64, opts)
-            names, owners, checked = _rows(fn64, tree64)
-            reference = _gradient(fn64, tree64, checked)
-        if any(jax.tree_util.tree_leaves(tree)[i].dtype != jnp.float32 for i in checked):
-            return report  # float16 or bfloat16 arithmetic is inexact by design; float64 is the twin's own
-        # Under jax_enable_x64 the same key can draw other random numbers
-        # (dropout masks): own_gap holds the two losses first, and compares
-        # the gradients only when the twin computes the model's function.
-        own = Evaluator(fn, tree, checked)
-        return float32_gap.own_gap(report, own, reference, algorithm.Layout(names, owners))
+            report = settle.settle(report, lambda only: _twin_check(loss_fn, params, batch, tree, fn, opts, only))
+        return report
 
 
-class _Leaf:
-    """One checked parameter: its index among the pytree's leaves (a handle the check passes back)."""
+def _twin_check(loss_fn, params, batch, tree, fn, opts, only=None):
+    """The check of the float64 twin (over the rows ``only``, or all), its gradient held against the model's."""
+    leaves = [x for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "dtype")]
+    if only is not None and leaves:
+        # The twin's float64 leaves and the evaluator's float64 snapshot of them.
+        needed = 2 * 8 * sum(int(np.size(x)) for x in leaves)
+        settle.require_memory(needed, _free_bytes(leaves[0]), str(_device(leaves[0])))
+    with jax.enable_x64(True):
+        tree64 = _to_float64(tree)
+        fn64 = _pure(loss_fn, params, _to_float64(batch))[1]
+        report = _check(fn64, tree64, opts, only)
+        names, owners, checked = _rows(fn64, tree64)
+        reference = _gradient(fn64, tree64, checked)
+    if any(jax.tree_util.tree_leaves(tree)[i].dtype != jnp.float32 for i in checked):
+        return report  # float16 or bfloat16 arithmetic is inexact by design; float64 is the twin's own
+    # Under jax_enable_x64 the same key can draw other random numbers
+    # (dropout masks): own_gap holds the two losses first, and compares
+    # the gradients only when the twin computes the model's function.
+    own = Evaluator(fn, tree, checked)
+    return float32_gap.own_gap(report, own, reference, algorithm.Layout(names, owners))
 
-    def __init__(self, index):
-        self.index = index
+
+def _device(leaf):
+    devices = getattr(leaf, "devices", None)
+    return next(iter(devices()), None) if callable(devices) else None
 
 
-class Evaluator(evaluator.Evaluator):
-    """The loss and its gradient at the parameters as they are, through two jitted functions of the leaves.
-
-    Args:
-      fn: The loss as a function of the parameter pytree.
-      tree: The parameter pytree (JAX arrays); never modified: written
-        values live in the evaluator's own list of leaves.
-      checked: Indices of the checked leaves, in row order.
-    """
-
-    def __init__(self, fn, tree, checked):
-        super().__init__([_Leaf(i) for i in checked])
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        self._saved = [jnp.asarray(x) for x in leaves]
-        self._current = list(self._saved)
-        indices = list(checked)
-
-        def loss_of(checked_leaves, all_leaves):
-            merged = list(all_leaves)
-            for i, x in zip(indices, checked_leaves):
-                merged[i] = x
-            return fn(jax.tree_util.tree_unflatten(treedef, merged))
-
-        self._loss = jax.jit(loss_of)
-        self._grad = jax.jit(jax.grad(loss_of))
-
-    def _checked_leaves(self):
-        return [self._current[v.index] for v in self.checked]
-
-    def _forward(self):
-        value = self._loss(self._checked_leaves(), self._current)
-        if np.ndim(value) != 0 or not jnp.issubdtype(value.dtype, jnp.floating):
-            raise TypeError(
-                "Expected `loss_fn` to return a floating-point scalar. "
-                f"Received: shape {np.shape(value)}, dtype {value.dtype}"
-            )
-        return float(value), str(value.dtype)
-
-    def _backward(self):
-        return [np.asarray(g, np.float64) for g in self._grad(self._checked_leaves(), self._current)]
-
-    def write(self, v, value):
-        saved = self._saved[v.index]
-        rounded = np.asarray(value).astype(saved.dtype)
-        self._current[v.index] = jax.device_put(rounded, saved.sharding)
-        return np.asarray(rounded, np.float64)
-
-    def saved64(self, v):
-        return np.asarray(self._saved[v.index], np.float64)
-
-    def reset(self, v):
-        self._current[v.index] = self._saved[v.index]
-
-    def dtype_name(self, v):
-        return str(self._saved[v.index].dtype)
+def _free_bytes(leaf):
+    """Bytes free on ``leaf``'s device (its memory_stats), the host's on a CPU, or None when unknown."""
+    device = _device(leaf)
+    stats = device.memory_stats() if device is not None and device.platform != "cpu" else None
+    if stats and "bytes_limit" in stats:
+        return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _pure(loss_fn, params, batch):
@@ -199,10 +174,10 @@ def _rows(fn, tree):
     return [names[i] for i in order], owners, order
 
 
-def _check(fn, tree, opts):
+def _check(fn, tree, opts, only=None):
     names, owners, checked = _rows(fn, tree)
     evaluator = Evaluator(fn, tree, checked)
-    return algorithm.run(evaluator, algorithm.Layout(names, owners), opts)
+    return algorithm.run(evaluator, algorithm.Layout(names, owners), opts, only)
 
 
 def _gradient(fn, tree, checked):

@@ -332,6 +332,10 @@ def checks(st, ctx, experiment_id, run, granularity="layer"):
                 values, missing = m.slab(column)
                 if column == "status":
                     cell[column] = None if codes[-1, j] < 0 else names[codes[-1, j]]
+                elif column == "float64_recheck":
+                    # Logs written before this column read as their own dtype's verdicts.
+                    code = 0 if missing[-1, j] or not np.isfinite(values[-1, j]) else int(values[-1, j])
+                    cell[column] = metadata.CHECK_RECHECKS[code] if cell["status"] is not None else None
                 else:
                     cell[column] = None if missing[-1, j] else float(values[-1, j])
             latest.append(cell)

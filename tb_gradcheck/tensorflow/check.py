@@ -19,6 +19,7 @@ import warnings
 import tensorflow as tf
 
 from tb_gradcheck.check import algorithm
+from tb_gradcheck.check import settle
 from tb_gradcheck.check.algorithm import DEFAULT_PROBES
 from tb_gradcheck.check.algorithm import DEFAULT_TOLERANCE  # noqa: F401  (public here, as before)
 from tb_gradcheck.check.algorithm import default_tolerance  # noqa: F401  (public here, as before)
@@ -29,6 +30,8 @@ from tb_gradcheck.check.report import STATUSES
 from tb_gradcheck.check.report import CheckRow
 from tb_gradcheck.check.report import GradientCheckReport
 from tb_gradcheck.check.report import Probe
+from tb_gradcheck.core import validate
+from tb_gradcheck.tensorflow import float64_twin
 from tb_gradcheck.tensorflow.evaluator import Evaluator
 from tb_gradcheck.tensorflow.evaluator import tf_variable
 from tb_gradcheck.tensorflow.variables import Rows
@@ -41,6 +44,8 @@ def check_gradients(
     loss_fn,
     variables,
     *,
+    dtype=None,
+    twin=None,
     probes=DEFAULT_PROBES,
     epsilon=None,
     seed=None,
@@ -67,6 +72,18 @@ def check_gradients(
       variables: The variables to check (for a Keras model,
         ``model.trainable_variables``), grouped into layers as
         ``GradientWriter`` groups them.
+      dtype: None (default) or ``"float32"``. None re-checks the rows the
+        check leaves inconclusive on the float64 twin given as ``twin``
+        (``tb_gradcheck.check.settle``: their verdict, error and power are
+        then the twin's, ``CheckRow.float64_recheck == "float64"``); without
+        ``twin`` they stay inconclusive, marked ``"unavailable"``, with the
+        reason. ``"float32"``: the check of ``loss_fn`` alone, as it was.
+      twin: None (default), or ``(twin_loss_fn, twin_variables)``: the same
+        loss of a float64 twin of the model (``tb_gradcheck.keras.float64_twin``,
+        its weights copied by ``sync_twin`` before the call) and its
+        variables, position by position ``variables``. Only read when rows
+        are left open; the model's own gradient is then also held against
+        the twin's on those rows (``float64_twin.float32_gap``).
       probes: Int, default 3. Directions per row: the first along the row's
         analytic gradient, the rest random. Each costs 4 loss evaluations.
         A row whose analytic gradient has exact zeros (a cut path, a dead
@@ -124,10 +141,38 @@ def check_gradients(
         )
     if not callable(loss_fn):
         raise TypeError(f"Expected `loss_fn` to be a zero-argument callable. Received: {type(loss_fn).__name__}")
+    opts = algorithm.options(probes, epsilon, seed, granularity, tolerance, thorough)
+    dtype = validate.one_of(dtype, "dtype", (None, "float32"))
+    if twin is not None and (not isinstance(twin, (tuple, list)) or len(twin) != 2 or not callable(twin[0])):
+        raise TypeError(f"Expected `twin` to be a pair (twin_loss_fn, twin_variables). Received: {type(twin).__name__}")
+    report = run(loss_fn, variables, opts)
+    if dtype is None:
+        report = settle.settle(report, lambda only: _recheck(loss_fn, variables, twin, opts, only))
+    return report
+
+
+def _recheck(loss_fn, variables, twin, opts, only):
+    """The twin's report over the rows ``only`` (``settle``'s ``recheck``), or why there is none."""
+    if twin is None:
+        raise settle.TwinUnavailable(
+            "check_gradients(loss_fn, variables) has no model to copy in float64; pass twin=(its loss on a float64 "
+            "twin, the twin's variables), e.g. from tb_gradcheck.keras.float64_twin"
+        )
+    twin_loss_fn, twin_variables = twin
+    report = run(twin_loss_fn, twin_variables, opts, only)
+    if any(tf_variable(v).dtype != tf.float32 for v in variables):
+        return report  # float16 or bfloat16 arithmetic is inexact by design; float64 is the twin's own
+    return float64_twin.float32_gap(report, loss_fn, variables, twin_loss_fn, twin_variables)
+
+
+def run(loss_fn, variables, opts, only=None):
+    """``check_gradients`` with its options validated (``algorithm.Options``), over the rows ``only`` or all.
+
+    The float64 re-check of the rows a float32 check left open
+    (``tb_gradcheck.check.settle``) runs the twin's check through here.
+    """
     variables = checked_variables(variables)  # non-empty, distinct, floating-point variables
     rows = Rows(variables)
-    opts = algorithm.options(probes, epsilon, seed, granularity, tolerance, thorough)
-
     checked = [tf_variable(v) for v in variables]
     # On Ampere and newer GPUs TensorFlow runs float32 matmuls and
     # convolutions in TensorFloat-32 by default: inputs rounded to 10 mantissa
@@ -141,7 +186,7 @@ def check_gradients(
     try:
         evaluator = Evaluator(loss_fn, checked)
         try:
-            report = algorithm.run(evaluator, rows, opts)
+            report = algorithm.run(evaluator, rows, opts, only)
         finally:
             changed = evaluator.restore_all()
     finally:
@@ -152,6 +197,6 @@ def check_gradients(
             f"({', '.join(sorted(changed))}), e.g. BatchNormalization moving statistics in training mode; "
             "check_gradients restored them bit for bit. Call the model with training=False in loss_fn "
             "to check the inference-mode gradient without this.",
-            stacklevel=2,
+            stacklevel=3,
         )
     return report

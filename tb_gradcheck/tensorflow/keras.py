@@ -98,7 +98,11 @@ class GradientCallback(callback.GradientCallback):
       check_data: The batch the check uses: ``(x, y)`` or
         ``(x, y, sample_weight)``, arrays or tensors. Required with
         ``check_every_n_steps``.
-      check_dtype: None (default) or ``"float64"``. With ``"float64"`` the
+      check_dtype: None (default), ``"float32"`` or ``"float64"``. None
+        checks the model and re-checks the rows it leaves inconclusive on a
+        float64 twin of it (``tb_gradcheck.check.settle``; their verdicts are
+        the twin's, marked so in the stored check); ``"float32"`` checks the
+        model only. With ``"float64"`` the
         check runs on a float64 twin of the model (``float64_twin``), its
         weights copied from the model at every check, the model itself
         untouched: it resolves ~1e-7 of a derivative instead of ~3e-3, so
@@ -134,7 +138,7 @@ class GradientCallback(callback.GradientCallback):
                 f"Received: {type(check_data).__name__}"
                 + (f" of length {len(check_data)}" if isinstance(check_data, (tuple, list)) else "")
             )
-        self.check_dtype = validate.one_of(check_dtype, "check_dtype", (None, "float64"))
+        self.check_dtype = validate.one_of(check_dtype, "check_dtype", (None, "float32", "float64"))
         self.check_training = validate.boolean(check_training, "check_training")
         self.check_every_n_steps = check_every_n_steps
         self.check_data = None if check_data is None else tuple(check_data)

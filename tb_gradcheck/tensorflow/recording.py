@@ -51,23 +51,21 @@ class Recording:
         self.columns = len(metadata.stored_columns(every_n_steps))
         self.window = None
         if every_n_steps > 1:
-            self.window = window.Window(len(self.rows.layer_names), len(self.rows.variable_names))
+            self.window = window.Window(self.rows, every_n_steps)
         self._stash = None  # a compiled.Stash once a compiled step records
         self._write_held = None  # the traced writer of stashed statistics
 
     def measure(self, gradients, step, compiled=False):
-        """This step's statistics: all of them when every step is written, else what a window reduces.
+        """This step's statistics: all of them when every step is written, else what a window holds.
 
-        Returns ``(layer, variable)`` stats, and for a window also
-        ``(layer, variable)`` weight norms. ``compiled``: the step is
+        Returns ``(layer, variable)`` stats, or for a window
+        ``statistics.half_sums``: ``(half, rare)``. ``compiled``: the step is
         XLA-compiled (``statistics.compute``).
         """
         if self.every_n_steps == 1:
             return statistics.compute(gradients, self.rows, weights=self.own_weights, onset=False, compiled=compiled)
-        # Between writes only what a window needs: one fused pass per
-        # gradient for the norm (and, on a bad step only, the NaN count).
-        layer, variable = statistics.quick(gradients, self.rows)
-        return layer, variable, self._weight_norms(step)
+        # Between writes only one fused pass per gradient (window.py).
+        return statistics.half_sums(gradients, self.rows)
 
     def _weight_norms(self, step, compiled=False, due=None):
         """The weight norms at a write step, MISSING between writes (and always, when an update bracket gives them).
@@ -76,7 +74,8 @@ class Recording:
         write's cond, which waits for every gradient, the weight reads would
         make the optimizer's updates wait for the whole backward pass,
         serialising the step; here the cond runs as soon as the step is known.
-        ``due``: False where the caller knows the step is not written (no cond).
+        ``due``: False where the caller knows the step is not written (no
+        cond), or the bool tensor of the write step when the caller has it.
         """
         n_l, n_v = len(self.rows.layer_names), len(self.rows.variable_names)
 
@@ -85,9 +84,9 @@ class Recording:
 
         if not self.own_weights or due is False:
             return missing()
-        return branches.cond(
-            tf.equal(step % self.every_n_steps, 0), lambda: statistics.weight_norms(self.rows, compiled), missing
-        )
+        if due is None:
+            due = tf.equal(step % self.every_n_steps, 0)
+        return branches.cond(due, lambda: statistics.weight_norms(self.rows, compiled), missing)
 
     def record(self, measured, gradients, step, writer, extra, guard):
         """Writes (or, windowed, accumulates and every N steps writes) the measured statistics.
@@ -99,10 +98,10 @@ class Recording:
         ``writer.as_default()`` flushes it: that makes every written step
         survive a SIGKILL (writer.py's flush policy), so it is entered only
         where something is written, never at a window's other steps, which
-        run no more than the window's update and one cond.
+        hold their sums and run the window's conds (_record_window).
         """
-        layer, variable = measured[:2]
         if self.every_n_steps == 1:
+            layer, variable = measured
 
             def write_step():
                 with writer.as_default():
@@ -111,16 +110,46 @@ class Recording:
                 return tf.constant(True)
 
             return guard(write_step)
-        self.window.add(layer, variable, step)
+        return self._record_window(measured, gradients, step, writer, extra, guard)
+
+    def _record_window(self, measured, gradients, step, writer, extra, guard):
+        """A window's step: holds its sums and takes one cond on them, which does the rest only when it must.
+
+        That cond runs its work at a write step, when the held steps fill
+        their variable, and at a rare step (``statistics.half_sums``); between,
+        a step runs its ``l2_loss`` per gradient, a scatter, the cond's
+        predicate and the weights' cond (``_weight_norms``), which reads only
+        the step and the weights (``tests/tensorflow/test_window_ops.py``
+        counts them). Read inside the cond on the gradients, the weights would
+        make every step's updates wait for the whole backward pass: on the
+        benchmark's MLP that cost more than the second cond (docs/benchmarks.md).
+        """
+        half, rare = measured
+        due = tf.equal(step % self.every_n_steps, 0)
+        weights = self._weight_norms(step, due=due)
+        held = self.window.hold(half, step)
+
+        def this_step_alone():
+            # The steps before it are folded first, so the window sees them in order.
+            self.window.fold(held - 1)
+            self.window.add(*statistics.quick(gradients, self.rows), step)
+            return tf.constant(True)
+
+        def fold():
+            self.window.fold(held)
+            return tf.constant(True)
 
         def write_window():
             with writer.as_default():
                 full = statistics.compute(gradients, self.rows, weights=False)
-                return self.flush_window(step, measured[2], full, extra)
+                return self.flush_window(step, weights, full, extra)
 
-        return branches.cond(
-            tf.equal(step % self.every_n_steps, 0), lambda: guard(write_window), lambda: tf.constant(False)
-        )
+        def act():
+            branches.cond(rare, this_step_alone, fold)
+            self.window.reset_held()
+            return branches.cond(due, lambda: guard(write_window), lambda: tf.constant(False))
+
+        return branches.cond(due | rare | (held >= self.window.depth), act, lambda: tf.constant(False))
 
     def _fill(self, layer, variable, extra=None, values=None):
         """``[A, R, C]`` stats with this layout's optimizer columns appended (MISSING without ``extra``)."""
@@ -273,6 +302,8 @@ class Recording:
     def finish(self, writer):
         """At the writer's close: the steps a compiled step stashed that no write wrote yet, and the partial window."""
         self.write_stashed(writer)
+        if self.window is not None:
+            self.window.fold_held()
         if self.window is not None and bool(self.window.pending()):
             with writer.as_default():
                 self.flush_window(self.window.last_step.read_value(), statistics.weight_norms(self.rows))

@@ -46,8 +46,19 @@ def tensor_norms(values, compiled=False):
     )
 
 
+def half_in_band(half_sumsq):
+    """Where a quick sum of squares (given as half of it, ``l2_loss``'s) gives the exact norm.
+
+    True where the sum is zero or inside float32's safe band (``_SUMSQ_LOW``,
+    ``_SUMSQ_HIGH``); False for NaN and Inf, which a non-finite element
+    makes of the sum. Halving the bounds is exact, so this is ``gather``'s
+    test without the doubling.
+    """
+    return (half_sumsq <= _SUMSQ_HIGH / 2) & ((half_sumsq >= _SUMSQ_LOW / 2) | tf.equal(half_sumsq, 0.0))
+
+
 def graph_partials(gradient, variable, unit_axes, full=True):
-    """One gradient's dense values, half its sum of squares and (when full) per-unit max and min and nonzero count.
+    """One gradient's dense values, half its sum of squares and (when full) per-unit max and min and half its nonzero count.
 
     Each is one op (two for the count) in the values' dtype: the casts to
     float64 and the rest are done once for all variables by ``gather``,
@@ -59,12 +70,12 @@ def graph_partials(gradient, variable, unit_axes, full=True):
     # These passes are the writer's whole per-step cost, so each is the
     # cheapest exact form TensorFlow has: l2_loss is one fused kernel (no
     # squared temporary), the per-unit max and min reduce without an abs
-    # temporary, and the nonzero count is the cheap exact form of _nonzero.
+    # temporary, and the nonzero count is the cheap exact form of _half_nonzero.
     half_sumsq = tf.nn.l2_loss(values)
     if not full:
         return values, half_sumsq, None, None, None
     top, bottom = units.extremes(values, int(np.prod(shape[len(shape) - unit_axes :])))
-    return values, half_sumsq, top, bottom, _nonzero(values, int(np.prod(shape)))
+    return values, half_sumsq, top, bottom, _half_nonzero(values, int(np.prod(shape)))
 
 
 def _dense_values(gradient, shape, unit_axes):
@@ -136,7 +147,7 @@ def gather(parts, where, rows):
     full = top[0] is not None
     max_abs = dead_v = dead_l = None
     if full:
-        nonzero = units.joined64(nonzero, tf.stack)
+        nonzero = units.joined64(nonzero, tf.stack) * 2.0  # _half_nonzero's halves: exact
         max_abs, dead_v, dead_l = units.fractions(top, bottom, where, rows)
     # Two things need a second look at the values, both rare: a non-finite
     # element (every one makes the sum of squares non-finite, so a finite sum
@@ -179,18 +190,21 @@ def _robust_norms(values, sumsq, max_abs):
     return where(finite_max, max_abs * tf.sqrt(scaled), tf.sqrt(sumsq))
 
 
-def _nonzero(values, bound):
-    """The number of nonzero elements of ``values`` (at most ``bound``); NaN when one is NaN, for the caller to recount.
+def _half_nonzero(values, bound):
+    """Half the number of nonzero elements of ``values`` (at most ``bound``); NaN when one is NaN, for the caller to recount.
 
-    |sign(g)| summed: two elementwise ops and a sum, measured 3x cheaper on a
-    CPU than ``not_equal``, ``cast`` and an integer sum. The float32 sum of
-    zeros and ones is exact while the count stays below 2**24, so larger
-    tensors take the integer form (``count_nonzero``: exact, int64, NaN
-    counted as nonzero, as the caller's recount does).
+    ``l2_loss(sign(g))``: sign(g) squared is 1 where g is nonzero and 0 where
+    it is zero, and ``l2_loss`` halves and sums those squares in one fused
+    kernel, so the count takes one elementwise op and one reduction with no
+    second temporary (|sign(g)| summed took two elementwise ops, and
+    ``not_equal``, ``cast`` and an integer sum cost 3x that on a CPU). The
+    float32 sum of halves is exact while the count stays below 2**24, so
+    larger tensors take the integer form (``count_nonzero``: exact, int64,
+    NaN counted as nonzero, as the caller's recount does).
     """
     if bound > 2**24:
-        return tf.math.count_nonzero(values)
-    return tf.reduce_sum(tf.abs(tf.sign(values)))
+        return tf.cast(tf.math.count_nonzero(values), tf.float64) * 0.5
+    return tf.nn.l2_loss(tf.sign(values))
 
 
 def _max_abs(values):

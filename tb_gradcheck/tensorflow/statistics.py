@@ -128,6 +128,62 @@ def quick(gradients, rows, compiled=False):
     return layer, _window_columns(norm_v, nonfinite_v, present)
 
 
+def half_sums(gradients, rows):
+    """Between a window's writes: one ``l2_loss`` per gradient, and whether ``quick`` must look again.
+
+    Args:
+      gradients: As for ``compute``.
+      rows: As for ``compute``.
+
+    Returns:
+      ``(half, rare)``: float64 ``[V]``, each gradient's half sum of squares
+      (-1 where it has none), and a bool scalar, true when one of them is
+      non-finite or outside the band where its square root is the exact norm
+      (``reductions.half_in_band``). A step that is not rare has no non-finite
+      element, and ``held_columns`` gives its ``quick`` columns from ``half``
+      alone; a rare one takes ``quick``, which looks at the values again.
+    """
+    n_var = len(rows.variables)
+    where = [i for i, g in enumerate(gradients) if g is not None]
+    if not where:
+        return tf.fill([n_var], tf.constant(MISSING, tf.float64)), tf.constant(False)
+    half = units.joined64(
+        [reductions.graph_partials(gradients[i], rows.variables[i], rows.unit_axes[i], full=False)[1] for i in where],
+        tf.stack,
+    )
+    rare = tf.logical_not(tf.reduce_all(reductions.half_in_band(half)))
+    if len(where) < n_var:
+        half = tf.tensor_scatter_nd_update(
+            tf.fill([n_var], tf.constant(MISSING, tf.float64)), [[i] for i in where], half
+        )
+    return half, rare
+
+
+def held_columns(half, rows):
+    """``quick``'s columns of steps that were not rare, from their ``half_sums``: float32 ``[R, D, 3]``.
+
+    Args:
+      half: float64 ``[D, V]``: ``half_sums`` of D steps, none of them rare.
+      rows: The ``variables.Rows``.
+
+    Returns:
+      Rows (layers first) by steps by ``WINDOW_COLUMNS``, MISSING where a row
+      has no gradient: the same numbers as ``quick`` of each step, computed
+      for all D steps at once. A step that is not rare has a finite sum of
+      squares, so no non-finite element and a finite norm.
+    """
+    n_layer = len(rows.layer_names)
+    seg = tf.constant(rows.layer_of, tf.int32)
+    here_v = tf.transpose(half >= 0)  # [V, D]
+    norm_v = tf.sqrt(tf.transpose(tf.maximum(half, 0.0)) * 2.0)  # a row without a gradient adds 0 to its layer
+    norm_l = _combine_norms(norm_v, seg, n_layer, _narrow(rows.variables))
+    here_l = tf.math.unsorted_segment_max(tf.cast(here_v, tf.int32), seg, n_layer) > 0
+    norm = tf.concat([norm_l, norm_v], 0)
+    here = tf.concat([here_l, here_v], 0)
+    columns = tf.stack([norm, tf.zeros_like(norm), norm], axis=-1)
+    return tf.cast(tf.where(here[..., None], columns, MISSING), tf.float32)
+
+
 def norms(gradients, rows, compiled=False):
     """Per-layer and per-variable gradient norms alone: float32 ``[L]`` and ``[V]``, MISSING where missing.
 

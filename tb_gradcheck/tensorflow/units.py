@@ -57,7 +57,10 @@ def extremes(values, units):
     if units == 0:
         empty = tf.zeros([0], values.dtype)
         return empty, empty
-    per_unit = tf.reshape(values, [-1, units])
+    if values.shape.rank == 1 and values.shape[0] == units:
+        return values, values  # a vector of units (a bias): each unit is one element, nothing to reduce
+    # A matrix whose columns are the units (a Dense kernel) is reduced as it is: no reshape op.
+    per_unit = values if values.shape.rank == 2 and values.shape[1] == units else tf.reshape(values, [-1, units])
     return tf.reduce_max(per_unit, axis=0), tf.reduce_min(per_unit, axis=0)
 
 

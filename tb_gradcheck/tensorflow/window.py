@@ -2,9 +2,17 @@
 
 State lives in host variables (``distributed.host_variable``), updated inside
 the training step by the replica that records. Layer and variable rows are
-kept as one matrix (layers first), so a step's bookkeeping is a fixed
-handful of small ops whatever the number of variables: the per-step cost of
-a window is its one fused norm pass per gradient (``statistics.quick``).
+kept as one matrix (layers first).
+
+Between writes a graph step only holds its ``statistics.half_sums`` (one
+``l2_loss`` per gradient) in a ``[DEPTH + 1, V]`` variable: one scatter,
+whatever the number of variables. Everything else (the norms, the layer rows,
+the running last/sum/max/min/count) is computed from the held steps when the
+window is folded, inside the step's cond on those sums
+(``recording.Recording._record_window``), which works only at a write step,
+when the held steps fill the variable (every ``DEPTH`` steps), or at a rare
+step (a non-finite gradient, a sum of squares out of band), which is added on
+its own from ``statistics.quick``. A compiled step adds each step itself (``add``).
 """
 
 import numpy as np
@@ -18,6 +26,10 @@ _REDUCED = [metadata.STORED_STAT_COLUMNS.index(c) for c in statistics.WINDOW_COL
 _NONFINITE = statistics.WINDOW_COLUMNS.index("grad_nonfinite")
 _FIRST_NONFINITE = metadata.STORED_STAT_COLUMNS.index("first_nonfinite_offset")
 _WEIGHT_NORM = metadata.STORED_STAT_COLUMNS.index("weight_norm")
+# Steps held between folds. A fold is a few dozen small ops inside the cond,
+# so folding every 64 steps costs under one op per step, and the held sums
+# take 64 x 8 bytes per variable.
+DEPTH = 64
 
 
 class Window:
@@ -36,9 +48,19 @@ class Window:
     (``first_nonfinite_offset``, the same in every slab).
     """
 
-    def __init__(self, n_layers, n_variables):
+    def __init__(self, rows, every_n_steps):
+        self._rows = rows
+        n_layers, n_variables = len(rows.layer_names), len(rows.variable_names)
         self._split = n_layers
         shape = (n_layers + n_variables, len(statistics.WINDOW_COLUMNS))
+        # The steps held since the last fold: their half sums of squares (hold, fold).
+        self.depth = min(every_n_steps, DEPTH)
+        # Step k of those held is in row k (1 to depth): the count after its
+        # increment is its row, with no op to subtract one. Row 0 is unused.
+        self._half = distributed.host_variable(
+            np.full((self.depth + 1, n_variables), statistics.MISSING), tf.float64, "tb_gradcheck_window_held"
+        )
+        self._held = distributed.host_variable(0, tf.int64, "tb_gradcheck_window_held")
 
         def var(value):
             return distributed.host_variable(np.full(shape, value, np.float32), tf.float32, "tb_gradcheck_window")
@@ -70,6 +92,37 @@ class Window:
         bad = x[:, _NONFINITE] > 0  # MISSING (-1) is not
         first.assign(tf.where(bad & (first < 0), step, first))
         self.last_step.assign(step)
+
+    def hold(self, half, step):
+        """Holds one step's ``statistics.half_sums`` (float64 ``[V]``); returns the steps held, this one included."""
+        held = self._held.assign_add(1)
+        tf.raw_ops.ResourceScatterUpdate(resource=self._half.handle, indices=held, updates=half)
+        self.last_step.assign(step)
+        return held
+
+    def fold(self, count):
+        """Adds the first ``count`` held steps (an int64 tensor; none of them rare) as ``add`` would, one by one.
+
+        The sums are added in another order than ``add``'s, so they can
+        differ from it in float32's last bit; last, max, min and counts are the same.
+        """
+        x = statistics.held_columns(self._half[1:], self._rows)  # [R, D, 3]
+        here = (tf.range(self.depth, dtype=tf.int64) < count)[None, :, None] & tf.not_equal(x, statistics.MISSING)
+        self._count.assign_add(tf.reduce_sum(tf.cast(here, tf.float32), axis=1))
+        self._sum.assign_add(tf.reduce_sum(tf.where(here, x, 0.0), axis=1))
+        self._max.assign(tf.maximum(self._max, tf.reduce_max(tf.where(here, x, -np.inf), axis=1)))
+        self._min.assign(tf.minimum(self._min, tf.reduce_min(tf.where(here, x, np.inf), axis=1)))
+        last = tf.gather(x, tf.maximum(count - 1, 0), axis=1)
+        self._last.assign(tf.where(count > 0, last, self._last))
+
+    def fold_held(self):
+        """Folds every step held (at the writer's close)."""
+        self.fold(self._held.read_value())
+        self.reset_held()
+
+    def reset_held(self):
+        """After a fold: no step is held."""
+        self._held.assign(tf.zeros_like(self._held))
 
     def pending(self):
         return tf.reduce_any(self._count[:, 0] > 0)

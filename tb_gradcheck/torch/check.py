@@ -11,19 +11,21 @@ the TensorFlow check returns, for ``GradientWriter.write_check``.
 
 import contextlib
 import copy
+import os
 import warnings
 
 import torch
 
 from tb_gradcheck.check import algorithm
 from tb_gradcheck.check import float32_gap
+from tb_gradcheck.check import settle
 from tb_gradcheck.core import validate
 from tb_gradcheck.torch import modules
 from tb_gradcheck.torch.evaluator import Evaluator
 from tb_gradcheck.torch.evaluator import gradients
 from tb_gradcheck.torch.evaluator import parameters
 
-DTYPES = (None, "float64")
+DTYPES = (None, "float32", "float64")
 
 
 def check_gradients(
@@ -74,7 +76,15 @@ def check_gradients(
         of parameters (named by position).
       batch: None (default), or the batch ``loss_fn(model, batch)`` takes:
         a tensor or a tuple, list or dict of them.
-      dtype: None (default) checks the model as it is. ``"float64"`` checks a
+      dtype: None (default) checks the model as it is, then re-checks the
+        rows it leaves inconclusive on the float64 twin below, with the same
+        seed and probes (``tb_gradcheck.check.settle``): those rows hold the
+        twin's verdict, marked ``float64_recheck="float64"``, or stay
+        inconclusive, marked ``"unavailable"`` with the reason, where the twin
+        cannot run (no ``batch``, bare parameters, a module ``deepcopy``
+        refuses, an op that refuses float64, not enough free memory).
+        ``"float32"`` checks the model as it is, and nothing more.
+        ``"float64"`` checks a
         float64 twin: ``copy.deepcopy(model)`` cast to float64, called as
         ``loss_fn(twin, batch)`` with the batch's floating-point tensors cast
         to float64 and float64 as the default dtype (so tensors ``loss_fn``
@@ -119,14 +129,57 @@ def check_gradients(
         raise TypeError(f"Expected `loss_fn` to be a callable. Received: {type(loss_fn).__name__}")
     opts = algorithm.options(probes, epsilon, seed, granularity, tolerance, thorough)
     dtype = validate.one_of(dtype, "dtype", DTYPES)
-    if dtype is None:
+    if dtype != "float64":
         fn = loss_fn if batch is None else (lambda: loss_fn(model, batch))
-        return _check(fn, model, opts)
+        report = _check(fn, model, opts)
+        if dtype is None:
+            report = settle.settle(report, lambda only: _recheck(loss_fn, model, batch, opts, only))
+        return report
     if batch is None:
         raise ValueError(
             "Expected `batch` with dtype='float64': the twin's loss is loss_fn(twin, batch) with the batch in "
             "float64. Received: batch=None"
         )
+    return _twin_check(loss_fn, model, batch, opts)
+
+
+def _recheck(loss_fn, model, batch, opts, only):
+    """The float64 twin's report over the rows ``only`` (``settle``'s ``recheck``), or why there is none."""
+    if batch is None:
+        raise settle.TwinUnavailable(
+            "loss_fn() closes over the model, so it cannot run on a float64 copy; pass loss_fn(model, batch) and "
+            "the batch"
+        )
+    if not isinstance(model, torch.nn.Module):
+        raise settle.TwinUnavailable(
+            f"the parameters came without their module ({type(model).__name__}), so there is nothing to copy; "
+            "pass the torch.nn.Module"
+        )
+    tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
+    if tensors:
+        # The twin's float64 tensors, and the evaluator's float64 snapshot of them.
+        needed = 2 * 8 * sum(t.numel() for t in tensors)
+        settle.require_memory(needed, _free_bytes(tensors[0].device), str(tensors[0].device))
+    try:
+        return _twin_check(loss_fn, model, batch, opts, only)
+    except TypeError as e:  # float64_twin: a module deepcopy refuses
+        raise settle.TwinUnavailable(str(e)) from e
+
+
+def _free_bytes(device):
+    """Bytes free on ``device``, or None when it cannot say."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def _twin_check(loss_fn, model, batch, opts, only=None):
+    """The check of ``model``'s float64 twin (over the rows ``only``, or all), its gradient held against the model's."""
     twin = float64_twin(model)
     batch64 = _to_float64(batch)
 
@@ -140,7 +193,7 @@ def check_gradients(
         finally:
             torch.set_default_dtype(default)
 
-    report = _check(twin_fn, twin, opts)
+    report = _check(twin_fn, twin, opts, only)
     names, checked, _ = parameters(model)
     if any(p.dtype != torch.float32 for p in checked):
         return report  # float16 or bfloat16 arithmetic is inexact by design; float64 is the twin's own
@@ -179,13 +232,13 @@ def float64_twin(model):
     return twin.double()
 
 
-def _check(fn, model, opts):
+def _check(fn, model, opts, only=None):
     names, checked, state = parameters(model)
     layout = algorithm.Layout(names, [modules.owner_path(n) for n in names])
     with _ieee_float32():
         evaluator = Evaluator(fn, checked, state, opts.seed)
         try:
-            report = algorithm.run(evaluator, layout, opts)
+            report = algorithm.run(evaluator, layout, opts, only)
         finally:
             changed = evaluator.restore_all()
     if changed:

@@ -204,8 +204,52 @@ def test_callback_checks_a_float64_twin_and_leaves_the_model_as_plain_training_d
     for _, matrix, _ in records:
         assert [status[int(s)] for s in matrix[:, column]][1] == "mismatch"
         assert "mismatch" not in [status[int(s)] for j, s in enumerate(matrix[:, column]) if j != 1]
-    with pytest.raises(ValueError, match=r"`check_dtype` to be one of \[None, 'float64'\]. Received: 'float16'"):
+    with pytest.raises(
+        ValueError, match=r"`check_dtype` to be one of \[None, 'float32', 'float64'\]. Received: 'float16'"
+    ):
         GradientCallback(tmp_path, check_dtype="float16")
+
+
+def test_callback_by_default_settles_the_rows_float32_leaves_open_on_the_float64_twin(tmp_path):
+    case, _ = check_models.planted("bias_mean")
+    case.reseed(0)
+    x, y = case.x.numpy(), case.y.numpy()
+    # No step moves the weights: each check sees the same model and batch,
+    # whose float32 check leaves dense_1 open (as at seed 0 of the default check).
+    case.model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=0.0), loss="mse")
+    before = [v.numpy().copy() for v in case.model.variables]
+    callback = GradientCallback(tmp_path, check_every_n_steps=1, check_data=(x, y))
+    case.model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+    assert all(np.array_equal(a, b.numpy()) for a, b in zip(before, case.model.variables))
+    status, recheck = (metadata.CHECK_COLUMNS.index(c) for c in ("status", "float64_recheck"))
+    records = read_events(tmp_path / "train", kind="check")
+    settled = []
+    for _, matrix, _ in records:
+        assert metadata.CHECK_STATUSES.index("inconclusive") not in matrix[:, status].tolist()
+        for j, (code, source) in enumerate(zip(matrix[:, status], matrix[:, recheck])):
+            verdict = metadata.CHECK_STATUSES[int(code)]
+            assert verdict != "mismatch" or j == 1  # rows: dense_0, dense_1, head
+            if metadata.CHECK_RECHECKS[int(source)] == "float64":
+                settled.append((j, verdict))
+    assert (1, "mismatch") in settled, settled
+
+
+def test_check_gradients_without_a_twin_leaves_open_rows_open_and_with_one_settles_them():
+    case, _ = check_models.planted("bias_mean")
+    case.reseed(0)
+    alone = check(case, 0)
+    assert alone.layers[1].status == "inconclusive" and alone.layers[1].float64_recheck == "unavailable"
+    assert "pass twin=" in alone.layers[1].reason
+    twin = case.float64()
+    sync_twin(case.model, twin.model)
+    twin.x.assign(tf.cast(case.x, tf.float64))
+    twin.y.assign(tf.cast(case.y, tf.float64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        settled = check_gradients(case.loss, case.variables, seed=0, twin=(twin.loss, twin.variables))
+    assert settled.layers[1].status == "mismatch" and settled.layers[1].float64_recheck == "float64"
+    assert [r.status for r in settled.layers if r.name != "dense_1"] == ["ok", "ok"]
+    assert check(case, 0, dtype="float32").layers[1].float64_recheck == "none"
 
 
 def test_float64_twin_rejects_what_it_cannot_clone():

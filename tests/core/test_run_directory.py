@@ -1,4 +1,4 @@
-"""core/run_directory.py: a run directory checked when a writer is built, and said once where it goes."""
+"""core/run_directory.py: a run directory made and checked when a writer is built, and said once where it goes."""
 
 import logging
 import os
@@ -10,15 +10,10 @@ import pytest
 from tb_gradcheck.core import run_directory
 
 
-def test_prepare_leaves_the_file_system_as_it_found_it(tmp_path):
-    # The missing parents are made to check them, then removed: a writer that never writes leaves nothing.
+def test_prepare_makes_missing_parents_and_writes_nothing_else(tmp_path):
     path = run_directory.prepare(tmp_path / "a" / "b" / "run", "logdir", "W")
-    assert path == str(tmp_path / "a" / "b" / "run")
-    assert os.listdir(tmp_path) == []
-    (tmp_path / "kept").mkdir()
-    (tmp_path / "kept" / "events").write_text("a run already there")
-    assert run_directory.prepare(tmp_path / "kept", "logdir", "W") == str(tmp_path / "kept")
-    assert os.listdir(tmp_path / "kept") == ["events"]
+    assert path == str(tmp_path / "a" / "b" / "run") and os.path.isdir(path)
+    assert os.listdir(path) == []  # the event file comes with the first write
 
 
 @pytest.mark.parametrize(
@@ -87,3 +82,13 @@ def test_the_line_shows_by_default_and_yields_to_a_program_that_set_up_logging(t
         cwd=tmp_path,
     )
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_prepare_from_many_processes_at_once_leaves_one_directory(tmp_path):
+    # Every rank of a distributed job builds its writer on one path at the same moment.
+    path = tmp_path / "a" / "run"
+    code = "import sys; from tb_gradcheck.core import run_directory; run_directory.prepare(sys.argv[1], 'logdir', 'W')"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE) for _ in range(8)]
+    errors = [p.communicate()[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, errors
+    assert os.listdir(path) == []  # made once, the probes gone

@@ -3,7 +3,7 @@ import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
 import {buildPlan, groupRows} from '../../frontend/rows.js';
-import {cellRows, checkPower, checkRows, tooltipRows} from '../../frontend/tooltip.js';
+import {cellRows, checkPower, checkRecheck, checkRows, tooltipRows} from '../../frontend/tooltip.js';
 
 const NAMES = ['t/b0/q', 't/b0/k', 't/b1/q', 't/b1/k'];
 const RESP = {metric: 'grad_norm', aggregate: 'max', granularity: 'layer', steps: [0, 10, 20], step_ends: [9, 19, 29], reduce: 'max'};
@@ -44,6 +44,24 @@ test('a_check_cell_says_its_verdict_and_power_in_the_check_lines', () => {
   assert.deepEqual(checkRows(one), [['check', 'mismatch', 'tip-bad'], ['power', 'would catch errors \u2265 0.021 (last check)']]);
   // A bin of several rows has no one row's power; a row never checked says so.
   assert.deepEqual(checkRows({...one, count: 2, status: null}), [['check', 'not checked', '']]);
+});
+
+test('a_row_settled_by_the_float64_twin_says_so_and_an_old_record_says_nothing', () => {
+  const check = {rows: [
+    {name: 'a', status: 'mismatch', float64_recheck: 'float64'},
+    {name: 'b', status: 'inconclusive', float64_recheck: 'unavailable'},
+    {name: 'c', status: 'ok', float64_recheck: 'none'},
+    {name: 'd', status: 'ok'},
+  ]};
+  assert.equal(checkRecheck(check, 'a'), 'float64');
+  assert.equal(checkRecheck(check, 'd'), null);
+  const lines = (name, status) => Object.fromEntries(checkRows({status, check, rowName: name, count: 1}));
+  assert.match(lines('a', 'mismatch')['decided by'], /float64 twin/);
+  assert.match(lines('b', 'inconclusive')['decided by'], /could not/);
+  assert.equal(lines('c', 'ok')['decided by'], undefined);
+  assert.equal(lines('d', 'ok')['decided by'], undefined);
+  // A bin of several rows has no one row's source.
+  assert.equal(Object.fromEntries(checkRows({status: 'mismatch', check, rowName: 'a', count: 2}))['decided by'], undefined);
 });
 
 test('the_tooltip_shows_a_label_and_keeps_the_name_for_lookups', () => {

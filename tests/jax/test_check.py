@@ -188,3 +188,64 @@ def test_bad_arguments_are_refused():
         tj.check_gradients(lambda p, b: jnp.ones(3), params, batch)
     with pytest.raises(ValueError, match="floating-point parameters"):
         tj.check_gradients(lambda p, b: 1.0 * p["n"], {"n": jnp.ones((), jnp.int32)}, batch)
+
+
+def localized(seed, bug=True, width=48):
+    """A 4-layer tanh MLP whose Dense_1 custom_vjp makes one of ``width`` weight-gradient columns 1.3x too large."""
+
+    @jax.custom_vjp
+    def matmul(h, w):
+        return h @ w
+
+    def forward(h, w):
+        return h @ w, (h, w)
+
+    def backward(saved, g):
+        h, w = saved
+        dw = h.T @ g
+        return g @ w.T, dw.at[:, 5].multiply(1.3) if bug else dw
+
+    matmul.defvjp(forward, backward)
+    rng = np.random.default_rng(seed)
+    sizes = [8, width, width, width, 1]
+    params = {
+        f"Dense_{i}": {
+            "kernel": jnp.asarray(rng.normal(size=(a, b)) / np.sqrt(a), jnp.float32),
+            "bias": jnp.asarray(rng.uniform(-0.1, 0.1, size=b), jnp.float32),
+        }
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:]))
+    }
+    batch = (jnp.asarray(rng.normal(size=(32, 8)), jnp.float32), jnp.asarray(rng.normal(size=(32, 1)), jnp.float32))
+
+    def loss(p, batch):
+        h, y = batch
+        for i in range(4):
+            d = p[f"Dense_{i}"]
+            h = (matmul(h, d["kernel"]) if i == 1 else h @ d["kernel"]) + d["bias"]
+            h = jnp.tanh(h) if i < 3 else h
+        return jnp.mean((h - y) ** 2)
+
+    return loss, params, batch
+
+
+def test_the_default_check_settles_on_the_float64_twin_what_float32_leaves_open():
+    settled = 0
+    for seed in range(5):
+        loss, params, batch = localized(seed)
+        own = tj.check_gradients(loss, params, batch, seed=seed, dtype="float32")
+        default = tj.check_gradients(loss, params, batch, seed=seed)
+        twin = tj.check_gradients(loss, params, batch, seed=seed, dtype="float64")
+        assert not default.inconclusive, str(default)
+        statuses = {r.name: r.status for r in twin.layers}
+        for before, after in zip(own.layers, default.layers):
+            if before.status == "inconclusive":
+                settled += 1
+                assert after.float64_recheck == "float64" and after.status == statuses[after.name], str(default)
+            else:
+                assert after == before
+        assert all(r.status != "mismatch" for r in default.layers if r.name != "Dense_1"), str(default)
+        clean = tj.check_gradients(*localized(seed, bug=False), seed=seed)
+        assert clean.ok, str(clean)
+    assert settled  # some seed left Dense_1 open in float32: that is what this is about
+    with pytest.raises(ValueError, match="dtype"):
+        tj.check_gradients(loss, params, batch, dtype="float16")

@@ -89,6 +89,12 @@ def test_check_status_travels_as_codes_with_the_servers_order(client):
     assert f32(binned["status_f32"], (2, 2)).tolist() == [[0, 0], [0, 2]]
 
 
+def test_checks_written_before_float64_recheck_read_as_their_own_dtypes_verdicts(client):
+    body = get_json(client, API + "checks?run=run")
+    assert [c["float64_recheck"] for c in body["rows"]] == ["none", "none"]
+    assert [c["status"] for c in body["rows"]] == ["ok", "mismatch"]
+
+
 def test_step_and_row_windows_cut_before_binning(client):
     full = get_json(client, API + "heatmap?run=run&metric=grad_norm&granularity=variable")
     body = get_json(
