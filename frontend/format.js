@@ -96,15 +96,28 @@ export function percent(v) {
 
 
 /**
+ * What a cell without a value means for `metric`: a gradient metric's row had
+ * no gradient; an activation metric's layer had no output statistic (its
+ * output feeds no ReLU or tanh/sigmoid for the fractions, or the writer ran
+ * without activations).
+ * @param {string} [metric]
+ * @returns {string}
+ */
+export function missingText(metric) {
+  return String(metric || '').startsWith('act_') ? 'missing (not recorded for this layer)' : 'missing (no gradient)';
+}
+
+/**
  * Formats a cell value for the tooltip: exact for a float32 (the shortest
  * decimal, up to 9 significant digits, that reads back as the same float32),
  * 7 significant digits for anything else, exponent notation below 1e-4 and
  * from 1e6 up.
  * @param {number|null} v
+ * @param {string} [metric] Names what a missing value means (missingText).
  * @returns {string} e.g. "1.2e-7", "0.0031", "NaN", "missing (no gradient)".
  */
-export function formatValue(v) {
-  if (v === null || v === undefined) return 'missing (no gradient)';
+export function formatValue(v, metric) {
+  if (v === null || v === undefined) return missingText(metric);
   if (Number.isNaN(v)) return 'NaN';
   if (v === Infinity) return 'Infinity';
   if (v === -Infinity) return '-Infinity';

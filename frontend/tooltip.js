@@ -21,7 +21,7 @@ export function cellRows(plan, names, bin, resp, grid, display = {}) {
     rowLabel: display[names[src[0]]] || names[src[0]], rowEndLabel: display[names[src[src.length - 1]]] || names[src[src.length - 1]],
     absent: !!(grid.absent && src.every((r) => grid.absent[r])),
     step: resp.steps[bin.col0], stepEnd: ends[bin.col1],
-    value: bin.value, valueText: formatValue(bin.value), status: bin.status,
+    value: bin.value, valueText: formatValue(bin.value, resp.metric), status: bin.status,
     metric: resp.metric, aggregate: resp.aggregate, reduce: resp.reduce || 'max',
     noun: resp.granularity === 'variable' ? 'variable' : 'layer', hasStatus: !!grid.status,
   };

@@ -21,6 +21,10 @@ test('format_value_is_exact_for_float32', () => {
 
 test('format_value_names_special_values', () => {
   assert.equal(formatValue(null), 'missing (no gradient)');
+  assert.equal(formatValue(null, 'grad_norm'), 'missing (no gradient)');
+  // An activation metric's missing cell is a layer without that output statistic, not a missing gradient.
+  assert.equal(formatValue(null, 'act_dead_fraction'), 'missing (not recorded for this layer)');
+  assert.equal(formatValue(0.5, 'act_rms'), '0.5');
   assert.equal(formatValue(NaN), 'NaN');
   assert.equal(formatValue(Infinity), 'Infinity');
   assert.equal(formatValue(-Infinity), '-Infinity');
