@@ -22,7 +22,7 @@ stacked into one vector:
   ``torch.where`` selects on the device: no branch on the host. A CPU's
   float32 gradients take the same multi-tensor norm summing in float32
   (``cpu_norms``: no float64 copy of the model per step, exact inside a
-  proven band; the rare tensors outside it take this float64 one);
+  proven band; the rare tensors outside it scaled by powers of two first);
 - whether a gradient has a NaN or Inf element, at every step: its norm is
   not finite exactly then (the squares above cannot overflow), so the flag
   costs nothing beside the norm. The window counts such steps (``window``);

@@ -49,8 +49,9 @@ class _Count(TorchDispatchMode):
 
 # The loss's scales: every gradient inside the CPU's float32 band (1e-9 to 1e9), and every one below it.
 REGIMES = {"inside the band": 1.0, "vanishing": 1e-30}
-# A CPU takes the norms outside the band again in one float64 multi-tensor norm: one more operator.
-OUTSIDE_BAND = 1
+# A CPU takes the norms outside the band again, scaled by powers of two, in a fixed number of operators
+# for all of them (a multi-tensor multiply and norm, the stack, cast, division and unbinding of the results).
+OUTSIDE_BAND = 7
 
 
 def _mlp(layers):
