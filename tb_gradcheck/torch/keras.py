@@ -27,11 +27,12 @@ methods of the optimizer instance are hooked for the fit only:
   averaged gradient).
 
 Cost (``keras_rows``, which makes the rows). A step that is not written
-(``every_n_steps > 1``) reduces each gradient's norm and non-finite count
-on its device into the window's running state (``core.running``) and reads
-nothing back. A written step copies the weights before the update (as
-TensorFlow's bracket does), reduces every statistic on the device and reads
-them in one transfer; the rows are made on the host by ``core.rowstats``,
+(``every_n_steps > 1``) takes the PyTorch writer's multi-tensor step
+(``torch.reductions``): each gradient's norm and non-finite flag into a
+row of its window on the device (``torch.window``), a fixed number of
+operators whatever the number of variables, nothing read back. A written
+step copies the weights before the update (as TensorFlow's bracket does),
+reduces every statistic on the device and reads them in one transfer; the rows are made on the host by ``core.rowstats``,
 the definitions every writer shares, and written through ``core.eventlog``.
 
 Under a ``LossScaleOptimizer`` the hooks are its inner optimizer's, and
@@ -191,6 +192,9 @@ class _Session:
 
     def step(self, function, data):
         """One call of Keras' train function, with the hooks recording."""
+        if (self.micro + 1) % self.accumulate == 0:
+            # This call updates: let the previous update's gradients go before its backward pass needs the memory.
+            self.recorder.last = None
         self.active = True
         try:
             return function(data)

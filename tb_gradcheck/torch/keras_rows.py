@@ -5,12 +5,17 @@
 it (``Recorder.write``). Rows are the TensorFlow callback's: Keras variable
 paths in the order of ``model.trainable_variables``, layers their parent
 paths (``keras.variables.owner``), units as ``keras.variables.unit_axes``
-says. A step that is not written adds its norms and non-finite counts to
-the window's running state (``core.running``) on the device and reads
-nothing back; a written step reduces every statistic on the device, reads
-them in one transfer and makes the rows with ``core.rowstats``, the
-definitions every writer shares. Norms are taken in float64 (float32
-squares over- and underflow where the stored norms do not).
+says. The reductions are the PyTorch writer's (``torch.reductions``), in
+multi-tensor operators: a step that is not written writes its norms and
+non-finite flags into a row of the writer's window on the device
+(``torch.window.DeviceWindow``) and reads nothing back, in a fixed number
+of operators whatever the number of variables; a written step adds the
+writer's ``reductions.extras`` (max |g|, zeros, NaN and Inf counts, dead
+units), the weights' and the update's norms, reads them in one transfer
+(``torch.host.Pack``) and makes the rows with ``core.rowstats``, the
+definitions every writer shares. Norms are exact at every magnitude
+(``reductions.norms``: float32 squares over- and underflow where the
+stored norms do not).
 """
 
 import numpy as np
@@ -20,11 +25,14 @@ from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import rowstats
 from tb_gradcheck.core import run_directory
-from tb_gradcheck.core import running
 from tb_gradcheck.core import structure
 from tb_gradcheck.core import validate
 from tb_gradcheck.keras.variables import owner
 from tb_gradcheck.keras.variables import unit_axes
+from tb_gradcheck.torch import host
+from tb_gradcheck.torch import reductions
+from tb_gradcheck.torch import window
+from tb_gradcheck.torch.modules import UnitSpec
 
 UPDATE_COLUMNS = ("update_norm", "update_to_weight")
 BEFORE_CLIP_COLUMN = "grad_norm_before_clip"
@@ -56,6 +64,10 @@ class Recorder:
             [structure.trailing_units(shape, axes.get(n, 1)) for shape, n in zip(shapes, names)],
         )
         self.every = every_n_steps
+        # Units are the trailing axes (``unit_axes``): unit j holds the elements at flat index j modulo the units.
+        self.specs = [
+            UnitSpec((int(np.prod(shape)) // max(u, 1), u), (0,), u) for shape, u in zip(shapes, s.variable_units)
+        ]
         wanted = UPDATE_COLUMNS + ((BEFORE_CLIP_COLUMN,) if clips else ()) + (LOSS_SCALE_COLUMNS if loss_scale else ())
         self.columns = tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in wanted)
         layers, variables = s.blocks()
@@ -63,10 +75,11 @@ class Recorder:
         self.content = metadata.stats_layout(layers, variables, aggregates, every_n_steps, self.columns)
         run_directory.announce(run_dir)
         self.log = eventlog.EventLog(run_dir)
-        self.window = None  # running.State on the gradients' device, since the last write
-        self.window_steps = []
-        self.masks = {}  # present flags -> the device masks running.step_columns takes
+        self.constants = reductions.Constants()  # index tensors made once per device
+        # The steps since the last write, on the gradients' device (the PyTorch writer's window).
+        self.window = window.DeviceWindow(s, self.constants) if every_n_steps > 1 else None
         self.refused = 0  # steps the loss scaler refused since the last write
+        self.last = None  # the last step's applied gradients and their rows, while a window is under way
 
     def update(self, step, due, grads, rows, before_clip=None, refused=False):
         """One update's applied gradients: into the window; at a written step, what ``write`` reads.
@@ -84,38 +97,24 @@ class Recorder:
         """
         device = grads[0].device
         self.refused += bool(refused)
-        present = np.zeros(len(self.variables), bool)
-        present[rows] = True
-        norms = norms64(grads)
-        nonfinite = _nonfinite(grads, norms)
-        if self.every > 1:
-            self._add_to_window(norms, nonfinite, rows, present, device)
-            self.window_steps.append(step)
+        n = len(self.variables)
+        present = [False] * n
+        for i in rows:
+            present[i] = True
+        present = tuple(present)
+        out = self.window.slot(device) if self.window is not None else torch.empty((2, n), dtype=F64, device=device)
+        columns = reductions.present_norms(grads, rows, self.constants, out)  # [2, V]: norms, non-finite flags
+        if self.window is not None:
+            self.window.add(present, step)
+            # References, no copy: a window that ends unwritten counts this step's NaN and Inf elements (``write_partial``).
+            self.last = (grads, rows)
         if not due:
             return None
+        extras = reductions.extras(grads, [self.specs[i] for i in rows], self.constants)
         if before_clip is not None:
-            full = torch.full((len(self.variables),), rowstats.MISSING, dtype=F64, device=device)
+            full = torch.full((n,), rowstats.MISSING, dtype=F64, device=device)
             before_clip = full.index_copy_(0, torch.as_tensor(rows, device=device), before_clip)
-        return present, norms, nonfinite, grads, rows, before_clip
-
-    def _add_to_window(self, norms, nonfinite, rows, present, device):
-        s = self.structure
-        key = present.tobytes()
-        masks = self.masks.get(key)
-        if masks is None:
-            layer_present = np.bincount(s.layer_of, present, len(s.layer_names)) > 0
-            masks = self.masks[key] = tuple(
-                torch.as_tensor(a, device=device) for a in (present, s.layer_matrix(), layer_present, rows)
-            )
-        present_t, matrix, layer_present, where = masks
-        n = len(self.variables)
-        norm_v = torch.zeros(n, dtype=F64, device=device).index_copy_(0, where, norms)
-        nonfinite_v = torch.zeros(n, dtype=F64, device=device).index_copy_(0, where, nonfinite)
-        if self.window is None:
-            rows_count = len(s.layer_names) + n
-            self.window = running.init(lambda shape, v: torch.full(shape, v, dtype=F64, device=device), rows_count)
-        x = running.step_columns(torch, norm_v, nonfinite_v, present_t, matrix, layer_present)
-        self.window = running.add(torch, self.window, x)
+        return present, columns, extras, grads, rows, before_clip
 
     def write(self, step, taken, before, scale=None):
         """Writes a written step.
@@ -128,56 +127,62 @@ class Recorder:
           scale: The loss scale of the step (a scalar tensor), or None.
         """
         s = self.structure
-        present, norms, nonfinite, grads, rows, before_clip = taken
+        present, columns, extras, grads, rows, before_clip = taken
         refused_step = before is None
         if refused_step:
             before = [v.value.detach() for v in self.variables]
-        zeros = [g == 0 for g in grads]  # NaN is not 0: it counts as nonzero and keeps its unit alive
-        nonzero = torch.stack([(z.numel() - z.sum()).to(F64) for z in zeros])
-        parts = [norms, nonfinite, torch.stack([_max_abs(g) for g in grads]), nonzero]
-        parts.append(norms64(before))
         after = [v.value.detach() for v in self.variables]
-        parts.append(norms64([a.float() - b.float() for a, b in zip(after, before)]) ** 2)
+        pack = host.Pack()
+        for name, value in extras.items():
+            pack.add(name, value)
+        pack.add("norm", columns[0])
+        pack.add("weight", reductions.norms(before))
+        pack.add("update", reductions.norms(_differences(after, before)) ** 2)
         if before_clip is not None:
-            parts.append(before_clip)
+            pack.add("before_clip", before_clip)
         if scale is not None:
-            parts.append(scale.reshape(1))
-        parts.extend(_dead(z, s.variable_units[i]) for z, i in zip(zeros, rows))
-        flat = torch.cat([p.reshape(-1).to(F64) for p in parts]).cpu().numpy()  # the one read of the step
-        p, v = len(rows), len(self.variables)
-        norm, nonfinite, max_abs, nonzero = (flat[k * p : (k + 1) * p] for k in range(4))
-        weights, update_squares = flat[4 * p : 4 * p + v], flat[4 * p + v : 4 * p + 2 * v]
-        offset = 4 * p + 2 * v
-        if before_clip is not None:
-            before_clip, offset = flat[offset : offset + v], offset + v
-        refused = None
-        if scale is not None:
-            scale, refused, offset = flat[offset], self.refused, offset + 1
-            self.refused = 0
-        reductions = rowstats.Reductions(present, norm, nonfinite, max_abs, nonzero, flat[offset:] > 0.5)
-        windowed = self.every > 1
-        layer, variable = rowstats.rows(reductions, s, weights, onset=windowed)
+            pack.add("loss_scale", scale)
+        steps = self.window.take(pack) if self.window is not None else None
+        values = pack.to_host()  # the one read of the step
+        weights = values["weight"]
+        stats = rowstats.Reductions(
+            np.array(present, bool),
+            values["norm"][rows],
+            values["nonfinite"],
+            values["max_abs"],
+            values["nonzero"],
+            values["unit_nonzero"] == 0,
+        )
+        windowed = self.window is not None
+        layer, variable = rowstats.rows(stats, s, weights, onset=windowed)
         slabs = np.concatenate([layer, variable])[None]
         if windowed:
-            slabs = rowstats.window_slabs(self._take_window(), step, _both(weights, s), last=slabs[0])
-        values = rowstats.optimizer_values(s, weights, update_squares, before_clip, scale, refused)
+            state = self.window.host_state(values, steps)
+            slabs = rowstats.window_slabs(state, step, _both(weights, s), last=slabs[0])
+        refused = None
+        if scale is not None:
+            scale, refused = float(values["loss_scale"]), self.refused
+            self.refused = 0
+        update_squares = values["update"]
+        optimizer = rowstats.optimizer_values(s, weights, update_squares, values.get("before_clip"), scale, refused)
         if refused_step:  # the weights did not move: 0, also where they are all zero (TensorFlow's RefusedUpdate)
-            values["update_to_weight"] = values["update_norm"]
-        self._stats(slabs, values, step)
+            optimizer["update_to_weight"] = optimizer["update_norm"]
+        self._stats(slabs, optimizer, step)
 
     def write_partial(self):
         """Writes the window under way (the steps since the last write), if any, with the weights as they are now."""
-        if self.window is None or not self.window_steps:
+        if self.window is None or not self.window.steps:
             return
-        step = self.window_steps[-1]
-        weights = norms64([v.value.detach() for v in self.variables]).cpu().numpy()
-        slabs = rowstats.window_slabs(self._take_window(), step, _both(weights, self.structure))
-        self._stats(slabs, None, step)
-
-    def _take_window(self):
-        state = running.to_numpy(self.window, lambda t: t.cpu().numpy(), self.window_steps)
-        self.window, self.window_steps = None, []
-        return state
+        pack = host.Pack()
+        pack.add("weight", reductions.norms([v.value.detach() for v in self.variables]))
+        steps = self.window.take(pack)
+        values = pack.to_host()
+        state = self.window.host_state(values, steps)
+        if self.last is not None:
+            _count_last(state.last, *self.last, self.structure)
+        self.last = None
+        slabs = rowstats.window_slabs(state, steps[-1], _both(values["weight"], self.structure))
+        self._stats(slabs, None, steps[-1])
 
     def _stats(self, slabs, values, step):
         n_layers = len(self.structure.layer_names)
@@ -186,36 +191,33 @@ class Recorder:
 
 
 def norms64(tensors):
-    """float64 ``[n]`` L2 norms of ``tensors``, on their device."""
-    with torch.no_grad():
-        return torch.stack(torch._foreach_norm(list(tensors), 2, dtype=F64))
+    """float64 ``[n]`` L2 norms of ``tensors``, on their device, exact at every magnitude (``reductions.norms``)."""
+    return reductions.norms(list(tensors))
 
 
-def _nonfinite(grads, norms):
-    """float64 ``[n]``: the NaN and Inf elements of each gradient.
+def _differences(after, before):
+    """``after - before`` per variable, in float32 at least (a float16 or bfloat16 weight's change is taken wider)."""
+    if all(a.dtype == torch.float32 for a in after):
+        return torch._foreach_sub(after, before)  # one multi-tensor operator
+    return [a.float() - b.float() for a, b in zip(after, before)]
 
-    A float64 norm of float32 (or narrower) elements is finite exactly when
-    every element is: on a CPU, where reading it costs no wait, a step
-    whose norms are all finite (nearly every step) counts nothing more.
+
+def _count_last(last, grads, rows, s):
+    """Puts the last step's NaN and Inf element counts into a window's ``last`` columns (``[L + V, 3]``, in place).
+
+    Between writes the window holds only whether a gradient had one (its
+    norm is not finite: no per-tensor count at every step); a window's
+    ``last`` slab keeps the element count (``running.steps_flagged``), so
+    the few flagged gradients of the last step are counted here, once.
     """
-    if norms.device.type == "cpu" and bool(torch.isfinite(norms).all()):
-        return torch.zeros_like(norms)
-    return torch.stack([(~torch.isfinite(g)).sum().to(F64) for g in grads])
-
-
-def _max_abs(g):
-    """The largest |element| (NaN if any is NaN), in one pass that allocates nothing of ``g``'s size."""
-    if not g.numel():
-        return torch.zeros((), dtype=F64, device=g.device)
-    low, high = torch.aminmax(g)
-    return torch.maximum(-low, high).to(F64)
-
-
-def _dead(zeros, units):
-    """bool ``[units]``: whether each unit (an index of the trailing axes) has an all-zero gradient (``zeros``: ``g == 0``)."""
-    if units == 0 or zeros.numel() == 0:
-        return torch.ones(units, dtype=torch.bool, device=zeros.device)
-    return zeros.reshape(-1, units).all(dim=0)
+    n_layers = len(s.layer_names)
+    flags = last[:, 1]
+    counts = np.zeros(len(s.variable_names))
+    for g, i in zip(grads, rows):
+        if flags[n_layers + i] > 0:
+            counts[i] = flags[n_layers + i] = int(torch.isfinite(g).logical_not_().sum())
+    layer_counts = np.bincount(s.layer_of, counts, n_layers)
+    flags[:n_layers] = np.where(flags[:n_layers] > 0, layer_counts, flags[:n_layers])
 
 
 def _both(per_variable, s):

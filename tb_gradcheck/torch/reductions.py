@@ -20,8 +20,9 @@ stacked into one vector:
   whose squares can leave float64's range (below 1e-154, above 1e154), are
   divided by their largest |element| first (LAPACK's scaled norm), which
   ``torch.where`` selects on the device: no branch on the host. A CPU's
-  float32 gradients are summed in float32 instead (``cpu_norms``: no float64
-  copy of the model per step, exact inside a proven band);
+  float32 gradients take the same multi-tensor norm summing in float32
+  (``cpu_norms``: no float64 copy of the model per step, exact inside a
+  proven band; the rare tensors outside it scaled by powers of two first);
 - whether a gradient has a NaN or Inf element, at every step: its norm is
   not finite exactly then (the squares above cannot overflow), so the flag
   costs nothing beside the norm. The window counts such steps (``window``);
@@ -51,8 +52,8 @@ from tb_gradcheck.torch import cpu_norms
 
 F64 = torch.float64
 INF = float("inf")
-# A CPU's float32 gradients take ``cpu_norms``' per-tensor float32 sums; False takes the multi-tensor
-# kernels there too (what a GPU runs: the operator-count tests count that way).
+# A CPU's float32 gradients take ``cpu_norms``' float32 multi-tensor norm; False takes the float64 one there
+# too (what a GPU runs: the operator-count tests count both ways).
 CPU_WAYS = True
 
 

@@ -273,12 +273,31 @@ def _norm64(values):
 
 @pytest.mark.parametrize("scale", [1.0, 1e-30, 1e25])
 def test_norms_of_long_tensors_match_float64(scale):
-    # A CPU's float32 sum of 5 million elements rounds by ~1e-4 relative; the norms must not.
-    values = (np.random.default_rng(0).normal(size=5_000_003) * scale).astype(np.float32)
-    grads = [torch.from_numpy(values), torch.from_numpy(values[:70_000].copy())]
+    # A CPU's float32 sum of 16 million elements rounds by ~6e-4 relative; the norms must not.
+    values = (np.random.default_rng(0).normal(size=16_777_219) * scale).astype(np.float32)
+    grads = [torch.from_numpy(values), torch.from_numpy(values[:5_000_003]), torch.from_numpy(values[:70_000])]
     norms = reductions.norms(grads).numpy()
     expected = [np.linalg.norm(g.numpy().astype(np.float64)) for g in grads]
     np.testing.assert_allclose(norms, expected, rtol=1e-7)
+
+
+def test_norms_inside_and_outside_the_float32_band_come_back_in_order():
+    # A CPU sums float32 squares in float32 inside a band and takes the rest again in float64: one list
+    # mixing short and long tensors, inside and outside the band (vanishing, exploding, zero, NaN, Inf,
+    # empty) comes back in its order, each norm its float64 one.
+    rng = np.random.default_rng(2)
+    scales = [1.0, 1e-30, 1e25, 1e-42, 0.0, 1e-3, float("nan"), float("inf"), 1e-30, 1.0]
+    sizes = [100, 64, 300, 50, 20, 70_000, 10, 10, 70_001, 0]
+    grads = []
+    for scale, size in zip(scales, sizes):
+        values = rng.normal(size=size)
+        if np.isfinite(scale):
+            values = values * scale
+        else:
+            values[3] = scale
+        grads.append(torch.from_numpy(values.astype(np.float32)))
+    norms = reductions.norms(grads).numpy()
+    np.testing.assert_allclose(norms, [_norm64(g.numpy()) for g in grads], rtol=1e-6)
 
 
 def test_norms_of_mixed_dtypes_come_back_in_order():
