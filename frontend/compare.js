@@ -91,11 +91,13 @@ export function alignRows(resp, a, b) {
  * @param {string[]} names The aligned names (alignRows().names).
  * @param {(string|null)[]} own The second run's name of each aligned row, null where it lacks the row.
  * @param {Set<string>} [collapsed] Keys of the groups the plan collapses (as buildPlan's).
+ * @param {object} [display] The second run's name -> label where a name is an index
+ *   (its heatmap answer's `labels`: "0" -> "0 (Linear)"), as the first run's rows show theirs.
  * @returns {{names: string[], labels: string[], groupKeys: string[]}} names[i]
  *   for source row i, labels[d] for display row d (as plan.labels), groupKeys[g]
  *   for group g.
  */
-export function ownLabels(plan, groups, names, own, collapsed = new Set()) {
+export function ownLabels(plan, groups, names, own, collapsed = new Set(), display = {}) {
   const mine = names.map((n, i) => (own[i] == null ? n : own[i]));
   const groupKeys = groups.map((g) => {
     const depth = g.key.split('/').length - 1;
@@ -109,7 +111,8 @@ export function ownLabels(plan, groups, names, own, collapsed = new Set()) {
   const labels = plan.labels.map((label, d) => {
     const g = plan.group[d];
     if (g >= 0 && collapsed.has(groups[g].key)) return `${groupKeys[g]} (${plan.starts[d + 1] - plan.starts[d]})`;
-    return mine[plan.order[plan.starts[d]]];
+    const name = mine[plan.order[plan.starts[d]]];
+    return display[name] || name;
   });
   return {names: mine, labels, groupKeys};
 }

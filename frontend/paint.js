@@ -119,7 +119,7 @@ function paintPlot(view, st, key, painted) {
   heat.setPlan(st.plan);
   // Side by side, the compared run's rows go by its own names (its
   // prefix, its groups' keys); the rows themselves are the aligned ones.
-  const own = key === 'other' && st.otherNames ? ownLabels(st.plan, st.groups, st.names, st.otherNames, st.rows.collapsed) : null;
+  const own = key === 'other' && st.otherNames ? ownLabels(st.plan, st.groups, st.names, st.otherNames, st.rows.collapsed, (pane.resp && pane.resp.labels) || {}) : null;
   const prefix = own ? sharedPrefix(own.names) : L.prefix;
   if (key === 'other') painted.otherLabels = own ? own.labels : null;
   plot.prefix.textContent = prefix;

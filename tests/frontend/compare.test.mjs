@@ -75,3 +75,13 @@ test('the_compared_run_labels_its_rows_with_its_own_names', () => {
   const one = ownLabels(buildPlan(a, groups, {collapsed, filter: 'q'}), groups, a, own, collapsed);
   assert.deepEqual(one.labels, ['model_b/block_0/ (1)', 'enc/block_1/q']);
 });
+
+test('the_compared_run_labels_rows_named_by_an_index_with_their_class', () => {
+  // Two nn.Sequential models: the second run's answer labels its own rows, as the first run's show theirs.
+  const a = ['0', '2', '4'];
+  const own = ['0', '2', null];
+  const groups = groupRows(a);
+  const labelled = ownLabels(buildPlan(a, groups), groups, a, own, new Set(), {0: '0 (Conv2d)', 2: '2 (Linear)'});
+  assert.deepEqual(labelled.labels, ['0 (Conv2d)', '2 (Linear)', '4']);
+  assert.deepEqual(labelled.names, ['0', '2', '4'], 'the names stay the stored ones');
+});
