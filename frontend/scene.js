@@ -34,10 +34,12 @@ export function legendOptions(o) {
       specialLabels: {nonfinite: 'NaN / Inf', missing: 'no value', zero: '0'}, lowLabel: ends.low, highLabel: ends.high,
     };
   }
-  return {
+  const plain = {
     title: `${label}${o.scaleKind === 'log' ? ', log' : ''}${both}`,
     showZero: o.scaleKind === 'log', showMismatch: o.hasStatus, noScale: o.noScale,
   };
+  // An activation metric's empty cell is a layer without that statistic, not a missing gradient.
+  return String(o.metric).startsWith('act_') ? {...plain, specialLabels: {missing: 'not recorded'}} : plain;
 }
 
 /** The titles above the two plots: none for one run, the ratio's runs, or each plot's run. */

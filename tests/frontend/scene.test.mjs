@@ -17,6 +17,8 @@ test('the_legend_names_the_metric_and_scale_and_says_both_runs_side_by_side', ()
     {title: 'gradient norm (grad_norm), log', showZero: true, showMismatch: false, noScale: false});
   assert.deepEqual(legendOptions({...BASE, scaleKind: 'linear', side: true, other: 'relu_he'}),
     {title: 'gradient norm (grad_norm), both runs', showZero: false, showMismatch: false, noScale: false});
+  // An activation metric's empty cell is a layer without that statistic.
+  assert.deepEqual(legendOptions({...BASE, metric: 'act_rms'}).specialLabels, {missing: 'not recorded'});
   // A check's cells carry statuses: the legend shows the mismatch outline.
   const check = legendOptions({...BASE, metric: 'check_error', hasStatus: true, noScale: true});
   assert.equal(check.title, 'gradient check error (check_error), log');
