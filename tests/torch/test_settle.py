@@ -6,8 +6,6 @@ far above float64's), correct models, state left bit-identical, a twin that
 cannot run, and the stored and served marker.
 """
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
@@ -17,23 +15,10 @@ from tb_gradcheck.check import settle
 from tb_gradcheck.core import metadata
 from tb_gradcheck.torch import GradientWriter
 from tb_gradcheck.torch import check_gradients
+from tests.torch.test_check import check
+from tests.torch.test_check import one_thread  # noqa: F401 (autouse: one intra-op thread here too)
 
 SEEDS = range(5)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: a second intra-op thread only spin-waits, and on a shared 2-core machine doubles the time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def check(case, seed, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # nothing here writes state: a warning would be news
-        return check_gradients(case.loss, case.model, case.batch, seed=seed, **kwargs)
 
 
 def status(report):
