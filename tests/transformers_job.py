@@ -115,3 +115,7 @@ if __name__ == "__main__":
         log_dir=np.array(str(callback.log_dir)),
         world=np.array(trainer.args.world_size),
     )
+    # Torn down before the interpreter exits: gloo's threads destroyed at exit
+    # abort a rank now and then ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
