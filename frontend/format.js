@@ -95,6 +95,11 @@ export function percent(v) {
 
 
 
+/** Whether `metric` is a statistic of layer outputs (the server's metadata.ACTIVATION_STAT_COLUMNS). */
+export function isActivationMetric(metric) {
+  return String(metric || '').startsWith('act_');
+}
+
 /**
  * What a cell without a value means for `metric`: a gradient metric's row had
  * no gradient; an activation metric's layer had no output statistic (its
@@ -104,7 +109,7 @@ export function percent(v) {
  * @returns {string}
  */
 export function missingText(metric) {
-  return String(metric || '').startsWith('act_') ? 'missing (not recorded for this layer)' : 'missing (no gradient)';
+  return isActivationMetric(metric) ? 'missing (not recorded for this layer)' : 'missing (no gradient)';
 }
 
 /**

@@ -4,7 +4,7 @@
 // a run lacks. paint.js puts these into the DOM.
 
 import {alignmentText} from './compare.js';
-import {metricLabel, ratioMetricEnds, stepRangeText} from './format.js';
+import {isActivationMetric, metricLabel, ratioMetricEnds, stepRangeText} from './format.js';
 import {planRows, sourceRows} from './rows.js';
 
 /**
@@ -39,7 +39,7 @@ export function legendOptions(o) {
     showZero: o.scaleKind === 'log', showMismatch: o.hasStatus, noScale: o.noScale,
   };
   // An activation metric's empty cell is a layer without that statistic, not a missing gradient.
-  return String(o.metric).startsWith('act_') ? {...plain, specialLabels: {missing: 'not recorded'}} : plain;
+  return isActivationMetric(o.metric) ? {...plain, specialLabels: {missing: 'not recorded'}} : plain;
 }
 
 /** The titles above the two plots: none for one run, the ratio's runs, or each plot's run. */
