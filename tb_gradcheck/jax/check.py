@@ -64,10 +64,11 @@ def check_gradients(
         the module; its ``nnx.Param`` state is checked). Not modified.
       batch: None (default), or the batch ``loss_fn`` takes (any pytree).
       dtype: None (default) checks in the parameters' own dtype, then
-        re-checks the rows that leaves inconclusive on the float64 twin below,
-        with the same seed and probes (``tb_gradcheck.check.settle``): those
-        rows hold the twin's verdict, marked ``float64_recheck="float64"``, or
-        stay inconclusive, marked ``"unavailable"`` with the reason, where the
+        re-checks the rows that does not convict (inconclusive, or ok only
+        within float32's 1%) on the float64 twin below, with the same seed and
+        probes (``tb_gradcheck.check.settle``): those rows hold the twin's
+        verdict, marked ``float64_recheck="float64"``, or their own (the
+        inconclusive ones marked ``"unavailable"`` with the reason) where the
         twin cannot run (a loss that cannot be traced in float64, not enough
         free memory). ``"float32"``: the parameters' own dtype only.
         ``"float64"`` checks a float64 twin: ``params`` and ``batch``'s

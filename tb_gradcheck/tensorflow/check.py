@@ -73,11 +73,12 @@ def check_gradients(
         ``model.trainable_variables``), grouped into layers as
         ``GradientWriter`` groups them.
       dtype: None (default) or ``"float32"``. None re-checks the rows the
-        check leaves inconclusive on the float64 twin given as ``twin``
+        check does not convict (inconclusive, or ok only within float32's
+        1%) on the float64 twin given as ``twin``
         (``tb_gradcheck.check.settle``: their verdict, error and power are
         then the twin's, ``CheckRow.float64_recheck == "float64"``); without
-        ``twin`` they stay inconclusive, marked ``"unavailable"``, with the
-        reason. ``"float32"``: the check of ``loss_fn`` alone, as it was.
+        ``twin`` they keep their own, the inconclusive ones marked
+        ``"unavailable"``, with the reason. ``"float32"``: the check of ``loss_fn`` alone, as it was.
       twin: None (default), or ``(twin_loss_fn, twin_variables)``: the same
         loss of a float64 twin of the model (``tb_gradcheck.keras.float64_twin``,
         its weights copied by ``sync_twin`` before the call) and its

@@ -17,8 +17,8 @@ class PeriodicCheck:
       model: The model being fitted.
       every_n_steps: The check interval (the callback's ``check_every_n_steps``).
       data: ``(x, y)`` or ``(x, y, sample_weight)``: the batch checked.
-      dtype: None: check the model, and re-check the rows it leaves
-        inconclusive on a float64 twin of it (``tb_gradcheck.check.settle``);
+      dtype: None: check the model, and re-check the rows it does not
+        convict on a float64 twin of it (``tb_gradcheck.check.settle``);
         ``"float32"``: the model only; ``"float64"``: check a float64 twin
         of the model. The twin is built at the first check that needs it and
         its weights copied from the model at each

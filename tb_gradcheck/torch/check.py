@@ -77,12 +77,13 @@ def check_gradients(
       batch: None (default), or the batch ``loss_fn(model, batch)`` takes:
         a tensor or a tuple, list or dict of them.
       dtype: None (default) checks the model as it is, then re-checks the
-        rows it leaves inconclusive on the float64 twin below, with the same
-        seed and probes (``tb_gradcheck.check.settle``): those rows hold the
-        twin's verdict, marked ``float64_recheck="float64"``, or stay
-        inconclusive, marked ``"unavailable"`` with the reason, where the twin
-        cannot run (no ``batch``, bare parameters, a module ``deepcopy``
-        refuses, an op that refuses float64, not enough free memory).
+        rows it does not convict (inconclusive, or ok only within float32's
+        1%) on the float64 twin below, with the same seed and probes
+        (``tb_gradcheck.check.settle``): those rows hold the twin's verdict,
+        marked ``float64_recheck="float64"``, or their own (the inconclusive
+        ones marked ``"unavailable"`` with the reason) where the twin cannot
+        run (no ``batch``, bare parameters, a module ``deepcopy`` refuses,
+        an op that refuses float64, not enough free memory).
         ``"float32"`` checks the model as it is, and nothing more.
         ``"float64"`` checks a
         float64 twin: ``copy.deepcopy(model)`` cast to float64, called as

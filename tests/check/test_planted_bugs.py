@@ -210,34 +210,30 @@ def test_callback_checks_a_float64_twin_and_leaves_the_model_as_plain_training_d
         GradientCallback(tmp_path, check_dtype="float16")
 
 
-def test_callback_by_default_settles_the_rows_float32_leaves_open_on_the_float64_twin(tmp_path):
+def test_callback_by_default_convicts_on_the_float64_twin_what_float32_leaves_open_or_calls_ok(tmp_path):
     case, _ = check_models.planted("bias_mean")
     case.reseed(0)
     x, y = case.x.numpy(), case.y.numpy()
-    # No step moves the weights: each check sees the same model and batch,
-    # whose float32 check leaves dense_1 open at some seeds (as at seed 0 of
-    # the default check) and convicts it or passes it at others. The callback
-    # draws a fresh seed for each check, so 20 checks: that none of them
-    # leaves the row open (for the twin to settle) is then as unlikely as
-    # 20 draws missing an outcome that comes at a fifth of seeds or more (1%;
-    # measured: 7-8 of 20 checks settled).
+    # No step moves the weights: each check sees the same model and batch.
+    # The callback draws a fresh seed for each check; float32 alone convicts
+    # dense_1 at about three quarters of seeds and leaves it open or calls it
+    # ok (a bias gradient n times too small is ~0.5% along the gradient at
+    # some seeds, under float32's 1% tolerance) at the others, while the
+    # float64 twin convicts it at every seed (docs/gradient_check.md,
+    # "Limits"): so every check must convict it, on either side.
     case.model.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=0.0), loss="mse")
     before = [v.numpy().copy() for v in case.model.variables]
     callback = GradientCallback(tmp_path, check_every_n_steps=1, check_data=(x, y))
-    case.model.fit(x, y, batch_size=8, epochs=10, shuffle=False, verbose=0, callbacks=[callback])
+    case.model.fit(x, y, batch_size=8, epochs=4, shuffle=False, verbose=0, callbacks=[callback])  # 2 steps an epoch
     assert all(np.array_equal(a, b.numpy()) for a, b in zip(before, case.model.variables))
     status, recheck = (metadata.CHECK_COLUMNS.index(c) for c in ("status", "float64_recheck"))
     records = read_events(tmp_path / "train", kind="check")
-    settled = []
-    for _, matrix, _ in records:
-        assert metadata.CHECK_STATUSES.index("inconclusive") not in matrix[:, status].tolist()
-        for j, (code, source) in enumerate(zip(matrix[:, status], matrix[:, recheck])):
-            verdict = metadata.CHECK_STATUSES[int(code)]
-            assert verdict != "mismatch" or j == 1  # rows: dense_0, dense_1, head
-            if metadata.CHECK_RECHECKS[int(source)] == "float64":
-                settled.append((j, verdict))
-    assert len(records) == 20
-    assert (1, "mismatch") in settled, settled
+    verdicts = [[metadata.CHECK_STATUSES[int(c)] for c in matrix[:, status]] for _, matrix, _ in records]
+    sources = [[metadata.CHECK_RECHECKS[int(c)] for c in matrix[:, recheck]] for _, matrix, _ in records]
+    assert len(records) == 8
+    assert all(v == ["ok", "mismatch", "ok"] for v in verdicts), verdicts  # rows: dense_0, dense_1, head
+    # The correct rows' ok is the twin's; dense_1 is the twin's wherever float32 did not convict it.
+    assert all(s[0] == s[2] == "float64" for s in sources), sources
 
 
 def test_check_gradients_without_a_twin_leaves_open_rows_open_and_with_one_settles_them():

@@ -29,26 +29,27 @@ def bits(model):
     return {n: t.detach().cpu().numpy().tobytes() for n, t in model.state_dict(keep_vars=True).items()}
 
 
-def test_the_default_check_settles_every_row_float32_leaves_open_and_convicts_the_bugged_layer_there():
-    settled = 0
+def test_the_default_check_convicts_the_bugged_layer_wherever_the_twin_does_and_leaves_nothing_open():
+    settled = {"inconclusive": 0, "ok": 0}
     for seed in SEEDS:
         case = models.localized(seed)
         own = check(case, seed, dtype="float32")
         default = check(case, seed)
         twin = check(case, seed, dtype="float64")
         assert status(twin)["fc2"] == "mismatch"
+        assert status(default)["fc2"] == "mismatch", str(default)  # wherever the twin convicts
         assert not default.inconclusive, str(default)  # the twin can run: nothing stays open
         for before, after in zip(own.layers, default.layers):
-            if before.status == "inconclusive":
-                settled += 1
-                assert after.float64_recheck == "float64" and after.status == status(twin)[after.name], str(default)
-                assert after.min_detectable_error < 1e-4  # the twin's power, not float32's percents
-            else:  # decided in float32: untouched, at no extra cost
+            if before.status == "mismatch":  # a float32 conviction stands at the twin's finer tolerance
                 assert after == before
+                continue
+            # inconclusive, or ok only within float32's 1%: the twin's row
+            settled[before.status] += before.name == "fc2"
+            assert after.float64_recheck == "float64" and after.status == status(twin)[after.name], str(default)
+            assert after.min_detectable_error < 1e-4  # the twin's power, not float32's percents
         assert all(s != "mismatch" for n, s in status(default).items() if n != "fc2"), str(default)
-        if not own.inconclusive:
-            assert default.evaluations == own.evaluations
-    assert settled >= 2  # the seeds where float32 leaves fc2 open (3 of 5 here) are what this is about
+    # float32 leaves fc2 open at 3 of these 5 seeds and calls it ok at 1: both are what this is about
+    assert settled["inconclusive"] >= 2 and settled["ok"] >= 1, settled
 
 
 def test_a_correct_model_is_never_convicted_by_the_default_check():
@@ -144,7 +145,9 @@ def test_the_marker_is_stored_and_served_and_the_report_shows_it(tmp_path):
     wait_for_steps(client, "run", 3)
     body = get_json(client, "/data/plugin/gradients/checks?run=run")
     by_name = {c["name"]: c for c in body["rows"]}
-    assert by_name["fc2"]["float64_recheck"] == "float64" and by_name["fc1"]["float64_recheck"] == "none"
+    # fc1 is ok in float32 and in the twin: the twin's sharper ok is the one kept
+    assert by_name["fc2"]["float64_recheck"] == "float64" and by_name["fc1"]["float64_recheck"] == "float64"
+    assert by_name["fc1"]["min_detectable_error"] == pytest.approx(report.layers[0].min_detectable_error, rel=1e-6)
     assert by_name["fc2"]["status"] == report.layers[1].status
     (failure,) = [
         f
