@@ -82,8 +82,8 @@ def check_gradients(
       twin: None (default), or ``(twin_loss_fn, twin_variables)``: the same
         loss of a float64 twin of the model (``tb_gradcheck.keras.float64_twin``,
         its weights copied by ``sync_twin`` before the call) and its
-        variables, position by position ``variables``. Only read when rows
-        are left open; the model's own gradient is then also held against
+        variables, position by position ``variables``. Only read when some
+        row is not convicted; the model's own gradient is then also held against
         the twin's on those rows (``float64_twin.float32_gap``).
       probes: Int, default 3. Directions per row: the first along the row's
         analytic gradient, the rest random. Each costs 4 loss evaluations.
