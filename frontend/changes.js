@@ -5,7 +5,7 @@
 
 import {findingKey} from './findings.js';
 import {aggregatesOf, reconcileSelection, runsChanged} from './selection.js';
-import {compareMode, replan, runInfo, takeRuns} from './state.js';
+import {compareMode, currentScale, replan, runInfo, scaleFamily, takeRuns} from './state.js';
 
 /**
  * A change of the selection (run, metric, granularity, aggregate).
@@ -58,10 +58,13 @@ export function setAlign(st, align) {
   return true;
 }
 
-/** Log or linear colours; false when nothing changed (same data, new colours: no request). */
+/**
+ * Log or linear colours for the shown metric's family (state.scaleFamily);
+ * false when nothing changed (same data, new colours: no request).
+ */
 export function setScale(st, scale) {
-  if (!scale || scale === st.scale) return false;
-  st.scale = scale;
+  if (!scale || scale === currentScale(st)) return false;
+  st.scales[scaleFamily(st.sel && st.sel.metric)] = scale;
   return true;
 }
 

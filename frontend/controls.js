@@ -7,6 +7,7 @@ import {el} from './dom.js';
 import {ratioMetricEnds} from './format.js';
 import {buildFindingsPanel} from './panel.js';
 import {aggregatesOf, granularitiesWithMetric, metricChoices} from './selection.js';
+import {currentScale} from './state.js';
 import {buildPlot, showProblems} from './views.js';
 
 function labelled(doc, text, control, id) {
@@ -217,7 +218,7 @@ export function showControls(ui, st, r, mode) {
   setSegmented(ui.compareMode, mode === 'ratio' ? 'ratio' : 'side', sel.metric === 'check_error' ? ['side'] : undefined);
   if (st.alignment) setSegmented(ui.align, st.alignment.mode);
   const ratioScale = mode === 'ratio' || !!ratioMetricEnds(sel.metric);
-  setSegmented(ui.scale, ratioScale ? 'log' : st.scale, ratioScale ? ['log'] : undefined);
+  setSegmented(ui.scale, ratioScale ? 'log' : currentScale(st), ratioScale ? ['log'] : undefined);
   showProblems(ui.problems, r.problems);
   for (const [a, fmt] of [[ui.download, 'csv'], [ui.downloadJson, 'json']]) {
     a.href = exportUrl(sel, fmt);

@@ -25,6 +25,17 @@ export const METRIC_LABELS = {
 };
 
 /**
+ * Metrics whose values are shares of a whole, in [0, 1]: the stored columns
+ * named `*_fraction` (docs/stored_format.md). They open on a linear colour
+ * scale, where 0 is a colour like any other: on a log scale a healthy
+ * layer at exactly 0 is the black "<= 0" swatch, and 64% and 80% sit a
+ * tenth of a decade apart.
+ */
+export function isFractionMetric(metric) {
+  return /_fraction$/.test(String(metric));
+}
+
+/**
  * Metrics that are ratios around 1 and read best on the diverging scale,
  * with what each end of it means; null for any other metric.
  * @returns {{low: string, high: string}|null}

@@ -2,7 +2,7 @@
 // what the tab shows, in plain data, plus poll() to refresh now.
 
 import {cellAt} from './pointer.js';
-import {activeFinding, compareMode} from './state.js';
+import {activeFinding, compareMode, currentScale} from './state.js';
 
 /** What the tab shows, in plain data (the hook's state()). */
 function shownState(view, st, dark) {
@@ -16,7 +16,7 @@ function shownState(view, st, dark) {
   const binned = heat.binned;
   return {
     run: sel.run ?? null, metric: sel.metric ?? null, granularity: sel.granularity ?? null,
-    aggregate: sel.aggregate ?? null, scale: mode === 'ratio' ? 'ratio' : st.scale,
+    aggregate: sel.aggregate ?? null, scale: mode === 'ratio' ? 'ratio' : currentScale(st),
     rows: st.names.slice(), displayRows: st.plan ? st.plan.labels.slice() : [],
     pixelRows: binned ? binned.rows : 0, groups: st.groups.map((g) => g.key),
     steps: resp ? (resp.num_steps ?? resp.steps.length) : 0, columns: resp ? resp.steps.length : 0,

@@ -127,7 +127,8 @@ class Controller {
 
   save() {
     try {
-      window.localStorage.setItem(STORAGE_KEY, JSON.stringify({...this.st.sel, scale: this.st.scale}));
+      const {magnitude, fraction} = this.st.scales;
+      window.localStorage.setItem(STORAGE_KEY, JSON.stringify({...this.st.sel, scale: magnitude, fractionScale: fraction}));
     } catch (e) {
       // Storage may be disabled; the selection just isn't kept.
     }

@@ -16,7 +16,7 @@ import {HeatmapCanvas} from './heatmap.js';
 import {binEdges, binGrid, fitHeight, planRows, sharedPrefix} from './rows.js';
 import {alignNoteLines, chartCaption, displayAbsent, legendOptions, noDataText, plotTitles, zoomNote} from './scene.js';
 import {statusParts} from './selection.js';
-import {activeFinding, compareMode, runInfo} from './state.js';
+import {activeFinding, compareMode, currentScale, runInfo} from './state.js';
 import {labelColumnWidth, markAbsentRows, renderLegend, renderRowLabels, renderRowMarks, renderStatus, renderTraceAxis, renderXAxis} from './views.js';
 
 const CHART = {min: 110, max: 220, caption: 22};
@@ -94,11 +94,11 @@ function colourScale(st, mode, grids) {
   let scale;
   if (mode === 'ratio') scale = makeRatioScale(ratioDecades(grids[0].values, grids[0].missing));
   else {
-    domain = unionDomain(grids, st.scale);
+    domain = unionDomain(grids, currentScale(st));
     // A ratio metric (before-clip / applied) reads best around 1, on the diverging scale.
     scale = ratioMetricEnds(st.main.resp.metric)
       ? makeRatioScale(Math.max(...grids.map((g) => ratioDecades(g.values, g.missing))))
-      : makeScale(st.scale, domain);
+      : makeScale(currentScale(st), domain);
   }
   return {scale, domain, allZero};
 }
@@ -163,7 +163,7 @@ export function paint(view, st) {
   ui.plotTitle.textContent = titles.main;
   ui.otherTitle.textContent = titles.other;
   renderLegend(ui.legend, scale, legendOptions({
-    metric: st.main.resp.metric, mode, side, scale, scaleKind: st.scale, noScale: !anyDrawn || domain === null,
+    metric: st.main.resp.metric, mode, side, scale, scaleKind: currentScale(st), noScale: !anyDrawn || domain === null,
     hasStatus: !!st.main.grid.status, run: st.sel.run, other: st.compare.other,
   }));
   const binned = view.panes.main.heat.binned;

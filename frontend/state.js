@@ -6,6 +6,7 @@
 
 import {alignmentOf} from './compare.js';
 import {findingKey} from './findings.js';
+import {isFractionMetric} from './format.js';
 import {buildPlan, groupRows} from './rows.js';
 import {reconcileSelection} from './selection.js';
 
@@ -21,14 +22,21 @@ export function createPane() {
 
 /**
  * A new tab's state.
- * @param {{scale?: string}} [saved] What localStorage kept (the scale; the
- *   selection is reconciled against the runs once they are known).
+ * @param {{scale?: string, fractionScale?: string}} [saved] What
+ *   localStorage kept (the scales; the selection is reconciled against the
+ *   runs once they are known).
  */
 export function createState(saved = {}) {
   return {
     runs: [], // the `runs` answer's list, as last received
     sel: null, // {run, metric, granularity, aggregate} (selection.reconcileSelection); null without runs
-    scale: saved.scale === 'linear' ? 'linear' : 'log', // colour scale of a heatmap that is not a ratio
+    // Colour scale of a heatmap that is not a ratio, per family of metric
+    // (scaleFamily): magnitudes span decades (log), fractions are shares
+    // of [0, 1] (linear). The Scale control sets the shown metric's family.
+    scales: {
+      magnitude: saved.scale === 'linear' ? 'linear' : 'log',
+      fraction: saved.fractionScale === 'log' ? 'log' : 'linear',
+    },
     compare: {
       other: null, // the run compared with the selected one, or null
       mode: 'side', // what the user asked for: 'side' (two plots) or 'ratio' (run \u00f7 other)
@@ -68,6 +76,16 @@ export function createState(saved = {}) {
     loads: 0, // heatmap loads since the page opened (tests)
     polls: 0, // polls of `runs` since the page opened (tests)
   };
+}
+
+/** Which of `st.scales` a metric is drawn with: 'fraction' (format.isFractionMetric) or 'magnitude'. */
+export function scaleFamily(metric) {
+  return isFractionMetric(metric) ? 'fraction' : 'magnitude';
+}
+
+/** The colour scale ('log' or 'linear') of the metric shown, before a ratio overrides it. */
+export function currentScale(st) {
+  return st.scales[scaleFamily(st.sel && st.sel.metric)];
 }
 
 /** The `runs` entry of a run (default the selected one), or null. */

@@ -54,6 +54,8 @@ def test_saturated_layers_stand_out_in_the_activation_heatmap(browser, tb, artif
     tab.select("#metric-select", METRIC)
     s = tab.state()
     assert s["metric"] == METRIC and s["granularity"] == "layer"
+    # A fraction opens on the linear scale (0 is a colour there, not log's black "<= 0"); gradient norms stay log.
+    assert s["scale"] == "linear"
     # An output is a module's: the activation metric has no variable rows to switch to.
     assert tab.frame.locator("#granularity button[data-value=variable]").is_disabled()
     heat = api(tb, "heatmap", run="sigmoid_saturated", metric=METRIC)

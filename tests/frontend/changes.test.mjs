@@ -8,7 +8,7 @@ import {
   toggleFinding, zoomTo,
 } from '../../frontend/changes.js';
 import {findingKey} from '../../frontend/findings.js';
-import {createState, takeRuns, takeView} from '../../frontend/state.js';
+import {createState, currentScale, takeRuns, takeView} from '../../frontend/state.js';
 import {RUNS} from './runs.mjs';
 
 const ROWS = ['t/block_0/q', 't/block_0/k', 't/block_1/q', 't/block_1/k', 't/head'];
@@ -78,8 +78,29 @@ test('mode_align_and_scale_change_only_when_they_differ', () => {
   assert.equal(st.compare.align, 'name');
   assert.equal(setScale(st, 'log'), false);
   assert.equal(setScale(st, 'linear'), true);
-  assert.equal(st.scale, 'linear');
+  assert.equal(currentScale(st), 'linear');
   assert.equal(setScale(st, null), false);
+});
+
+test('fractions_and_magnitudes_keep_a_scale_each_and_a_metric_opens_on_its_own', () => {
+  const st = createState();
+  const sigmoid = RUNS[0];
+  const withFraction = {
+    ...sigmoid, metrics: [...sigmoid.metrics, 'grad_zero_fraction'],
+    aggregates: {...sigmoid.aggregates, grad_zero_fraction: ['last']},
+  };
+  takeRuns(st, [withFraction, RUNS[1]], {run: 'sigmoid'});
+  assert.equal(st.sel.metric, 'grad_norm');
+  assert.equal(currentScale(st), 'log');
+  changeSelection(st, {metric: 'grad_zero_fraction'});
+  assert.equal(currentScale(st), 'linear'); // a share of [0, 1]: 0 is a colour, not the black "<= 0"
+  assert.equal(setScale(st, 'log'), true); // the user's choice for fractions
+  changeSelection(st, {metric: 'grad_max_abs'});
+  assert.equal(currentScale(st), 'log'); // magnitudes keep theirs
+  assert.equal(setScale(st, 'linear'), true);
+  changeSelection(st, {metric: 'grad_zero_fraction'});
+  assert.equal(currentScale(st), 'log'); // and fractions theirs
+  assert.deepEqual(st.scales, {magnitude: 'linear', fraction: 'log'});
 });
 
 test('row_changes_replan_the_display_rows', () => {

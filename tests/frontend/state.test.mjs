@@ -4,7 +4,7 @@ import {test} from 'node:test';
 import assert from 'node:assert/strict';
 
 import {
-  activeFinding, compareMode, createState, dropGrids, keepFindings, replan, runInfo, showFindingsOf,
+  activeFinding, compareMode, createState, currentScale, dropGrids, keepFindings, replan, runInfo, showFindingsOf,
   takeAnswers, takeFindings, takeFindingsError, takeRuns, takeView,
 } from '../../frontend/state.js';
 import {RUNS} from './runs.mjs';
@@ -14,14 +14,16 @@ const BLOCKS = ['t/block_0/q', 't/block_0/k', 't/block_1/q', 't/block_1/k', 't/h
 test('a_new_state_declares_every_field_and_keeps_only_a_valid_saved_scale', () => {
   const st = createState();
   assert.deepEqual(Object.keys(st), [
-    'runs', 'sel', 'scale', 'compare', 'alignment', 'onlyIn', 'otherNames', 'main', 'other', 'names', 'display', 'groups', 'rows',
+    'runs', 'sel', 'scales', 'compare', 'alignment', 'onlyIn', 'otherNames', 'main', 'other', 'names', 'display', 'groups', 'rows',
     'plan', 'checks', 'findings', 'findingsByRun', 'activeKey', 'painted', 'timing', 'loads', 'polls',
   ]);
   assert.deepEqual(st.main, {run: null, resp: null, grid: null, axis: null});
   assert.notEqual(st.main, st.other);
-  assert.equal(st.scale, 'log');
-  assert.equal(createState({scale: 'linear'}).scale, 'linear');
-  assert.equal(createState({scale: 'sideways'}).scale, 'log');
+  // Magnitudes open on log, fractions on linear; a saved choice of each is kept, anything else is not.
+  assert.deepEqual(st.scales, {magnitude: 'log', fraction: 'linear'});
+  assert.deepEqual(createState({scale: 'linear', fractionScale: 'log'}).scales, {magnitude: 'linear', fraction: 'log'});
+  assert.deepEqual(createState({scale: 'sideways', fractionScale: 7}).scales, {magnitude: 'log', fraction: 'linear'});
+  assert.equal(currentScale(st), 'log'); // nothing selected yet: a magnitude
   // Two tabs never share a set or a map.
   assert.notEqual(createState().rows.collapsed, st.rows.collapsed);
   assert.notEqual(createState().findingsByRun, st.findingsByRun);
