@@ -58,7 +58,7 @@ def half_in_band(half_sumsq):
 
 
 def graph_partials(gradient, variable, unit_axes, full=True):
-    """One gradient's dense values, half its sum of squares and (when full) per-unit max and min and half its nonzero count.
+    """One gradient's dense values, half its sum of squares and (when full) per-unit max |g| and half its nonzero count.
 
     Each is one op (two for the count) in the values' dtype: the casts to
     float64 and the rest are done once for all variables by ``gather``,
@@ -69,13 +69,13 @@ def graph_partials(gradient, variable, unit_axes, full=True):
     values = _dense_values(gradient, shape, unit_axes)
     # These passes are the writer's whole per-step cost, so each is the
     # cheapest exact form TensorFlow has: l2_loss is one fused kernel (no
-    # squared temporary), the per-unit max and min reduce without an abs
-    # temporary, and the nonzero count is the cheap exact form of _half_nonzero.
+    # squared temporary), the per-unit max |g| is one reduction of an abs
+    # (units.peaks), and the nonzero count is the cheap exact form of _half_nonzero.
     half_sumsq = tf.nn.l2_loss(values)
     if not full:
-        return values, half_sumsq, None, None, None
-    top, bottom = units.extremes(values, int(np.prod(shape[len(shape) - unit_axes :])))
-    return values, half_sumsq, top, bottom, _half_nonzero(values, int(np.prod(shape)))
+        return values, half_sumsq, None, None
+    peak = units.peaks(values, int(np.prod(shape[len(shape) - unit_axes :])))
+    return values, half_sumsq, peak, _half_nonzero(values, int(np.prod(shape)))
 
 
 def _dense_values(gradient, shape, unit_axes):
@@ -104,11 +104,11 @@ def compiled_columns(gradients, where, rows):
       nonzero, as the graph path's recount does: no recount needed.
     """
     values = compiled_values(gradients, where, rows)
-    tops, bottoms = zip(*[units.extremes(v, rows.variable_units[i]) for v, i in zip(values, where)])
+    peaks = [units.peaks(v, rows.variable_units[i]) for v, i in zip(values, where)]
     norms = compiled_norms(values)
     nonzero = tf.stack([full_sums.count(tf.not_equal(v, 0), compiled=True) for v in values])
     nonfinite = compiled_nonfinite(values)
-    max_abs, dead_v, dead_l = units.fractions(tops, bottoms, where, rows)
+    max_abs, dead_v, dead_l = units.fractions(peaks, where, rows)
     zeros = tf.constant([float(rows.variable_sizes[i]) for i in where], tf.float64) - nonzero
     return norms, max_abs, zeros, nonfinite, dead_v, dead_l
 
@@ -142,13 +142,13 @@ def gather(parts, where, rows):
     segment ops on static segment ids, so the op count does not grow with
     the number of variables.
     """
-    values, half_sumsq, top, bottom, nonzero = (list(x) for x in zip(*parts))
+    values, half_sumsq, peak, nonzero = (list(x) for x in zip(*parts))
     sumsq = units.joined64(half_sumsq, tf.stack) * 2.0
-    full = top[0] is not None
+    full = peak[0] is not None
     max_abs = dead_v = dead_l = None
     if full:
         nonzero = units.joined64(nonzero, tf.stack) * 2.0  # _half_nonzero's halves: exact
-        max_abs, dead_v, dead_l = units.fractions(top, bottom, where, rows)
+        max_abs, dead_v, dead_l = units.fractions(peak, where, rows)
     # Two things need a second look at the values, both rare: a non-finite
     # element (every one makes the sum of squares non-finite, so a finite sum
     # proves there are none and the count is paid for only on bad steps), and

@@ -71,9 +71,15 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
     else:
         norm_v = max_abs_v = zeros_v = nonfinite_v = dead_v = tf.zeros([n_var], tf.float64)
         dead_l = tf.zeros([n_layer], tf.float64)
-    present_v = tf.constant(present)
-    size_v = tf.constant(rows.variable_sizes, tf.float64)
-    variable_stats = _assemble(norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v, size_v, present_v, onset)
+    # The weight norms go into their column as the rows are stacked (the
+    # column is kept in rows without a gradient too); a layer whose
+    # unit-defining variables all lack a gradient has no dead-unit fraction
+    # even though other variables of it have one. Both are static masks, so
+    # each matrix is stacked, masked and cast with three ops.
+    layer_w, variable_w = _weight_norms64(rows, compiled) if weights else (None, None)
+    variable_stats = _assemble(
+        (norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v), rows.variable_sizes, present, onset, variable_w
+    )
 
     seg = tf.constant(rows.layer_of, tf.int32)
     # Rows without a gradient hold zeros here (_spread), so the layer sums
@@ -81,23 +87,19 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
     # elements that have a gradient.
     present_sizes = np.where(present, rows.variable_sizes, 0).astype(np.float64)
     layer_stats = _assemble(
-        _combine_norms(norm_v, seg, n_layer, _narrow(gradients)),
-        units.segment_max(max_abs_v, seg, n_layer),
-        tf.math.unsorted_segment_sum(zeros_v, seg, n_layer),
-        tf.math.unsorted_segment_sum(nonfinite_v, seg, n_layer),
-        dead_l,
-        tf.constant(np.bincount(rows.layer_of, present_sizes, n_layer)),
-        tf.constant(_layers_present(rows, present)),
+        (
+            _combine_norms(norm_v, seg, n_layer, _narrow(gradients)),
+            units.segment_max(max_abs_v, seg, n_layer),
+            tf.math.unsorted_segment_sum(zeros_v, seg, n_layer),
+            tf.math.unsorted_segment_sum(nonfinite_v, seg, n_layer),
+            dead_l,
+        ),
+        np.bincount(rows.layer_of, present_sizes, n_layer),
+        _layers_present(rows, present),
         onset,
+        layer_w,
+        blank=units.layers_without_units(rows, present) if where else (),
     )
-    if where:
-        # A layer whose unit-defining variables all lack a gradient has no
-        # dead-unit fraction even though other variables of it have one.
-        layer_stats = _blank_cells(layer_stats, _COL["dead_unit_fraction"], units.layers_without_units(rows, present))
-    if weights:
-        layer_w, variable_w = weight_norms(rows, compiled)
-        layer_stats = _with_weights(layer_stats, layer_w)
-        variable_stats = _with_weights(variable_stats, variable_w)
     return layer_stats, variable_stats
 
 
@@ -256,25 +258,16 @@ def _layers_present(rows, present):
 
 def weight_norms(rows, compiled=False):
     """Returns ``(per_layer, per_variable)`` L2 norms of the variables' values (float32 vectors)."""
+    layer, variable = _weight_norms64(rows, compiled)
+    return tf.cast(layer, tf.float32), tf.cast(variable, tf.float32)
+
+
+def _weight_norms64(rows, compiled=False):
+    """``weight_norms`` before their cast to float32: float64 ``[L]`` and ``[V]``."""
     values = [reductions.as_float(tf.convert_to_tensor(v)) for v in rows.variables]
     w_norm_v = reductions.tensor_norms(values, compiled)
     seg = tf.constant(rows.layer_of, tf.int32)
-    w_norm_l = _combine_norms(w_norm_v, seg, len(rows.layer_names), _narrow(rows.variables))
-    return tf.cast(w_norm_l, tf.float32), tf.cast(w_norm_v, tf.float32)
-
-
-def _with_weights(stats, weight_norm):
-    """Fills the ``weight_norm`` column of ``stats``.
-
-    Args:
-      stats: float32 ``[..., R, C]`` statistics (any leading aggregate axes).
-      weight_norm: float32 ``[R]`` weight norms.
-
-    Returns:
-      ``stats`` with column ``weight_norm`` set in every slab.
-    """
-    w = tf.broadcast_to(weight_norm, tf.shape(stats[..., _WEIGHT_NORM]))
-    return tf.concat([stats[..., :_WEIGHT_NORM], w[..., None], stats[..., _WEIGHT_NORM + 1 :]], axis=-1)
+    return _combine_norms(w_norm_v, seg, len(rows.layer_names), _narrow(rows.variables)), w_norm_v
 
 
 def _combine_norms(norms, segments, n, narrow):
@@ -303,22 +296,30 @@ def _narrow(tensors):
     return all(t.dtype != tf.float64 for t in tensors if t is not None)
 
 
-def _assemble(norm, max_abs, zeros, nonfinite, dead, size, present, onset):
-    """Stacks the columns, float32, MISSING where absent; the weight column MISSING."""
-    zero_fraction = reductions.where(size > 0, zeros / tf.maximum(size, 1.0), 0.0)
-    cols = [norm, max_abs, zero_fraction, nonfinite, dead, tf.fill(tf.shape(norm), tf.constant(MISSING, tf.float64))]
+def _assemble(columns, size, present, onset, weight=None, blank=()):
+    """The rows' float32 statistics, columns ``metadata.STORED_STAT_COLUMNS`` (with ``onset``, the onset ones too).
+
+    Args:
+      columns: float64 ``[R]`` each: norm, max |g|, zero count, non-finite
+        count, dead-unit fraction.
+      size: numpy ``[R]``: the elements each row's zero count is over.
+      present: Static list of R bools: rows without a gradient read MISSING,
+        but for their weight norm.
+      onset: Whether to add ``metadata.ONSET_STAT_COLUMNS``.
+      weight: float64 ``[R]`` weight norms, or None for MISSING.
+      blank: Rows whose dead-unit fraction reads MISSING.
+    """
+    norm, max_abs, zeros, nonfinite, dead = columns
+    # A row of no elements has no zeros either: 0 / 1 is its fraction 0.
+    zero_fraction = zeros / np.maximum(np.asarray(size, np.float64), 1.0)
+    # Without weights the column is masked: any [R] vector stands in for it.
+    cols = [norm, max_abs, zero_fraction, nonfinite, dead, norm if weight is None else weight]
     if onset:
         # The onset columns of a window of one step: its norm if finite, and
         # offset 0 (this step) if it had a non-finite element.
         cols.append(reductions.where(tf.math.is_finite(norm), norm, MISSING))
         cols.append(tf.where(nonfinite > 0, tf.zeros_like(nonfinite), MISSING))
-    return tf.cast(reductions.where(present[:, None], tf.stack(cols, axis=1), MISSING), tf.float32)
-
-
-def _blank_cells(stats, column, rows_):
-    """``stats`` with ``column`` set to MISSING in rows ``rows_``."""
-    if not rows_:
-        return stats
-    mask = np.zeros(stats.shape, bool)
-    mask[rows_, column] = True
-    return tf.where(mask, MISSING, stats)
+    keep = np.repeat(np.asarray(present, bool)[:, None], len(cols), axis=1)
+    keep[:, _WEIGHT_NORM] = weight is not None
+    keep[list(blank), _COL["dead_unit_fraction"]] = False
+    return tf.cast(reductions.where(keep, tf.stack(cols, axis=1), MISSING), tf.float32)
