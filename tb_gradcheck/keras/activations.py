@@ -1,0 +1,209 @@
+"""Each layer row's forward output during one fit: Keras layers' ``call`` tapped, the outputs reduced to the core's sums.
+
+What is recorded (``metadata.ACTIVATION_STAT_COLUMNS``, from the sums
+``rowstats.ACTIVATION_SUMS``, which define them once). A layer row is the
+Keras layer that owns the row's weights (a ``Dense``; in a
+``MultiHeadAttention`` its ``query``, ``key``, ``value`` and
+``attention_output`` projections); its output is what its ``call`` returns
+(a tuple's first tensor), with the layer's own ``activation`` applied:
+``Dense(64, activation="relu")``'s output is post-ReLU. Every call of the
+layer in training mode (``training=True``, given or inherited from the outer
+call, as Keras resolves it) inside the fit's train function counts; a layer
+called twice adds up. Validation, ``evaluate`` and ``predict`` run other
+functions and call the layers with ``training=False``: not counted. The
+values are those of the training forward: Dropout on, BatchNormalization on
+the batch's statistics.
+
+- Dead by output (``act_dead_fraction``), where the row's output goes
+  through a ReLU: (a) the layer's own ``activation`` is ``relu`` or
+  ``relu6`` (measured on its output), or (b) in a ``keras.Sequential`` the
+  next layer is ``keras.layers.ReLU()`` (no ``negative_slope``, ``threshold``
+  0) or ``keras.layers.Activation("relu" / "relu6")`` (measured on the row's
+  own output, the ReLU's input). A unit (an output channel: the last axis;
+  axis 1 for ``data_format="channels_first"``; a BatchNormalization's
+  ``axis``) is dead when the ReLU's output is 0 for every element of the
+  step's batch: no positive value anywhere, so its output and gradient are
+  exactly 0 for that batch. The same meaning as PyTorch's
+  (``tb_gradcheck.torch.activations``).
+- Saturation (``act_saturated_fraction``): the same two places with
+  ``tanh`` or ``sigmoid``: the fraction of the activation's outputs within
+  ``rowstats.SATURATION_BAND`` of its range from a bound (``|tanh| > 0.98``,
+  ``sigmoid < 0.01`` or ``> 0.99``; on the input of a following layer, the
+  same bound: ``|x| > atanh(0.98)``, ``|x| > log(99)``).
+- Elsewhere (an activation in a Functional model's separate layer, a
+  ``LeakyReLU``, a ``gelu``): MISSING, as for a row no ReLU/Tanh/Sigmoid follows.
+
+Cost. ``call`` is replaced on the row layers' instances for the fit
+(``hooks.Hooks``, put back however it ends). A replaced ``call`` runs when
+the train step is traced, not at every step: it keeps the output tensor,
+adding no operation. The reductions (``sums``, in ``keras.ops``) are built
+where the backend's writer computes the written step's other statistics, so
+they run at written steps only.
+
+Imports Keras only: the backend's writer turns the sums into its columns.
+"""
+
+import contextlib
+import functools
+import math
+
+import keras
+from keras import ops
+
+from tb_gradcheck.core import rowstats
+
+_RELUS = ("relu", "relu6")
+_SQUASHES = ("tanh", "sigmoid")
+# The bounds of SATURATION_BAND on the activation's output and, for a following layer, on its input.
+_TANH_OUTPUT = 1 - 2 * rowstats.SATURATION_BAND  # tanh spans 2
+_TANH_INPUT = math.atanh(_TANH_OUTPUT)
+_SIGMOID_INPUT = math.log((1 - rowstats.SATURATION_BAND) / rowstats.SATURATION_BAND)
+
+
+def _kind(layer):
+    """``"relu"``, ``"tanh"``, ``"sigmoid"`` for a layer whose output is that activation's, else None."""
+    if isinstance(layer, keras.layers.ReLU):
+        plain = not getattr(layer, "negative_slope", 0) and not getattr(layer, "threshold", 0)
+        return "relu" if plain else None
+    activation = getattr(layer, "activation", None)
+    for name in _RELUS + _SQUASHES:
+        if activation is getattr(keras.activations, name, None):
+            return "relu" if name in _RELUS else name
+    return None
+
+
+def _unit_axis(layer):
+    axis = getattr(layer, "axis", None)
+    if isinstance(layer, keras.layers.BatchNormalization) and isinstance(axis, int):
+        return axis
+    return 1 if getattr(layer, "data_format", None) == "channels_first" else -1
+
+
+def _first_tensor(output):
+    for item in output if isinstance(output, (tuple, list)) else (output,):
+        if ops.is_tensor(item) and "float" in str(item.dtype):
+            return item
+    return None
+
+
+def _training(kwargs):
+    training = kwargs.get("training")
+    if training is None:
+        # Inherited from the outer call (Layer.__call__'s call context), as Keras resolves it.
+        from keras.src.backend.common import global_state
+
+        context = global_state.get_global_attribute("current_call_ctx")
+        training = None if context is None else context.get_value("training")
+    return training is True
+
+
+class Taps:
+    """The row layers' ``call`` tapped for one fit; the outputs of the train step being traced.
+
+    Args:
+      model: The Keras model being fitted.
+      variables: The recorded variables, in the writer's order.
+      hooks: The fit's ``hooks.Hooks``: the replaced ``call`` methods are put back with the optimizer's.
+    """
+
+    def __init__(self, model, variables, hooks):
+        owners = {}
+        for layer in model._flatten_layers(include_self=True):
+            for v in getattr(layer, "_trainable_variables", ()):
+                owners[id(v)] = layer
+        # Per variable, the layer that owns it (None: a variable no layer holds itself).
+        self.owner_of = [owners.get(id(v)) for v in variables]
+        followers = {}
+        for seq in model._flatten_layers(include_self=True):
+            if isinstance(seq, keras.Sequential):
+                for layer, following in zip(seq.layers, seq.layers[1:]):
+                    if _kind(following) is not None:
+                        followers[id(layer)] = _kind(following)
+        self._how = {}  # id(layer) -> (kind or None, before_activation, unit axis)
+        for layer in {id(layer): layer for layer in self.owner_of if layer is not None}.values():
+            own = _kind(layer)
+            kind = own if own is not None else followers.get(id(layer))
+            self._how[id(layer)] = (kind, own is None, _unit_axis(layer))
+            hooks.replace(layer, "call", functools.partial(self._tap, layer))
+        self.armed = False
+        self.outputs = []  # (layer id, output) of the training calls since the last take
+
+    def _tap(self, layer, original):
+        @functools.wraps(original)  # Keras reads the signature (the `training` argument) through __wrapped__
+        def call(*args, **kwargs):
+            output = original(*args, **kwargs)
+            if self.armed and _training(kwargs):
+                first = _first_tensor(output)
+                if first is not None:
+                    self.outputs.append((id(layer), first))
+            return output
+
+        return call
+
+    @contextlib.contextmanager
+    def collecting(self):
+        """Around one call of the fit's train function: the training calls traced (or run eagerly) inside are kept."""
+        self.armed, self.outputs = True, []
+        try:
+            yield
+        finally:
+            self.armed, self.outputs = False, []
+
+    def take(self):
+        """The outputs kept since the last ``take`` (one step's forward, traced or eager), and forgets them."""
+        taken, self.outputs = self.outputs, []
+        return taken
+
+    def sums(self, outputs, layer_of, n_layers):
+        """float64 ``[n_layers, len(rowstats.ACTIVATION_SUMS)]``: ``outputs`` reduced to each layer row's sums.
+
+        Args:
+          outputs: What ``take`` returned.
+          layer_of: Per variable, its layer row (``structure.Structure.layer_of``).
+          n_layers: The layer rows.
+
+        A row whose layer did not run has elements 0, which
+        ``rowstats.activation_values`` reads as MISSING.
+        """
+        row_of = {}
+        for layer, row in zip(self.owner_of, layer_of):
+            if layer is not None:
+                row_of.setdefault(id(layer), row)
+        zero = ops.zeros((), "float64")
+        rows = [dict.fromkeys(rowstats.ACTIVATION_SUMS, zero) for _ in range(n_layers)]
+        peaks = {}
+        for key, out in outputs:
+            if key not in row_of:
+                continue
+            kind, before, axis = self._how[key]
+            x = ops.cast(out, "float64")
+            got = rows[row_of[key]]
+            size = ops.cast(ops.size(x), "float64")
+            got["squares"] = got["squares"] + ops.sum(ops.square(x))
+            got["elements"] = got["elements"] + size
+            # max |a| is NaN where any element is: an explicit where, whatever the backend's max does with NaN.
+            largest = ops.where(ops.any(ops.isnan(x)), float("nan"), ops.max(ops.abs(x)))
+            either = ops.logical_or(ops.isnan(got["max_abs"]), ops.isnan(largest))
+            got["max_abs"] = ops.where(either, float("nan"), ops.maximum(got["max_abs"], largest))
+            got["nonfinite"] = got["nonfinite"] + ops.sum(ops.cast(ops.logical_not(ops.isfinite(x)), "float64"))
+            if kind == "relu" and len(x.shape) > 0:
+                # A unit is alive where its channel's largest value (before the ReLU or after) is above 0.
+                unit = axis % len(x.shape)
+                other = [d for d in range(len(x.shape)) if d != unit]
+                peak = ops.max(x, axis=other) if other else x
+                before_peak = peaks.get(key)
+                peaks[key] = peak if before_peak is None else ops.maximum(before_peak, peak)
+            elif kind in _SQUASHES:
+                if before:
+                    near = ops.abs(x) > (_TANH_INPUT if kind == "tanh" else _SIGMOID_INPUT)
+                elif kind == "tanh":
+                    near = ops.abs(x) > _TANH_OUTPUT
+                else:
+                    near = ops.logical_or(x < rowstats.SATURATION_BAND, x > 1 - rowstats.SATURATION_BAND)
+                got["saturated"] = got["saturated"] + ops.sum(ops.cast(near, "float64"))
+                got["squashed"] = got["squashed"] + size
+        for key, peak in peaks.items():
+            got = rows[row_of[key]]
+            got["units"] = ops.cast(ops.size(peak), "float64")
+            got["dead_units"] = got["units"] - ops.sum(ops.cast(peak > 0, "float64"))
+        return ops.stack([ops.stack([row[name] for name in rowstats.ACTIVATION_SUMS]) for row in rows])
