@@ -1,4 +1,4 @@
-"""Methods of a Keras optimizer instance replaced for one fit, and put back however the fit ends.
+"""Methods of a Keras optimizer (or layer) instance replaced for one fit, and put back however the fit ends.
 
 Every backend's callback reads the gradients by replacing a method or two of
 the model's optimizer (``apply``, ``_backend_update_step``, ...) on that
