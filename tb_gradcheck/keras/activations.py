@@ -24,7 +24,8 @@ the batch's statistics.
   ``axis``) is dead when the ReLU's output is 0 for every element of the
   step's batch: no positive value anywhere, so its output and gradient are
   exactly 0 for that batch. The same meaning as PyTorch's
-  (``tb_gradcheck.torch.activations``).
+  (``tb_gradcheck.torch.activations``), NaN included: a channel with a NaN
+  has a NaN maximum, which is not above 0.
 - Saturation (``act_saturated_fraction``): the same two places with
   ``tanh`` or ``sigmoid``: the fraction of the activation's outputs within
   ``rowstats.SATURATION_BAND`` of its range from a bound (``|tanh| > 0.98``,
@@ -54,6 +55,8 @@ from tb_gradcheck.core import rowstats
 
 _RELUS = ("relu", "relu6")
 _SQUASHES = ("tanh", "sigmoid")
+# (kind, measured before the activation) of rows whose output is never below 0.
+_NONNEGATIVE = (("relu", False), ("sigmoid", False))
 # The bounds of SATURATION_BAND on the activation's output and, for a following layer, on its input.
 _TANH_OUTPUT = 1 - 2 * rowstats.SATURATION_BAND  # tanh spans 2
 _TANH_INPUT = math.atanh(_TANH_OUTPUT)
@@ -162,68 +165,90 @@ class Taps:
           layer_of: Per variable, its layer row (``structure.Structure.layer_of``).
           n_layers: The layer rows.
 
-        A fixed number of operators whatever the layers, but one reshape per
-        output and one channel maximum per output a ReLU takes: the outputs
-        are flattened into one vector and reduced by segment (each small
-        operator costs microseconds on a CPU; a dozen per layer cost 3% of
-        the benchmark's MLP step at one write in ten). A row whose layer did
-        not run has elements 0, which ``rowstats.activation_values`` reads as
-        MISSING.
+        Per output, the passes over it that must run: its sum of squares, max
+        and min (a ReLU's channel maximum, a tanh/sigmoid's count near a
+        bound, where those apply); then every output's numbers stacked and
+        combined per layer row at once. The non-finite count takes four more
+        passes, so it is counted only when some sum of squares is not finite
+        (one cond for all layers; each sum is finite when its elements are).
+        A row whose layer did not run has elements 0, which
+        ``rowstats.activation_values`` reads as MISSING.
         """
         row_of = {}
         for layer, row in zip(self.owner_of, layer_of):
             if layer is not None:
                 row_of.setdefault(id(layer), row)
-        calls = [(key, out) for key, out in outputs if key in row_of]
+        calls = [(key, _wide(out)) for key, out in outputs if key in row_of]
         zeros = ops.zeros((n_layers,), "float64")
         sums = dict.fromkeys(rowstats.ACTIVATION_SUMS, zeros)
         if not calls:
             return ops.stack([sums[name] for name in rowstats.ACTIVATION_SUMS], axis=1)
-        n = len(calls)
         rows = ops.convert_to_tensor([row_of[key] for key, _ in calls], "int32")
-        flat = [ops.reshape(out, (-1,)) for _, out in calls]
-        sizes = ops.stack([ops.size(f) for f in flat])
-        x = ops.cast(ops.concatenate(flat), "float64")
-        call = ops.repeat(ops.arange(n, dtype="int32"), sizes)  # each element's call
 
-        def per_row(values, reduce=ops.segment_sum):  # per element -> per call -> per layer row
-            return reduce(reduce(values, call, num_segments=n), rows, num_segments=n_layers)
+        def per_row(values, reduce=ops.segment_sum):
+            return reduce(ops.cast(ops.stack(values), "float64"), rows, num_segments=n_layers)
 
-        sums["squares"] = per_row(ops.square(x))
-        sums["elements"] = ops.segment_sum(ops.cast(sizes, "float64"), rows, num_segments=n_layers)
-        sums["nonfinite"] = per_row(ops.cast(ops.logical_not(ops.isfinite(x)), "float64"))
-        # max |a| is NaN where any element is: said explicitly, whatever the backend's max does with NaN.
-        nans = per_row(ops.cast(ops.isnan(x), "float64"))
-        sums["max_abs"] = ops.where(nans > 0, float("nan"), per_row(ops.abs(x), ops.segment_max))
-        squash = [(k, self._how[key]) for k, (key, _) in enumerate(calls) if self._how[key][0] in _SQUASHES]
+        squares = per_row([ops.sum(ops.square(x)) for _, x in calls])
+        sums["squares"] = squares
+        sums["elements"] = per_row([ops.size(x) for _, x in calls])
+        # Each ReLU row's channel maxima first: its largest value is theirs, one pass less.
+        channel = [self._channel_max(key, x) for key, x in calls]
+        top = per_row([ops.max(x if c is None else c) for (_, x), c in zip(calls, channel)], ops.segment_max)
+        # A ReLU's or a sigmoid's own output is never below 0: its max |a| is its max, another pass less.
+        low = [ops.min(x) for key, x in calls if self._how[key][:2] not in _NONNEGATIVE]
+        at = [row_of[key] for key, _ in calls if self._how[key][:2] not in _NONNEGATIVE]
+        if low:
+            low = ops.cast(ops.stack(low), "float64")
+            top = ops.maximum(top, -ops.segment_min(low, ops.convert_to_tensor(at, "int32"), num_segments=n_layers))
+        # A sum of squares is NaN exactly where an element is: then max |a| is NaN too, whatever max did with it.
+        sums["max_abs"] = ops.where(ops.isnan(squares), float("nan"), top)
+        sums["nonfinite"] = ops.cond(
+            ops.all(ops.isfinite(squares)),
+            lambda: zeros,
+            # Not a - a (NaN exactly where a is not finite): Grappler's arithmetic optimizer makes that 0.
+            lambda: per_row([ops.count_nonzero(ops.logical_not(ops.isfinite(x))) for _, x in calls]),
+        )
+        squash = [(k, self._how[key], x) for k, (key, x) in enumerate(calls) if self._how[key][0] in _SQUASHES]
         if squash:
-            # Near a bound is |a - centre| > reach: per call, +inf reach where no tanh/sigmoid follows.
-            centre, reach = [0.0] * n, [math.inf] * n
-            for k, (kind, before, _) in squash:
+            near = []
+            for _, (kind, before, _), x in squash:
                 if kind == "tanh":
-                    reach[k] = _TANH_INPUT if before else _TANH_OUTPUT
-                else:
-                    centre[k] = 0.0 if before else 0.5
-                    reach[k] = _SIGMOID_INPUT if before else 0.5 - rowstats.SATURATION_BAND
-            centre, reach = (ops.take(ops.convert_to_tensor(v, "float64"), call) for v in (centre, reach))
-            sums["saturated"] = per_row(ops.cast(ops.abs(x - centre) > reach, "float64"))
-            squashed = ops.convert_to_tensor([float(k in dict(squash)) for k in range(n)], "float64")
-            sums["squashed"] = ops.segment_sum(ops.cast(sizes, "float64") * squashed, rows, num_segments=n_layers)
+                    near.append(ops.count_nonzero(ops.abs(x) > (_TANH_INPUT if before else _TANH_OUTPUT)))
+                else:  # sigmoid's range [0, 1]: near a bound is |a - 0.5| > 0.5 - band, |x| > log(99) on its input
+                    reach = _SIGMOID_INPUT if before else 0.5 - rowstats.SATURATION_BAND
+                    near.append(ops.count_nonzero(ops.abs(x - (0.0 if before else 0.5)) > reach))
+            at = ops.convert_to_tensor([row_of[calls[k][0]] for k, _, _ in squash], "int32")
+            sums["saturated"] = ops.segment_sum(ops.cast(ops.stack(near), "float64"), at, num_segments=n_layers)
+            elements = ops.cast(ops.stack([ops.size(x) for _, _, x in squash]), "float64")
+            sums["squashed"] = ops.segment_sum(elements, at, num_segments=n_layers)
         peaks = {}
-        for key, out in calls:
-            kind, _, axis = self._how[key]
-            if kind == "relu" and len(out.shape) > 0:
-                # A unit is alive where its channel's largest value (before the ReLU or after) is above 0.
-                unit = axis % len(out.shape)
-                other = [d for d in range(len(out.shape)) if d != unit]
-                peak = ops.max(out, axis=other) if other else out
+        for (key, _), peak in zip(calls, channel):
+            if peak is not None:
                 peaks[key] = peak if key not in peaks else ops.maximum(peaks[key], peak)  # a layer called twice
         if peaks:
-            owner = ops.repeat(
-                ops.convert_to_tensor([row_of[key] for key in peaks], "int32"),
-                ops.stack([ops.size(p) for p in peaks.values()]),
-            )
-            alive = ops.cast(ops.concatenate([ops.reshape(p, (-1,)) for p in peaks.values()]) > 0, "float64")
+            # Every unit's peak in one vector, its row's alive count by one segment sum.
+            flat = [ops.reshape(p, (-1,)) for p in peaks.values()]
+            sizes = [p.shape[0] for p in flat]
+            at = [row_of[key] for key in peaks]
+            if None in sizes:  # a unit count known only when the step runs
+                owner = ops.repeat(ops.convert_to_tensor(at, "int32"), ops.stack([ops.size(p) for p in flat]))
+            else:
+                owner = ops.convert_to_tensor([row for row, size in zip(at, sizes) for _ in range(size)], "int32")
+            alive = ops.cast(ops.concatenate(flat) > 0, "float64")
             sums["units"] = ops.segment_sum(ops.ones_like(alive), owner, num_segments=n_layers)
             sums["dead_units"] = sums["units"] - ops.segment_sum(alive, owner, num_segments=n_layers)
         return ops.stack([sums[name] for name in rowstats.ACTIVATION_SUMS], axis=1)
+
+    def _channel_max(self, key, x):
+        """A ReLU row's largest value per unit (before the ReLU or after), or None for other rows."""
+        kind, _, axis = self._how[key]
+        if kind != "relu" or len(x.shape) == 0:
+            return None
+        unit = axis % len(x.shape)
+        other = [d for d in range(len(x.shape)) if d != unit]
+        return ops.max(x, axis=other) if other else x
+
+
+def _wide(x):
+    """float16 / bfloat16 outputs in float32: their squares would overflow in their own dtype."""
+    return x if str(x.dtype) in ("float32", "float64") else ops.cast(x, "float32")

@@ -30,9 +30,10 @@ from tb_gradcheck.core.rowstats import MISSING
 from tb_gradcheck.keras import GradientCallback
 
 # The probe runs the layers eagerly and the fit in a traced graph, where TensorFlow may fuse or reorder the
-# float32 arithmetic of a layer (a few units in the last place of an output, ~1e-7 relative), and the stored
-# values are float32 (6e-8): 1e-5 is far above that and far below any real difference (a missed or extra call
-# moves act_rms by percents, a wrong element set changes a count by a whole element).
+# float32 arithmetic of a layer (a few units in the last place of an output, ~1e-7 relative); the callback sums
+# squares in float32 (a tree reduction over a few thousand elements, ~1e-7 relative), and stores float32
+# (6e-8): 1e-5 is far above those and far below any real difference (a missed or extra call moves act_rms by
+# percents, a wrong element set changes a count by a whole element).
 RTOL = 1e-5
 ACT = metadata.ACTIVATION_STAT_COLUMNS
 
@@ -164,7 +165,8 @@ class Probe(keras.callbacks.Callback):
             y = {"relu": np.maximum, "tanh": lambda v, _: np.tanh(v), "sigmoid": lambda v, _: 1 / (1 + np.exp(-v))}
             out = y[kind](a, 0.0) if before else a
             if kind == "relu":
-                alive = np.any(np.moveaxis(out, axis, -1).reshape(-1, a.shape[axis]) > 0, axis=0)
+                # A channel's largest value above 0; NaN if the channel has a NaN (not alive), as PyTorch's amax.
+                alive = np.max(np.moveaxis(out, axis, -1).reshape(-1, a.shape[axis]), axis=0) > 0
                 want["act_dead_fraction"] = float(np.mean(~alive))
             else:
                 near = np.abs(out) > 0.98 if kind == "tanh" else (out < 0.01) | (out > 0.99)
@@ -239,6 +241,35 @@ def test_planted_dead_units_and_saturated_layers_are_recorded(tmp_path):
         assert stored[step][sigmoid]["act_saturated_fraction"] > 0.1
         assert stored[step][_row(model.layers[-1])]["act_dead_fraction"] == MISSING  # nothing follows it
     assert_matches(stored, probe.expected, [1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_non_finite_outputs_are_counted_and_their_max_is_nan_or_inf(tmp_path, eager):
+    model = mlp()
+    # Unit 3 of the second layer is Inf or NaN for every sample (NaN where its input is 0), and all after it.
+    # Planted in a weight, not the data: a NaN input to the first layer's MatMul + BiasAdd + Relu, which
+    # TensorFlow fuses in a graph, comes out of it as 0.
+    kernel = model.layers[1].kernel.numpy()
+    kernel[0, 3] = np.inf
+    model.layers[1].kernel.assign(kernel)
+    model.run_eagerly = eager
+    x, y = data("mlp")
+    model.compile(keras.optimizers.SGD(0.05), "mse", jit_compile=False)
+    probe = Probe(model, x)
+    callback = GradientCallback(str(tmp_path), activations=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0, callbacks=[probe, callback])
+    content = stats_content(tmp_path / "train")
+    [(step, array, _)] = read_events(tmp_path / "train")
+    columns = content["columns"]
+    stored = {
+        row: {c: float(array[0, i, columns.index(c)]) for c in ACT} for i, row in enumerate(content["layer"]["rows"])
+    }
+    second = stored[_row(model.layers[1])]
+    assert second["act_nonfinite"] == len(x) and not np.isfinite(second["act_max_abs"])
+    assert stored[_row(model.layers[0])]["act_nonfinite"] == 0
+    assert_matches({1: stored}, probe.expected, [1])
 
 
 def test_xla_is_turned_off_with_a_warning_and_steps_per_execution_records_every_step(tmp_path):
