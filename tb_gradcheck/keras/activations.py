@@ -168,7 +168,7 @@ class Taps:
         Per output, the passes over it that must run: its sum of squares, max
         and min (a ReLU's channel maximum, a tanh/sigmoid's count near a
         bound, where those apply); then every output's numbers stacked and
-        combined per layer row at once. The non-finite count takes four more
+        combined per layer row at once. The non-finite count takes three more
         passes, so it is counted only when some sum of squares is not finite
         (one cond for all layers; each sum is finite when its elements are).
         A row whose layer did not run has elements 0, which

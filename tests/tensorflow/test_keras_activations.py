@@ -288,6 +288,25 @@ def test_xla_is_turned_off_with_a_warning_and_steps_per_execution_records_every_
     assert _values(spe) == _values(every)
 
 
+def test_gradient_accumulation_records_the_updating_steps_forward(tmp_path):
+    model = mlp()
+    x, y = data("mlp")
+    model.compile(keras.optimizers.SGD(0.05, gradient_accumulation_steps=2), "mse", jit_compile=False)
+    probe = Probe(model, x)
+    callback = GradientCallback(str(tmp_path), activations=True)
+    model.fit(x, y, batch_size=len(x), epochs=4, shuffle=False, verbose=0, callbacks=[probe, callback])
+    content = stats_content(tmp_path / "train")
+    columns, rows = content["columns"], content["layer"]["rows"]
+    events = read_events(tmp_path / "train")
+    assert events, "one record per optimizer update"
+    for step, array, _ in events:
+        stored = {row: {c: float(array[0, i, columns.index(c)]) for c in ACT} for i, row in enumerate(rows)}
+        # The batch is the same at every step: the update's micro-step ran the weights of its last update.
+        expected = [e for e in probe.expected.values() if np.isclose(e[rows[0]]["act_rms"], stored[rows[0]]["act_rms"])]
+        assert expected, step
+        assert_matches({step: stored}, {step: expected[-1]}, [step])
+
+
 def test_the_fit_leaves_the_layers_call_weights_and_saved_model_as_without_it(tmp_path):
     """Bit-identical weights with Grappler's remapper off.
 
