@@ -12,6 +12,8 @@ events are read back with TensorBoard's own event file loader
 deterministic.
 """
 
+import csv
+import io
 import os
 import subprocess
 import sys
@@ -25,6 +27,7 @@ import tensorflow as tf
 from conftest import ROOT
 from conftest import read_events
 from conftest import stats_content
+from tb_gradcheck import cli
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core.rowstats import MISSING
 from tb_gradcheck.keras import GradientCallback
@@ -215,6 +218,20 @@ def test_stored_activations_equal_float64_statistics_of_the_same_outputs_every_s
     assert_matches(stored, probe.expected, [1, 2, 3, 4])
     kinds = {row: how for row, how in probe.how.items() if how is not None}
     assert kinds, "the model has rows with a dead or saturated fraction"  # the comparison covers them
+
+
+def test_export_reads_a_keras_runs_act_columns_as_stored(tmp_path, capsys):
+    _, _, stored = fit(tmp_path, "mlp", probe=False)
+    assert cli.main(["export", str(tmp_path), "--run", "train", "--metric", "act_dead_fraction"]) == 0
+    table = list(csv.reader(io.StringIO(capsys.readouterr().out)))
+    rows = list(stored[1])
+    assert table[0] == ["step"] + rows and [r[0] for r in table[1:]] == ["1", "2", "3", "4"]
+    for line in table[1:]:
+        want = [stored[int(line[0])][row]["act_dead_fraction"] for row in rows]
+        # An empty cell where nothing is stored (no ReLU follows the row's layer).
+        assert [cell == "" for cell in line[1:]] == [w == MISSING for w in want]
+        got = [float(cell) if cell else MISSING for cell in line[1:]]
+        np.testing.assert_array_equal(np.array(got, np.float32), np.array(want, np.float32))
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
