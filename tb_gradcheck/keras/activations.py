@@ -206,17 +206,17 @@ class Taps:
             ops.all(ops.isfinite(squares)),
             lambda: zeros,
             # Not a - a (NaN exactly where a is not finite): Grappler's arithmetic optimizer makes that 0.
-            lambda: per_row([ops.count_nonzero(ops.logical_not(ops.isfinite(x))) for _, x in calls]),
+            lambda: per_row([_count(ops.logical_not(ops.isfinite(x))) for _, x in calls]),
         )
         squash = [(k, self._how[key], x) for k, (key, x) in enumerate(calls) if self._how[key][0] in _SQUASHES]
         if squash:
             near = []
             for _, (kind, before, _), x in squash:
                 if kind == "tanh":
-                    near.append(ops.count_nonzero(ops.abs(x) > (_TANH_INPUT if before else _TANH_OUTPUT)))
+                    near.append(_count(ops.abs(x) > (_TANH_INPUT if before else _TANH_OUTPUT)))
                 else:  # sigmoid's range [0, 1]: near a bound is |a - 0.5| > 0.5 - band, |x| > log(99) on its input
                     reach = _SIGMOID_INPUT if before else 0.5 - rowstats.SATURATION_BAND
-                    near.append(ops.count_nonzero(ops.abs(x - (0.0 if before else 0.5)) > reach))
+                    near.append(_count(ops.abs(x - (0.0 if before else 0.5)) > reach))
             at = ops.convert_to_tensor([row_of[calls[k][0]] for k, _, _ in squash], "int32")
             sums["saturated"] = ops.segment_sum(ops.cast(ops.stack(near), "float64"), at, num_segments=n_layers)
             elements = ops.cast(ops.stack([ops.size(x) for _, _, x in squash]), "float64")
@@ -247,6 +247,11 @@ class Taps:
         unit = axis % len(x.shape)
         other = [d for d in range(len(x.shape)) if d != unit]
         return ops.max(x, axis=other) if other else x
+
+
+def _count(true):
+    """How many elements of a boolean tensor are true (keras.ops.count_nonzero warns on torch for a full count)."""
+    return ops.sum(ops.cast(true, "int32"))
 
 
 def _wide(x):
