@@ -41,7 +41,11 @@ adding no operation. The reductions (``sums``, in ``keras.ops``) are built
 where the backend's writer computes the written step's other statistics, so
 they run at written steps only.
 
-Imports Keras only: the backend's writer turns the sums into its columns.
+Imports Keras only (the reductions are ``keras.ops``, so the TensorFlow and
+torch callbacks share them); each backend's writer turns the sums into its
+columns with ``rowstats.activation_values`` (TensorFlow:
+``optimizer.Activations``, inside the write; torch: ``keras_rows``, after the
+written step's one transfer). The JAX callback refuses ``activations=True``.
 """
 
 import contextlib

@@ -78,7 +78,7 @@ class GradientCallback(keras.callbacks.Callback):
         (``act_rms``, ``act_max_abs``, ``act_nonfinite``, and where a ReLU,
         tanh or sigmoid applies ``act_dead_fraction`` and
         ``act_saturated_fraction``: ``tb_gradcheck.keras.activations``). On
-        the TensorFlow backend only; elsewhere it must be left False.
+        the TensorFlow and torch backends; on JAX it must be left False.
       check_every_n_steps, check_data, check_dtype, check_training: The
         gradient check run during the fit, on the TensorFlow backend only
         (``tb_gradcheck.tensorflow.keras.GradientCallback``); elsewhere they
@@ -122,8 +122,7 @@ class GradientCallback(keras.callbacks.Callback):
         if self.activations and not self.ACTIVATIONS:
             raise ValueError(
                 f"Expected `activations=False` on Keras' {self.BACKEND} backend: its fit does not record the "
-                "layers' outputs yet (the TensorFlow backend does; tb_gradcheck.torch.GradientWriter(activations=True) "
-                "records a PyTorch model's). Received: activations=True"
+                "layers' outputs yet (the TensorFlow and torch backends do). Received: activations=True"
             )
         self._take_check(
             check_every_n_steps=check_every_n_steps,
