@@ -346,6 +346,8 @@ ACTIVATION_SUMS = (
     "saturated",  # elements of a following Tanh/Sigmoid's output near a bound
     "squashed",  # elements of that output (0: no Tanh/Sigmoid follows)
 )
+# Saturated: within this fraction of a tanh's or sigmoid's range from a bound (docs/stored_format.md says why).
+SATURATION_BAND = 0.01
 
 
 def activation_values(structure, sums):

@@ -73,6 +73,12 @@ class GradientCallback(keras.callbacks.Callback):
       every_n_steps: Int, default 1. Write every step, or every N steps with
         the last, mean, max, min and sum over the steps since the previous
         write.
+      activations: Bool, default False. At each written step, statistics of
+        each layer row's output in that step's training forward pass
+        (``act_rms``, ``act_max_abs``, ``act_nonfinite``, and where a ReLU,
+        tanh or sigmoid applies ``act_dead_fraction`` and
+        ``act_saturated_fraction``: ``tb_gradcheck.keras.activations``). On
+        the TensorFlow and torch backends; on JAX it must be left False.
       check_every_n_steps, check_data, check_dtype, check_training: The
         gradient check run during the fit, on the TensorFlow backend only
         (``tb_gradcheck.tensorflow.keras.GradientCallback``); elsewhere they
@@ -81,13 +87,15 @@ class GradientCallback(keras.callbacks.Callback):
     Raises:
       TypeError: ``log_dir`` is not a path.
       ValueError: ``every_n_steps`` is not a positive integer, a Keras
-        backend no callback serves, or a check argument on a backend whose
-        fit runs no check.
+        backend no callback serves, or a check argument (or
+        ``activations=True``) on a backend whose fit does not record it.
     """
 
     # The backend's name and what to check a loss with there, for the message refusing check arguments.
     BACKEND = None
     CHECK_INSTEAD = None
+    # Whether this backend's fit records the layers' outputs (activations=True).
+    ACTIVATIONS = False
 
     def __new__(cls, *args, **kwargs):
         if cls is GradientCallback:
@@ -99,6 +107,7 @@ class GradientCallback(keras.callbacks.Callback):
         log_dir,
         *,
         every_n_steps=1,
+        activations=False,
         check_every_n_steps=None,
         check_data=None,
         check_dtype=None,
@@ -109,6 +118,12 @@ class GradientCallback(keras.callbacks.Callback):
         # Where the fit's statistics go, checked now rather than at the first step.
         self.run_dir = run_directory.prepare(os.path.join(self.log_dir, "train"), "log_dir", "GradientCallback")
         self.every_n_steps = validate.positive_int(every_n_steps, "every_n_steps")
+        self.activations = validate.boolean(activations, "activations")
+        if self.activations and not self.ACTIVATIONS:
+            raise ValueError(
+                f"Expected `activations=False` on Keras' {self.BACKEND} backend: its fit does not record the "
+                "layers' outputs yet (the TensorFlow and torch backends do). Received: activations=True"
+            )
         self._take_check(
             check_every_n_steps=check_every_n_steps,
             check_data=check_data,

@@ -1,10 +1,11 @@
-"""Methods of a Keras optimizer instance replaced for one fit, and put back however the fit ends.
+"""Methods of a Keras optimizer (or layer) instance replaced for one fit, and put back however the fit ends.
 
 Every backend's callback reads the gradients by replacing a method or two of
 the model's optimizer (``apply``, ``_backend_update_step``, ...) on that
-instance only. The replacements are set with ``object.__setattr__``: Keras'
+instance only; with ``activations=True`` the row layers' ``call`` too
+(``activations.Taps``). The replacements are set with ``object.__setattr__``: Keras'
 attribute tracking never sees them, so nothing joins the optimizer's
-checkpointed state; ``restore`` puts back exactly what was there (an
+checkpointed state (nor a layer's); ``restore`` puts back exactly what was there (an
 instance attribute of the user's own, or nothing).
 """
 
@@ -12,7 +13,7 @@ _ABSENT = object()
 
 
 class Hooks:
-    """The methods replaced on optimizer instances during one fit."""
+    """The methods replaced on optimizer (and layer) instances during one fit."""
 
     def __init__(self):
         self._saved = []  # (object, name, its own attribute or _ABSENT), in the order replaced

@@ -10,6 +10,7 @@ import weakref
 import keras
 import tensorflow as tf
 
+from tb_gradcheck.keras import activations as layer_outputs
 from tb_gradcheck.keras import hooks
 from tb_gradcheck.tensorflow import branches
 from tb_gradcheck.tensorflow import compiled
@@ -52,6 +53,7 @@ class Session:
       check_dtype: The callback's check dtype (``fit_check.PeriodicCheck``).
       check_training: Whether the check takes the training-mode gradient.
       warn_once: ``warn_once(key, message)``, the callback's once-per-key warning.
+      activations: Whether the layers' outputs are recorded (``tb_gradcheck.keras.activations``).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class Session:
         warn_once,
         check_dtype=None,
         check_training=False,
+        activations=False,
     ):
         self.model = model
         self.warn_once = warn_once
@@ -106,7 +109,7 @@ class Session:
         # inside the step); otherwise XLA is turned off for the fit.
         self.compiled = False
         if self.model.jit_compile and not self.model.run_eagerly:
-            reason = why_not_compiled(self.model, self.strategy, self.loss_scale)
+            reason = why_not_compiled(self.model, self.strategy, self.loss_scale, activations)
             if reason is None:
                 self.compiled = True
             else:
@@ -124,6 +127,8 @@ class Session:
         # steps known not to be written (``compiled.Schedule.between_writes_next``).
         self.between_writes = False
         self.hooks = hooks.Hooks()
+        # The layers' call tapped (their outputs kept while the train step is traced), put back with the rest.
+        self.taps = layer_outputs.Taps(model, self._variables(), self.hooks) if activations else None
         # The apply() being traced (see _update_hook), per thread: under
         # MirroredStrategy each replica traces its step in a thread of its own.
         self._calls = threading.local()
@@ -315,12 +320,17 @@ class Session:
                     before_clip=unscaled if self.clips else None,
                     loss_scale=self._loss_scale_columns(scale),
                 )
-            self._write(unscaled, variables, step, extra=extra)
+            self._write(unscaled, variables, step, extra=extra, refused=True)
             return tf.constant(True)
 
         branches.cond(tf.logical_and(self.enabled, tf.logical_not(finite)), skipped, lambda: tf.constant(False))
 
-    def _write(self, grads, variables, step, extra=None):
+    def _write(self, grads, variables, step, extra=None, refused=False):
+        if self.taps is not None:
+            extra = extra or optimizer.Extra(compiled=self.compiled)
+            # This step's forward outputs; a refused step's write leaves them to the step's own write.
+            outputs = list(self.taps.outputs) if refused else self.taps.take()
+            extra.activations = optimizer.Activations(self.taps, outputs)
         # No cond on `enabled` around the write: it is false only once
         # detached, when this session's writer is closed, and a closed
         # writer writes nothing (its own guard). Inside a cond the statistics
@@ -359,7 +369,7 @@ class Session:
         self.checker.after_step(self.current_step())
 
 
-def why_not_compiled(model, strategy, loss_scale):
+def why_not_compiled(model, strategy, loss_scale, activations=False):
     """Why a fit with XLA cannot record from inside the compiled step, or None if it can."""
     if int(getattr(model, "steps_per_execution", 1) or 1) != 1:
         return "steps_per_execution > 1 runs several steps per compiled call"
@@ -367,6 +377,9 @@ def why_not_compiled(model, strategy, loss_scale):
         return "a distribution strategy with several replicas"
     if loss_scale is not None:
         return "a LossScaleOptimizer's refused steps are recorded from inside the step"
+    if activations:
+        # The core defines them in NumPy (rowstats), run on the host inside the write, which XLA cannot compile.
+        return "activations=True makes its columns from the layers' sums on the host, at the write"
     return None
 
 

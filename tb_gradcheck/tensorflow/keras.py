@@ -90,6 +90,11 @@ class GradientCallback(callback.GradientCallback):
 
     Args:
       log_dir, every_n_steps: As ``tb_gradcheck.keras.GradientCallback``'s.
+      activations: Bool, default False. Record each layer row's output at
+        the written steps (``tb_gradcheck.keras.activations`` says what and
+        where). Turns XLA off for the fit, with a warning: the columns are
+        made on the host from sums reduced in the step. Refused (ValueError)
+        with several replicas.
       check_every_n_steps: Int or None (default). Every this many steps, run
         the gradient check (``tb_gradcheck.tensorflow.check``) on ``check_data`` and
         write its summaries. The check evaluates the model with
@@ -123,6 +128,9 @@ class GradientCallback(callback.GradientCallback):
       ValueError: A count that is not a positive integer, or
         ``check_every_n_steps`` without ``check_data``.
     """
+
+    BACKEND = "TensorFlow"
+    ACTIVATIONS = True
 
     def _take_check(self, *, check_every_n_steps, check_data, check_dtype, check_training):
         if check_every_n_steps is not None:
@@ -170,6 +178,15 @@ class GradientCallback(callback.GradientCallback):
                 stacklevel=3,
             )
         optimizer = self.model.optimizer
+        replicas = self.model.distribute_strategy.num_replicas_in_sync
+        if self.activations and replicas != 1:
+            # Each replica's forward sees its own slice of the batch: the step's statistics would need every
+            # layer's sums and per-unit peaks all-reduced at each write, which is not built; one replica's slice
+            # is not the step's batch, so nothing is recorded rather than part of it.
+            raise ValueError(
+                "Expected `activations=True` with a single replica: each replica's layers see only its slice of "
+                f"the batch. Received: a {type(self.model.distribute_strategy).__name__} with {replicas} replicas"
+            )
         return fit_hooks.Session(
             self.model,
             optimizer,
@@ -181,6 +198,7 @@ class GradientCallback(callback.GradientCallback):
             check_dtype=self.check_dtype,
             check_training=self.check_training,
             warn_once=self._warn_once,
+            activations=self.activations,
         )
 
     def _train_function(self):
@@ -204,7 +222,11 @@ class GradientCallback(callback.GradientCallback):
         def step(session, iterator):
             # Set before the call: a function traces (or retraces) inside it.
             session.between_writes = between_writes is not None and session.schedule.between_writes_next()
-            return (between_writes if session.between_writes else function)(iterator)
+            run = between_writes if session.between_writes else function
+            if session.taps is None:
+                return run(iterator)
+            with session.taps.collecting():  # the layers' training calls traced (or run eagerly) in this call
+                return run(iterator)
 
         return self._guard(step, (StopIteration, tf.errors.OutOfRangeError))
 

@@ -31,9 +31,11 @@ own copy of the (mirrored) weights, which the update leaves equal.
 
 import sys
 
+import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck.core import metadata
+from tb_gradcheck.core import rowstats
 from tb_gradcheck.tensorflow import branches
 from tb_gradcheck.tensorflow import full_sums
 from tb_gradcheck.tensorflow import statistics
@@ -233,8 +235,34 @@ class LossScale:
         return out
 
 
+class Activations:
+    """The activation columns of a write (``metadata.ACTIVATION_STAT_COLUMNS``): one step's layer outputs.
+
+    Args:
+      taps: The fit's ``tb_gradcheck.keras.activations.Taps``.
+      outputs: What its ``take`` gave: the outputs of this step's forward pass.
+    """
+
+    def __init__(self, taps, outputs):
+        self.taps, self.outputs = taps, outputs
+
+    def columns(self, rows):
+        """Inside the write's branch: the sums reduced on the device, made columns by the core's definitions."""
+        n_l, n_v = len(rows.layer_names), len(rows.variable_names)
+        sums = self.taps.sums(self.outputs, rows.layer_of, n_l)
+
+        def columns(sums):  # rowstats defines the columns once, in NumPy: run on the host, with the summary
+            values = rowstats.activation_values(rows, sums)
+            return np.stack([values[c][0] for c in metadata.ACTIVATION_STAT_COLUMNS])
+
+        layer = tf.numpy_function(columns, [sums], tf.float32, stateful=False)
+        layer = tf.reshape(layer, [len(metadata.ACTIVATION_STAT_COLUMNS), n_l])
+        missing = tf.fill([n_v], tf.constant(statistics.MISSING, tf.float32))
+        return {c: (layer[k], missing) for k, c in enumerate(metadata.ACTIVATION_STAT_COLUMNS)}
+
+
 class Extra:
-    """The optimizer columns of one write: an update bracket, gradients before clipping, or both.
+    """The optional columns of one write: an update bracket, gradients before clipping, the layers' outputs.
 
     Args:
       update: An ``UpdateBracket`` (or ``RefusedUpdate``), or None.
@@ -242,13 +270,15 @@ class Extra:
         over replicas), or None.
       loss_scale: A ``LossScale``, or None.
       compiled: Whether the step is XLA-compiled (``statistics.norms``).
+      activations: An ``Activations``, or None.
     """
 
-    def __init__(self, update=None, before_clip=None, loss_scale=None, compiled=False):
+    def __init__(self, update=None, before_clip=None, loss_scale=None, compiled=False, activations=None):
         self.update = update
         self.before_clip = before_clip
         self.loss_scale = loss_scale
         self.compiled = compiled
+        self.activations = activations
 
     @property
     def names(self):
@@ -260,7 +290,9 @@ class Extra:
             names.add(BEFORE_CLIP_COLUMN)
         if self.loss_scale is not None:
             names.update(LOSS_SCALE_COLUMNS)
-        return tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in names)
+        if self.activations is not None:
+            names.update(metadata.ACTIVATION_STAT_COLUMNS)
+        return tuple(c for c in metadata.OPTIONAL_STAT_COLUMNS if c in names)
 
     def columns(self, rows):
         out = {}
@@ -270,6 +302,8 @@ class Extra:
             out.update(before_clip_columns(self.before_clip, rows, self.compiled))
         if self.loss_scale is not None:
             out.update(self.loss_scale.columns(rows))
+        if self.activations is not None:
+            out.update(self.activations.columns(rows))
         return out
 
 

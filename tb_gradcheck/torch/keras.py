@@ -41,6 +41,13 @@ the loss scale is read before it (``loss_scale`` column), and a step whose
 inner optimizer was not called was refused: it is recorded with its
 gradient unscaled (non-finite), no update, and a step of its own.
 
+``activations=True`` (``tb_gradcheck.keras.activations``): the row layers'
+``call`` is replaced for the fit (put back with the optimizer's hooks); each
+training call inside the train function keeps its output, and at a written
+step their sums are reduced on the device with the step's statistics and
+travel in its one transfer (the forward of the updating call: with
+gradient accumulation, the update's micro-batch).
+
 Steps: a record's step is ``optimizer.iterations`` after the update (the
 first update is step 1), plus the steps a loss scaler refused, counted on
 the host from the value read when the fit begins; with
@@ -58,6 +65,7 @@ import keras
 import numpy as np
 import torch
 
+from tb_gradcheck.keras import activations as activations_taps
 from tb_gradcheck.keras import callback
 from tb_gradcheck.keras import hooks
 from tb_gradcheck.torch import keras_rows
@@ -100,13 +108,15 @@ class GradientCallback(callback.GradientCallback):
     """
 
     BACKEND = "torch"
+    ACTIVATIONS = True
     CHECK_INSTEAD = "a PyTorch loss with tb_gradcheck.torch.check_gradients"
 
     def _why_not(self):
         return _why_not(self.model)
 
     def _open_session(self):
-        session = _Session(self.model, os.path.join(self.log_dir, "train"), self.every_n_steps, self._warn_once)
+        run_dir = os.path.join(self.log_dir, "train")
+        session = _Session(self.model, run_dir, self.every_n_steps, self._warn_once, self.activations)
         if self.model.jit_compile:
             warnings.warn(
                 "GradientCallback runs this fit eagerly (jit_compile=False): torch.compile would trace the "
@@ -157,7 +167,7 @@ class _Call:
 class _Session:
     """One fit's hooks on the optimizer and its step count; the rows are ``keras_rows.Recorder``'s."""
 
-    def __init__(self, model, run_dir, every_n_steps, warn_once):
+    def __init__(self, model, run_dir, every_n_steps, warn_once, activations=False):
         self.model = model
         self._warn_once = warn_once
         self.optimizer = model.optimizer  # the one the callback attaches to (``keras.callback``)
@@ -165,7 +175,9 @@ class _Session:
         # The optimizer that updates the weights: a LossScaleOptimizer's inner one.
         optimizer = model.optimizer if scaler is None else scaler.inner_optimizer
         self.clips = any(getattr(optimizer, a, None) for a in CLIP_ATTRIBUTES)
-        self.recorder = keras_rows.Recorder(model, run_dir, every_n_steps, self.clips, loss_scale=scaler is not None)
+        self.recorder = keras_rows.Recorder(
+            model, run_dir, every_n_steps, self.clips, loss_scale=scaler is not None, activations=activations
+        )
         self.index = {id(v): i for i, v in enumerate(self.recorder.variables)}
         self.every = every_n_steps
         self.accumulate = int(optimizer.gradient_accumulation_steps or 1)
@@ -187,6 +199,8 @@ class _Session:
         self.hooks.replace(optimizer, UPDATE_HOOK, self._update_hook)
         if scaler is not None:
             self.hooks.replace(scaler, APPLY_HOOK, self._scaler_hook)
+        # The layers' call tapped: their training outputs in this fit's train function (keras/activations.py).
+        self.taps = activations_taps.Taps(model, self.recorder.variables, self.hooks) if activations else None
 
     # -- the train function and the hooks ------------------------------------
 
@@ -197,7 +211,10 @@ class _Session:
             self.recorder.last = None
         self.active = True
         try:
-            return function(data)
+            if self.taps is None:
+                return function(data)
+            with self.taps.collecting():
+                return function(data)
         finally:
             self.active = False
             self.call = None
@@ -250,7 +267,7 @@ class _Session:
         before_clip = keras_rows.norms64(grads) if due and self.clips else None
         taken = self.recorder.update(step, due, grads, rows, before_clip, refused=True)
         if due:
-            self.recorder.write(step, taken, None, self.scale)
+            self.recorder.write(step, taken, None, self.scale, self._activations(keep=True))
 
     def _clip_hook(self, original):
         session = self
@@ -328,7 +345,19 @@ class _Session:
             self._warn_once("recorded", message + ": it is not recorded.")
             return
         if call.due:
-            self.recorder.write(call.step, call.taken, call.before, self.scale)
+            self.recorder.write(call.step, call.taken, call.before, self.scale, self._activations())
+
+    def _activations(self, keep=False):
+        """The written step's layer-output sums (its train function call's forward), or None without activations.
+
+        ``keep``: a refused step's write leaves the outputs to the step's own write.
+        """
+        if self.taps is None:
+            return None
+        outputs = list(self.taps.outputs) if keep else self.taps.take()
+        s = self.recorder.structure
+        with torch.no_grad():
+            return self.taps.sums([(k, o.detach()) for k, o in outputs], s.layer_of, len(s.layer_names))
 
     # -- the end of the fit ----------------------------------------------------
 

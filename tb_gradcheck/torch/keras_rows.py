@@ -52,7 +52,7 @@ class Recorder:
         and ``refused_steps`` columns).
     """
 
-    def __init__(self, model, run_dir, every_n_steps, clips, loss_scale=False):
+    def __init__(self, model, run_dir, every_n_steps, clips, loss_scale=False, activations=False):
         self.variables = list(model.trainable_variables)
         names = structure.unique([validate.variable_name(v) for v in self.variables])
         axes = unit_axes(model)
@@ -69,7 +69,8 @@ class Recorder:
             UnitSpec((int(np.prod(shape)) // max(u, 1), u), (0,), u) for shape, u in zip(shapes, s.variable_units)
         ]
         wanted = UPDATE_COLUMNS + ((BEFORE_CLIP_COLUMN,) if clips else ()) + (LOSS_SCALE_COLUMNS if loss_scale else ())
-        self.columns = tuple(c for c in metadata.OPTIMIZER_STAT_COLUMNS if c in wanted)
+        wanted += metadata.ACTIVATION_STAT_COLUMNS if activations else ()
+        self.columns = tuple(c for c in metadata.OPTIONAL_STAT_COLUMNS if c in wanted)
         layers, variables = s.blocks()
         aggregates = metadata.AGGREGATES if every_n_steps > 1 else metadata.SINGLE_STEP_AGGREGATES
         self.content = metadata.stats_layout(layers, variables, aggregates, every_n_steps, self.columns)
@@ -116,7 +117,7 @@ class Recorder:
             before_clip = full.index_copy_(0, torch.as_tensor(rows, device=device), before_clip)
         return present, columns, extras, grads, rows, before_clip
 
-    def write(self, step, taken, before, scale=None):
+    def write(self, step, taken, before, scale=None, activations=None):
         """Writes a written step.
 
         Args:
@@ -125,6 +126,8 @@ class Recorder:
           before: The weights before the update (the variables hold those
             after it), or None for a step that updated nothing (refused).
           scale: The loss scale of the step (a scalar tensor), or None.
+          activations: float64 ``[L, len(rowstats.ACTIVATION_SUMS)]`` sums of the
+            layers' outputs (``tb_gradcheck.keras.activations``), or None.
         """
         s = self.structure
         present, columns, extras, grads, rows, before_clip = taken
@@ -142,6 +145,8 @@ class Recorder:
             pack.add("before_clip", before_clip)
         if scale is not None:
             pack.add("loss_scale", scale)
+        if activations is not None:
+            pack.add("act", activations)
         steps = self.window.take(pack) if self.window is not None else None
         values = pack.to_host()  # the one read of the step
         weights = values["weight"]
@@ -165,6 +170,8 @@ class Recorder:
             self.refused = 0
         update_squares = values["update"]
         optimizer = rowstats.optimizer_values(s, weights, update_squares, values.get("before_clip"), scale, refused)
+        if activations is not None:
+            optimizer.update(rowstats.activation_values(s, values["act"]))
         if refused_step:  # the weights did not move: 0, also where they are all zero (TensorFlow's RefusedUpdate)
             optimizer["update_to_weight"] = optimizer["update_norm"]
         self._stats(slabs, optimizer, step)
