@@ -104,8 +104,8 @@ class GradientCallback(callback.GradientCallback):
         ``(x, y, sample_weight)``, arrays or tensors. Required with
         ``check_every_n_steps``.
       check_dtype: None (default), ``"float32"`` or ``"float64"``. None
-        checks the model and re-checks the rows it leaves inconclusive on a
-        float64 twin of it (``tb_gradcheck.check.settle``; their verdicts are
+        checks the model and re-checks the rows it does not convict
+        (inconclusive, or ok only within float32's 1%) on a float64 twin of it (``tb_gradcheck.check.settle``; their verdicts are
         the twin's, marked so in the stored check); ``"float32"`` checks the
         model only. With ``"float64"`` the
         check runs on a float64 twin of the model (``float64_twin``), its
