@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from corpus.fine_tunes import _lm_loss
-from corpus.fine_tunes import _motifs
 from corpus.fine_tunes import _quadrants
 from corpus.fine_tunes import hf_trainer
 from corpus.healthy import _batches
@@ -225,6 +224,13 @@ def torch_tanh_large_init_activations(run_dir, seed=0):
 # --- A LLaMA-style decoder -------------------------------------------------------------------------------------------
 
 
+def _counting(n, seed):
+    """Sequences counting modulo 128 from a random start by a random stride (1, 2 or 3): after the first two tokens, every token is predictable from the last two."""
+    rng = np.random.default_rng(seed)
+    start, stride = rng.integers(0, 128, (n, 1)), rng.integers(1, 4, (n, 1))
+    return torch.from_numpy((start + stride * np.arange(32)) % 128)
+
+
 def _llama(seed):
     import transformers
 
@@ -242,16 +248,36 @@ def _lm_premises(losses, held_out):
     return numbers, [
         ("no loss is NaN or Inf", bool(np.isfinite(losses).all())),
         ("the loss fell by half", last <= 0.5 * first),
-        # Uniform over 128 tokens: ln 128 = 4.85 nats; copying the motif after its first 4 tokens, about 0.6. In
-        # 250 steps this decoder gets part of the way (about 2.1 at seeds 0-2): learning, not finished.
-        ("held-out loss under half the uniform guess's (2.43 nats)", held_out["held_out_loss"] < math.log(128) / 2),
+        # Uniform over 128 tokens: ln 128 = 4.85 nats; the floor, only the second token's stride unknown: ln 3 / 31.
+        ("held-out loss under 0.5 nats (uniform: 4.85)", held_out["held_out_loss"] < 0.5),
     ]
 
 
 @scenario()
 def llama_hf_trainer(run_dir, seed=0):
-    """A LLaMA-style decoder (Touvron et al. 2023: RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention; 2 blocks, width 64) built from a ``LlamaConfig`` and trained by the Hugging Face Trainer (AdamW, linear warm-up and decay) to continue sequences that repeat a random 4-token motif, written by ``tb_gradcheck.transformers.GradientCallback``. Healthy: it learns, at 1e-2 (at GPT-2's 3e-3 it learns slower, no finding either), most of the way to copying the motif in 250 steps."""
+    """A LLaMA-style decoder (Touvron et al. 2023: RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention; 2 blocks, width 64) built from a ``LlamaConfig`` and trained by the Hugging Face Trainer (AdamW, linear warm-up and decay) to continue sequences counting modulo 128 by a stride of 1, 2 or 3, written by ``tb_gradcheck.transformers.GradientCallback``. Healthy: it learns to count on (held-out loss near its floor); no finding. (A 4-token motif to copy, GPT-2's task here, this decoder only half learns in 250 steps, without a finding either: a slower learner, not a fault.)"""
     model = _llama(seed)
-    ids = _motifs(2000, seed)
-    losses, _ = hf_trainer(run_dir, model, [{"input_ids": i, "labels": i} for i in ids], seed, 1e-2)
-    return _lm_premises(losses, _lm_loss(_motifs(500, seed + 100))(model))
+    ids = _counting(2000, seed)
+    losses, _ = hf_trainer(run_dir, model, [{"input_ids": i, "labels": i} for i in ids], seed, 3e-3)
+    return _lm_premises(losses, _lm_loss(_counting(500, seed + 100))(model))
+
+
+@scenario()
+def llama_plain_loop_activations(run_dir, seed=0):
+    """The same LLaMA-style decoder trained by a plain PyTorch loop (AdamW at 3e-3, gradient clipping at 1, as LLaMA's recipe clips) and written by ``tb_gradcheck.torch.GradientWriter`` with ``activations=True``: the forward side of RMSNorm, SwiGLU and rotary attention, which no other scenario records. Healthy: no growth of the outputs by orders, no massive value (outputs of 100 and 1000 times the RMS appear in large trained LLMs, Sun et al. 2024, not in a 2-block model after 200 steps), and no warning."""
+    model = _llama(seed)
+    ids = _counting(2000, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), 3e-3, weight_decay=0.01)
+    rng = np.random.default_rng(seed)
+    losses = []
+    with GradientWriter(run_dir, model, optimizer=optimizer, activations=True) as writer:
+        for step in range(200):
+            batch = ids[rng.integers(0, len(ids), 16)]
+            optimizer.zero_grad()
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            writer.write(step)
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    return _lm_premises(np.array(losses), _lm_loss(_counting(500, seed + 100))(model))
