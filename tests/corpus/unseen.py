@@ -47,7 +47,11 @@ def _jax_mlp_params(seed, widths, features, scale):
 
 
 def _jax_fit(run_dir, params, activation, batches, optimizer):
-    """MSE training of a plain-pytree MLP, written by ``tb_gradcheck.jax``; ``(losses, final params, forward)``."""
+    """MSE training of a plain-pytree MLP, written by ``tb_gradcheck.jax``.
+
+    Returns:
+      ``(losses, final params, loss_fn, first step with a NaN or Inf gradient element or None)``.
+    """
     import jax
     import jax.numpy as jnp
 
@@ -72,16 +76,19 @@ def _jax_fit(run_dir, params, activation, batches, optimizer):
     def step(p, s, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
         updates, s = tx.update(grads, s, p)
-        return jax.tree.map(lambda a, b: a + b, p, updates), s, loss
+        finite = jnp.all(jnp.array([jnp.isfinite(g).all() for g in jax.tree.leaves(grads)]))
+        return jax.tree.map(lambda a, b: a + b, p, updates), s, loss, finite
 
-    losses = []
+    losses, finite = [], []
     with tj.GradientWriter(run_dir) as writer:
         for i, (x, y) in enumerate(batches):
-            params, state, loss = step(params, state, jnp.asarray(x), jnp.asarray(y))
+            params, state, loss, ok = step(params, state, jnp.asarray(x), jnp.asarray(y))
             writer.write(state, i)
             losses.append(float(loss))
+            finite.append(bool(ok))
         writer.close(params)
-    return np.array(losses), params, forward, loss_fn
+    bad = ~np.array(finite)
+    return np.array(losses), params, loss_fn, (int(np.argmax(bad)) if bad.any() else None)
 
 
 @scenario()
@@ -113,10 +120,34 @@ def jax_deep_sigmoid(run_dir, seed=0):
 
     x, y = _regression(seed)
     params = _jax_mlp_params(seed, [64] * 12, 16, lambda n: 1.0 / math.sqrt(n))
-    _, params, _, loss_fn = _jax_fit(run_dir, params, jax.nn.sigmoid, _batches(x, y, 64, 200, seed), optax.sgd(0.1))
+    _, params, loss_fn, _ = _jax_fit(run_dir, params, jax.nn.sigmoid, _batches(x, y, 64, 200, seed), optax.sgd(0.1))
     grads = jax.grad(loss_fn)(params, jnp.asarray(x), jnp.asarray(y))
     orders = float(jnp.log10(jnp.linalg.norm(grads["out"]["kernel"]) / jnp.linalg.norm(grads["dense_0"]["kernel"])))
     return {"output_over_input_orders": orders}, [("input layer 3+ orders below the output layer", orders >= 3.0)]
+
+
+@scenario(
+    Expect("non_finite", ("dense_0", "dense_1", "dense_2", "out"), at="first_nonfinite_step", severity="error"),
+    Expect("exploding", (), allowed=r"dense_\d|out", before="first_nonfinite_step", severity="error"),
+)
+def jax_sgd_diverges(run_dir, seed=0):
+    """The healthy plain-JAX ReLU MLP with optax's SGD at a learning rate of 0.5, far beyond the stable step for its curvature (LeCun et al. 1998, "Efficient BackProp": above twice the inverse of the largest Hessian eigenvalue the iterates diverge): the loss and the gradients grow by orders from step to step until they overflow to Inf and NaN. Every layer's gradient turns non-finite at the same step; an explosion may be named before it."""
+    import jax
+    import optax
+
+    x, y = _regression(seed)
+    params = _jax_mlp_params(seed, [64] * 3, 16, lambda n: math.sqrt(2.0 / n))
+    losses, _, _, first_bad = _jax_fit(run_dir, params, jax.nn.relu, _batches(x, y, 64, 100, seed), optax.sgd(0.5))
+    finite = losses[np.isfinite(losses)]
+    numbers = {
+        "first_nonfinite_step": first_bad,
+        "loss_first": float(losses[0]),
+        "largest_finite_loss": float(finite.max()),
+    }
+    return numbers, [
+        ("a gradient turned non-finite within the first 50 steps", first_bad is not None and first_bad < 50),
+        ("the loss grew 1e6-fold or more before it", numbers["largest_finite_loss"] >= 1e6 * losses[0]),
+    ]
 
 
 # --- PyTorch with activations=True ------------------------------------------------------------------------------------
