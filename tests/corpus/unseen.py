@@ -150,6 +150,23 @@ def jax_sgd_diverges(run_dir, seed=0):
     ]
 
 
+@scenario(Expect("dead", ("dense_1",), allowed=r"dense_\d", severity="warning"))
+def jax_dying_relu(run_dir, seed=0):
+    """The plain-JAX ReLU MLP with optax's Adam at 5e-2, fifty times its healthy rate: the first large steps throw the hidden layers' biases negative and most of their units stop firing on every example, for good (the dying ReLU, Lu et al. 2019). ``tb_gradcheck.jax`` counts a unit (a kernel's output column and its bias element, Keras' rule) dead when its gradient is exactly zero on the batch; the premise counts the units whose ReLU output is zero on every example at the end."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    x, y = _regression(seed)
+    params = _jax_mlp_params(seed, [64] * 3, 16, lambda n: math.sqrt(2.0 / n))
+    _, params, _, _ = _jax_fit(run_dir, params, jax.nn.relu, _batches(x, y, 64, 200, seed), optax.adam(5e-2))
+    h, shares = jnp.asarray(x), {}
+    for i in range(3):
+        h = jax.nn.relu(h @ params[f"dense_{i}"]["kernel"] + params[f"dense_{i}"]["bias"])
+        shares[f"silent_dense_{i}_end"] = float((h <= 0).all(axis=0).mean())
+    return shares, [("half or more of dense_1 silent on every example at the end", shares["silent_dense_1_end"] >= 0.5)]
+
+
 # --- PyTorch with activations=True ------------------------------------------------------------------------------------
 
 
