@@ -269,6 +269,27 @@ def torch_tanh_large_init_activations(run_dir, seed=0):
     ]
 
 
+@scenario()
+def torch_tanh_xavier_activations(run_dir, seed=0):
+    """The same 4-layer tanh MLP at Xavier's (Glorot's) normal init, std sqrt(2 / (fan_in + fan_out)), which keeps each layer's pre-activations near unit scale (Glorot & Bengio 2010), trained by Adam at 1e-3 and written with ``activations=True``: the control of the large-init run. Its outputs stay mostly in tanh's linear range and it learns; no saturated finding, no warning."""
+    torch.manual_seed(seed)
+    x, y = _regression(seed)
+    model = _mlp([64] * 4, nn.Tanh, he=False)
+    with torch.no_grad():
+        for name, module in model.named_children():
+            if isinstance(module, nn.Linear) and name != "out":
+                nn.init.xavier_normal_(module.weight)
+                nn.init.zeros_(module.bias)
+    losses = _torch_fit(run_dir, model, _batches(x, y, 64, 200, seed), torch.optim.Adam(model.parameters(), 1e-3))
+    outs = _outputs(model, [f"act_{i}" for i in range(4)], x)
+    first, last = head_tail(losses)
+    shares = {f"saturated_dense_{i}_end": float((outs[f"act_{i}"].abs() >= 0.98).float().mean()) for i in range(4)}
+    return {"loss_first": first, "loss_last": last, **shares}, [
+        ("the loss fell by half or more", last <= 0.5 * first),
+        ("under a fifth of every hidden layer's outputs within 1% of +-1", max(shares.values()) < 0.2),
+    ]
+
+
 # --- A LLaMA-style decoder -------------------------------------------------------------------------------------------
 
 
