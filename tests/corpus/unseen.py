@@ -260,12 +260,25 @@ def torch_tanh_large_init_activations(run_dir, seed=0):
         for name, module in model.named_children():
             if isinstance(module, nn.Linear) and name != "out":
                 module.weight.normal_(0.0, 1.0)
+    names = [f"act_{i}" for i in range(4)]
+    shares = {
+        f"saturated_dense_{i}_start": float((o.abs() >= 0.98).float().mean())
+        for i, o in enumerate(_outputs(model, names, x).values())
+    }
     _torch_fit(run_dir, model, _batches(x, y, 64, 150, seed), torch.optim.SGD(model.parameters(), 1e-2))
-    outs = _outputs(model, [f"act_{i}" for i in range(4)], x)
-    shares = {f"saturated_dense_{i}_end": float((outs[f"act_{i}"].abs() >= 0.98).float().mean()) for i in range(4)}
+    shares.update(
+        {
+            f"saturated_dense_{i}_end": float((o.abs() >= 0.98).float().mean())
+            for i, o in enumerate(_outputs(model, names, x).values())
+        }
+    )
     return shares, [
-        (f"half or more of dense_{i}'s outputs within 1% of +-1 at the end", shares[f"saturated_dense_{i}_end"] >= 0.5)
+        (
+            f"half or more of dense_{i}'s outputs within 1% of +-1 at the {when}",
+            shares[f"saturated_dense_{i}_{when}"] >= 0.5,
+        )
         for i in (1, 2)
+        for when in ("start", "end")
     ]
 
 

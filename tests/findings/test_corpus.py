@@ -106,3 +106,15 @@ def test_a_healthy_llama_has_its_forward_side_recorded(tmp_path):
         for layer in (f"{block}.mlp.down_proj", f"{block}.self_attn.o_proj", f"{block}.input_layernorm"):
             values = np.array([np.nan if v is None else v for v in rows[layer]], float)
             assert np.isfinite(values).all() and (values > 0).all(), (layer, values[:5])
+
+
+def test_saturation_from_the_first_write_starts_at_it(results):
+    """torch_tanh_large_init_activations: saturated at initialisation (its premise), so the finding starts at step 0.
+
+    The trailing window confirms it a few writes later (``confirmed_at_step``); like vanishing and dead, the
+    finding dates the layer from the start of the unbroken run of saturated writes.
+    """
+    (f,) = [f for f in results("torch_tanh_large_init_activations").findings if f["kind"] == "saturated"]
+    for layer in ("dense_1", "dense_2"):
+        e = f["evidence"][layer]
+        assert e["first_step"] == 0 < e["confirmed_at_step"], (layer, e)
