@@ -152,8 +152,10 @@ def find(run, stats, thresholds):
     saturated = _column(stats, SATURATED)
     if saturated is not None:
         here = np.isfinite(saturated)
-        flags = windows.persistent(here & (saturated >= t.saturated), here, t)
-        out += _finding("saturated", "warning", run, stats, flags, SATURATED, {"saturated_fraction": saturated})
+        held = here & (saturated >= t.saturated)
+        flags = windows.persistent(held, here, t)
+        numbers = {"saturated_fraction": saturated}
+        out += _finding("saturated", "warning", run, stats, flags, SATURATED, numbers, onset=held)
     rms, max_abs = _column(stats, RMS), _column(stats, MAX_ABS)
     if rms is not None:
         out += _growth(run, stats, rms, t)
@@ -161,9 +163,9 @@ def find(run, stats, thresholds):
         with np.errstate(invalid="ignore", divide="ignore"):
             massive = (max_abs >= t.massive_abs) & (max_abs >= t.massive_ratio * rms)
         here = np.isfinite(max_abs) & np.isfinite(rms)
-        flags = windows.persistent(massive, here, t)
+        flags = windows.persistent(massive & here, here, t)
         numbers = {"abs_activation": max_abs, "over_rms": max_abs / np.where(rms > 0, rms, np.nan)}
-        out += _finding("massive_activations", "info", run, stats, flags, MAX_ABS, numbers)
+        out += _finding("massive_activations", "info", run, stats, flags, MAX_ABS, numbers, onset=massive & here)
     return out
 
 
@@ -183,12 +185,24 @@ def _growth(run, stats, rms, t):
     return _finding("activation_growth", "warning", run, stats, flags, RMS, {"growth_orders": orders, "act_rms": rms})
 
 
-def _finding(kind, severity, run, stats, flags, metric, numbers):
+def _finding(kind, severity, run, stats, flags, metric, numbers, onset=None):
+    """One finding of the flagged layers; ``onset`` (bool ``[S, L]``, the per-write condition a window confirms).
+
+    With ``onset`` the finding starts where the unbroken run of writes that
+    hold the condition began (``first_step``), not where the trailing window
+    made it sure (``confirmed_at_step``): the convention of vanishing and
+    dead, so that a layer saturated from its first write reads so, not from
+    the write at which the window first held enough writes.
+    """
     steps = np.asarray(stats.steps)
     evidence = {}
     for j in np.flatnonzero(flags.any(axis=0)):
         f = flags[:, j]
-        e = {"first_step": int(steps[f][0]), "last_step": int(steps[f][-1])}
+        confirmed = int(np.argmax(f))
+        start = confirmed if onset is None else windows.run_start(onset[:, j], confirmed)
+        e = {"first_step": int(steps[start]), "last_step": int(steps[f][-1])}
+        if onset is not None:
+            e["confirmed_at_step"] = int(steps[confirmed])
         for key, values in numbers.items():
             e[f"max_{key}"] = float(np.nanmax(values[f, j]))
         e["fraction_of_steps"] = float(f.mean())

@@ -27,6 +27,7 @@ from corpus import healthy  # noqa: F401  (registers the scenarios)
 from corpus import pathological  # noqa: F401  (registers the scenarios)
 from corpus import torch_runs  # noqa: F401  (registers the scenarios)
 from corpus import units  # noqa: F401  (registers the scenarios)
+from corpus import unseen  # noqa: F401  (registers the scenarios)
 from corpus.registry import SCENARIOS  # noqa: F401
 from corpus.registry import Expect  # noqa: F401
 from corpus.registry import Scenario  # noqa: F401

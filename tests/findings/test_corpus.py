@@ -70,3 +70,51 @@ def test_units_dead_from_initialisation_are_named_so(results):
     e = f["evidence"]["dense_1"]
     assert f["severity"] == "warning" and e["state"] == "mostly_dead" and e["since"] == "initialisation"
     assert "dead from initialisation" in f["message"]
+
+
+def test_dead_by_output_agrees_with_what_the_units_output(results):
+    """torch_dying_relu_activations: the dead finding's dead-by-output share is the share of units the run's own forward pass finds silent.
+
+    The writer counts a unit dead on a batch (64 examples) when its ReLU gives no positive value on it; the
+    scenario counts it on all 1024 examples at the end. A unit silent on all is silent on every batch, so the
+    batch view is at least the whole-data one, and above it only by units that fire on a few examples: 0.1
+    (6 of 64 units) allows for those and for the window's median not being the last step.
+    """
+    result = results("torch_dying_relu_activations")
+    (f,) = [f for f in result.findings if f["kind"] == "dead"]
+    for layer in ("dense_1", "dense_2"):
+        by_output, silent = f["evidence"][layer]["dead_by_output"], result.numbers[f"silent_{layer}_end"]
+        assert silent - 1 / 64 <= by_output <= silent + 0.1, (layer, by_output, silent)
+        assert not f["evidence"][layer]["views_disagree"]
+
+
+def test_a_healthy_llama_has_its_forward_side_recorded(tmp_path):
+    """llama_plain_loop_activations: its no-finding is about recorded outputs: every block's act_rms is there, finite."""
+    import numpy as np
+    from corpus import unseen
+    from corpus.registry import deterministic
+
+    from conftest import get_json
+    from conftest import make_app
+
+    with deterministic():
+        unseen.llama_plain_loop_activations(str(tmp_path / "llama"))
+    client, _ = make_app(tmp_path, "python")
+    body = get_json(client, "/data/plugin/gradients/heatmap?run=llama&metric=act_rms&granularity=layer")
+    rows = {layer: [v for v in column] for layer, column in zip(body["layers"], zip(*body["values"]))}
+    for block in ("model.layers.0", "model.layers.1"):
+        for layer in (f"{block}.mlp.down_proj", f"{block}.self_attn.o_proj", f"{block}.input_layernorm"):
+            values = np.array([np.nan if v is None else v for v in rows[layer]], float)
+            assert np.isfinite(values).all() and (values > 0).all(), (layer, values[:5])
+
+
+def test_saturation_from_the_first_write_starts_at_it(results):
+    """torch_tanh_large_init_activations: saturated at initialisation (its premise), so the finding starts at step 0.
+
+    The trailing window confirms it a few writes later (``confirmed_at_step``); like vanishing and dead, the
+    finding dates the layer from the start of the unbroken run of saturated writes.
+    """
+    (f,) = [f for f in results("torch_tanh_large_init_activations").findings if f["kind"] == "saturated"]
+    for layer in ("dense_1", "dense_2"):
+        e = f["evidence"][layer]
+        assert e["first_step"] == 0 < e["confirmed_at_step"], (layer, e)
