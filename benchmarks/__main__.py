@@ -17,6 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MODULES = (
     "writer",
+    "writer_mlp",
     "torch",
     "torch_models",
     "check_cost",
@@ -33,6 +34,8 @@ MODULES = (
     "jax_models",
     "jax_check",
 )
+# Parts of another module, run only when named (a whole run has them already).
+SUBSETS = ("writer_mlp",)
 # Benchmarks whose module is named otherwise (benchmarks/torch.py or jax.py would read as the framework itself).
 MODULE_FILES = {"torch": "torch_writer", "jax": "jax_writer"}
 
@@ -102,7 +105,7 @@ def main(argv=None):
             os.environ[f"TB_GRADCHECK_BENCH_{name}"] = ",".join(value) if isinstance(value, list) else str(value)
     print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}")
     rows = []
-    for name in args.only or MODULES:
+    for name in args.only or [m for m in MODULES if m not in SUBSETS]:
         try:
             module = importlib.import_module(f"benchmarks.{MODULE_FILES.get(name, name)}")
         except ModuleNotFoundError as e:

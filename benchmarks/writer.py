@@ -272,14 +272,23 @@ def _fit_rows(quick, logdir):
     return out
 
 
-def run(quick=False):
-    """Measures overhead and storage; returns result rows (see benchmarks.common.row)."""
+def run(quick=False, models=None):
+    """Measures overhead and storage; returns result rows (see benchmarks.common.row).
+
+    Args:
+      quick: Smaller models, fewer rounds: a smoke run.
+      models: None (every model), or the names of the custom-loop models to
+        time (``benchmarks.writer_mlp`` takes the MLP alone); the fit rows
+        are always measured.
+    """
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(0)
     rows = []
     repeats, inner = (5, 10) if quick else (15, 20)
     for name, model, x_shape, y_shape in _models(quick):
+        if models is not None and name not in models:
+            continue
         done = len(rows)
         started = time.time()
         with tempfile.TemporaryDirectory() as logdir:
