@@ -330,12 +330,10 @@ def _ratio(num, den):
         return np.where((num >= 0) & (den > 0), num / np.where(den > 0, den, 1.0), MISSING)
 
 
-# What a framework hands over per layer row for the activation columns
-# (``activation_values``): sums over every forward call of the row's module
-# at the written step, so several calls (gradient accumulation, a module used
-# twice) combine exactly: squares and counts add, the maximum is the
-# maximum. MISSING in a row whose module did not run (elements 0), and in
-# the unit and saturation pairs where no ReLU or Tanh/Sigmoid module follows.
+# What a framework hands over per layer row for the activation columns (``activation_columns``): sums over every
+# forward call of the row's module at the written step, so several calls (gradient accumulation, a module used twice)
+# combine exactly. MISSING in a row whose module did not run (elements 0), and in the unit and saturation pairs where
+# no ReLU or Tanh/Sigmoid module follows.
 ACTIVATION_SUMS = (
     "squares",  # sum of a**2
     "elements",  # elements summed
@@ -351,33 +349,37 @@ SATURATION_BAND = 0.01
 
 
 def activation_values(structure, sums):
-    """``{column: (layer [L], variable [V])}`` float32 of ``metadata.ACTIVATION_STAT_COLUMNS``.
+    """``{column: (layer [L], variable [V])}`` float32 of ``activation_columns``, on the host, from the sums ``[L, 8]``.
 
-    Args:
-      structure: The ``structure.Structure``.
-      sums: float64 ``[L, len(ACTIVATION_SUMS)]``, the layer rows' sums.
-
-    ``act_rms`` is ``sqrt(squares / elements)``: NaN or Inf anywhere gives
-    NaN or Inf, as data. Variable rows are MISSING: an output is a
-    module's, not one parameter's.
+    Variable rows (``structure.variable_names``) are MISSING: an output is a module's, not one parameter's.
     """
     sums = np.asarray(sums, np.float64).reshape(len(structure.layer_names), len(ACTIVATION_SUMS))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        layer = activation_columns(sums, np)
+    missing_v = np.full(len(structure.variable_names), MISSING, np.float32)
+    return {k: (np.asarray(v, np.float32), missing_v) for k, v in layer.items()}
+
+
+def activation_columns(sums, xp):
+    """``metadata.ACTIVATION_STAT_COLUMNS`` defined: ``{column: float64 [L]}`` from float64 sums ``[L, 8]``, in ``xp``.
+
+    ``xp``: NumPy on the host, or ``keras.ops`` inside a traced TensorFlow step (the same definitions, compiled with
+    it). ``act_rms`` is ``sqrt(squares / elements)``: NaN or Inf anywhere gives NaN or Inf, as data; a row whose
+    module did not run is MISSING.
+    """
     col = {name: sums[:, k] for k, name in enumerate(ACTIVATION_SUMS)}
     ran = col["elements"] > 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        layer = {
-            "act_rms": np.where(ran, np.sqrt(col["squares"] / np.maximum(col["elements"], 1.0)), MISSING),
-            "act_max_abs": np.where(ran, col["max_abs"], MISSING),
-            "act_nonfinite": np.where(ran, col["nonfinite"], MISSING),
-            "act_dead_fraction": np.where(
-                ran & (col["units"] > 0), col["dead_units"] / np.maximum(col["units"], 1.0), MISSING
-            ),
-            "act_saturated_fraction": np.where(
-                ran & (col["squashed"] > 0), col["saturated"] / np.maximum(col["squashed"], 1.0), MISSING
-            ),
-        }
-    missing_v = np.full(len(structure.variable_names), MISSING, np.float32)
-    return {k: (v.astype(np.float32), missing_v) for k, v in layer.items()}
+
+    def share(part, whole):
+        return xp.where(ran & (col[whole] > 0), col[part] / xp.maximum(col[whole], 1.0), MISSING)
+
+    return {
+        "act_rms": xp.where(ran, xp.sqrt(col["squares"] / xp.maximum(col["elements"], 1.0)), MISSING),
+        "act_max_abs": xp.where(ran, col["max_abs"], MISSING),
+        "act_nonfinite": xp.where(ran, col["nonfinite"], MISSING),
+        "act_dead_fraction": share("dead_units", "units"),
+        "act_saturated_fraction": share("saturated", "squashed"),
+    }
 
 
 def fill(layer, variable, names, values):

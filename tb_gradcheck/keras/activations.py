@@ -43,9 +43,10 @@ they run at written steps only.
 
 Imports Keras only (the reductions are ``keras.ops``, so the TensorFlow and
 torch callbacks share them); each backend's writer turns the sums into its
-columns with ``rowstats.activation_values`` (TensorFlow:
-``optimizer.Activations``, inside the write; torch: ``keras_rows``, after the
-written step's one transfer). The JAX callback refuses ``activations=True``.
+columns with the core's definitions (TensorFlow: ``optimizer.Activations``,
+``rowstats.activation_columns`` traced inside the write, XLA included;
+torch: ``keras_rows``, ``rowstats.activation_values`` after the written
+step's one transfer). The JAX callback refuses ``activations=True``.
 """
 
 import contextlib

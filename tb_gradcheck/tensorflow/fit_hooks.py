@@ -109,7 +109,7 @@ class Session:
         # inside the step); otherwise XLA is turned off for the fit.
         self.compiled = False
         if self.model.jit_compile and not self.model.run_eagerly:
-            reason = why_not_compiled(self.model, self.strategy, self.loss_scale, activations)
+            reason = why_not_compiled(self.model, self.strategy, self.loss_scale)
             if reason is None:
                 self.compiled = True
             else:
@@ -369,7 +369,7 @@ class Session:
         self.checker.after_step(self.current_step())
 
 
-def why_not_compiled(model, strategy, loss_scale, activations=False):
+def why_not_compiled(model, strategy, loss_scale):
     """Why a fit with XLA cannot record from inside the compiled step, or None if it can."""
     if int(getattr(model, "steps_per_execution", 1) or 1) != 1:
         return "steps_per_execution > 1 runs several steps per compiled call"
@@ -377,9 +377,6 @@ def why_not_compiled(model, strategy, loss_scale, activations=False):
         return "a distribution strategy with several replicas"
     if loss_scale is not None:
         return "a LossScaleOptimizer's refused steps are recorded from inside the step"
-    if activations:
-        # The core defines them in NumPy (rowstats), run on the host inside the write, which XLA cannot compile.
-        return "activations=True makes its columns from the layers' sums on the host, at the write"
     return None
 
 

@@ -31,7 +31,6 @@ own copy of the (mirrored) weights, which the update leaves equal.
 
 import sys
 
-import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck.core import metadata
@@ -247,18 +246,16 @@ class Activations:
         self.taps, self.outputs = taps, outputs
 
     def columns(self, rows):
-        """Inside the write's branch: the sums reduced on the device, made columns by the core's definitions."""
+        """Inside the write's branch: the sums reduced on the device, made columns by the core's definitions.
+
+        ``rowstats.activation_columns`` in ``tf.experimental.numpy``: traced with the step,
+        so they run on the device, under XLA too, with no call to the host.
+        """
         n_l, n_v = len(rows.layer_names), len(rows.variable_names)
-        sums = self.taps.sums(self.outputs, rows.layer_of, n_l)
-
-        def columns(sums):  # rowstats defines the columns once, in NumPy: run on the host, with the summary
-            values = rowstats.activation_values(rows, sums)
-            return np.stack([values[c][0] for c in metadata.ACTIVATION_STAT_COLUMNS])
-
-        layer = tf.numpy_function(columns, [sums], tf.float32, stateful=False)
-        layer = tf.reshape(layer, [len(metadata.ACTIVATION_STAT_COLUMNS), n_l])
+        sums = tf.cast(self.taps.sums(self.outputs, rows.layer_of, n_l), tf.float64)
+        layer = rowstats.activation_columns(sums, tf.experimental.numpy)
         missing = tf.fill([n_v], tf.constant(statistics.MISSING, tf.float32))
-        return {c: (layer[k], missing) for k, c in enumerate(metadata.ACTIVATION_STAT_COLUMNS)}
+        return {c: (tf.cast(layer[c], tf.float32), missing) for c in metadata.ACTIVATION_STAT_COLUMNS}
 
 
 class Extra:

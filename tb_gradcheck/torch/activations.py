@@ -30,7 +30,8 @@ Cost. The hooks are registered once, when the writer is made, before
 ``torch.compile`` traces the model (a compiled graph ignores hooks added
 later). At a step that is not written they check one flag and return. At a
 recorded step each call reduces its output on the output's device (a norm, a
-max, a count; no host synchronisation) into a few numbers kept on the
+max, a count; no host synchronisation; on a CPU, where reading a number waits
+for no device, the count only where the norm is not finite) into a few numbers kept on the
 device; the writer stacks them into the written step's one copy to the host
 (``host.Pack``). Which step is recorded is decided before its forward pass:
 after ``write(step)`` the recorder is armed when ``step + 1`` is a written
@@ -175,12 +176,18 @@ class Recorder:
             # Three reductions a call, each one operator; they are combined per layer at the write.
             # The squares in float32 at least: a bf16 or fp16 output's would overflow in its own dtype.
             wide = torch.float64 if flat.dtype == torch.float64 else torch.float32
-            self._norms.append(torch.linalg.vector_norm(flat, dtype=wide))
+            norm = torch.linalg.vector_norm(flat, dtype=wide)
+            self._norms.append(norm)
             # max |a| from the extremes: one pass, NaN if any is NaN (the inf-norm takes ten times as long on a CPU).
             self._extremes.append(torch.aminmax(flat))
-            # a - a is 0 where a is finite and NaN where it is NaN or Inf: as 1s, their sum counts the non-finite
-            # elements, in float operators (a boolean mask and its count take longer on a CPU).
-            self._nonfinite.append(torch.nan_to_num(flat - flat, nan=1.0).sum(dtype=wide))
+            if flat.device.type == "cpu" and not torch.compiler.is_compiling() and bool(torch.isfinite(norm)):
+                # A finite sum of squares has no NaN or Inf element. On a CPU reading it waits for no device, so
+                # the count's three passes over the output (half a written step's work) run only when needed.
+                self._nonfinite.append(torch.zeros((), dtype=wide))
+            else:
+                # a - a is 0 where a is finite and NaN where it is NaN or Inf: as 1s, their sum counts the
+                # non-finite elements, in float operators (a boolean mask and its count take longer on a CPU).
+                self._nonfinite.append(torch.nan_to_num(flat - flat, nan=1.0).sum(dtype=wide))
             self._calls.append((path, flat.numel()))
             if follower is not None:
                 self._follow(path, axis, follower, out.detach(), before_activation=True)

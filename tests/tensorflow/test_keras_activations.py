@@ -288,12 +288,18 @@ def test_non_finite_outputs_are_counted_and_their_max_is_nan_or_inf(tmp_path, ea
     assert_matches({1: stored}, probe.expected, [1])
 
 
-def test_xla_is_turned_off_with_a_warning_and_steps_per_execution_records_every_step(tmp_path):
+@pytest.mark.parametrize("every_n_steps", [1, 3])
+def test_under_xla_the_columns_are_computed_in_the_compiled_step(tmp_path, recwarn, every_n_steps):
+    # The definitions are traced with the step (rowstats.activation_columns in tf.experimental.numpy): XLA stays on,
+    # the write step's compiled function computes them, and the steps between writes run their own function.
+    model, probe, stored = fit(tmp_path, "mlp", steps=6, every_n_steps=every_n_steps, jit_compile=True)
+    assert not [w for w in recwarn if "XLA off" in str(w.message)], [str(w.message) for w in recwarn]
+    assert model.jit_compile is True
+    assert_matches(stored, probe.expected, list(range(every_n_steps, 7, every_n_steps)))
+
+
+def test_steps_per_execution_records_every_step(tmp_path):
     _, _, every = fit(tmp_path / "plain", "mlp", probe=False)
-    with pytest.warns(UserWarning, match="turns XLA off"):
-        model, _, compiled = fit(tmp_path / "xla", "mlp", probe=False, jit_compile=True)
-    assert model.jit_compile is True  # put back when the fit ended
-    assert _values(compiled) == _values(every)
     model = mlp()
     model.compile(keras.optimizers.SGD(0.05), "mse", steps_per_execution=2, jit_compile=False)
     x, y = data("mlp")
