@@ -339,7 +339,7 @@ ACTIVATION_SUMS = (
     "elements",  # elements summed
     "max_abs",  # largest |a|, NaN if any is NaN
     "nonfinite",  # NaN and Inf elements
-    "dead_units",  # units with no positive value in any call
+    "dead_units",  # units with no positive value (nor a NaN) in any call
     "units",  # units of the output a ReLU module takes (0: none does)
     "saturated",  # elements of a following Tanh/Sigmoid's output near a bound
     "squashed",  # elements of that output (0: no Tanh/Sigmoid follows)

@@ -239,7 +239,9 @@ class Taps:
                 owner = ops.repeat(ops.convert_to_tensor(at, "int32"), ops.stack([ops.size(p) for p in flat]))
             else:
                 owner = ops.convert_to_tensor([row for row, size in zip(at, sizes) for _ in range(size)], "int32")
-            alive = ops.cast(ops.concatenate(flat) > 0, "float64")
+            peak = ops.concatenate(flat)
+            # A unit whose output holds a NaN is not dead (its output is not 0): it shows in the non-finite count.
+            alive = ops.cast(ops.logical_or(peak > 0, ops.isnan(peak)), "float64")
             sums["units"] = ops.segment_sum(ops.ones_like(alive), owner, num_segments=n_layers)
             sums["dead_units"] = sums["units"] - ops.segment_sum(alive, owner, num_segments=n_layers)
         return ops.stack([sums[name] for name in rowstats.ACTIVATION_SUMS], axis=1)

@@ -285,7 +285,9 @@ class Recorder:
             # Keyed by (layer, units), not by the expanded list: building that list is the cost being saved.
             shape = [(i, a.numel()) for i, a in alive]
             owner = self._constant(device, shape, lambda: [i for i, units in shape for _ in range(units)])
-            sums["dead_units"] = sums["units"] - zero.index_add(0, owner, (peaks > 0).to(F64))
+            # A unit whose output holds a NaN is not dead (its output is not 0): it shows in the non-finite count.
+            alive = (peaks > 0) | torch.isnan(peaks)
+            sums["dead_units"] = sums["units"] - zero.index_add(0, owner, alive.to(F64))
         if saturated:
             index = self._constant(device, [i for i, _, _ in saturated])
             sums["saturated"] = zero.index_add(0, index, stacked([c for _, _, c in saturated]))

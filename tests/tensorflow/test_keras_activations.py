@@ -167,8 +167,9 @@ class Probe(keras.callbacks.Callback):
             y = {"relu": np.maximum, "tanh": lambda v, _: np.tanh(v), "sigmoid": lambda v, _: 1 / (1 + np.exp(-v))}
             out = y[kind](a, 0.0) if before else a
             if kind == "relu":
-                # A channel's largest value above 0; NaN if the channel has a NaN (not alive), as PyTorch's amax.
-                alive = np.max(np.moveaxis(out, axis, -1).reshape(-1, a.shape[axis]), axis=0) > 0
+                # A channel's largest value above 0, or a NaN in it (not dead: its output is not 0).
+                peak = np.max(np.moveaxis(out, axis, -1).reshape(-1, a.shape[axis]), axis=0)
+                alive = (peak > 0) | np.isnan(peak)
                 want["act_dead_fraction"] = float(np.mean(~alive))
             else:
                 near = np.abs(out) > 0.98 if kind == "tanh" else (out < 0.01) | (out > 0.99)

@@ -108,7 +108,8 @@ class Twin:
         if path in FEEDS_RELU[name]:
             axis = FEEDS_RELU[name][path]
             units = [np.moveaxis(o.numpy(), axis, -1).reshape(-1, o.shape[axis]) for o in outs]
-            alive = np.any(np.concatenate(units) > 0, axis=0)
+            seen = np.concatenate(units)
+            alive = np.any((seen > 0) | np.isnan(seen), axis=0)  # a NaN unit is not dead: its output is not 0
             want["act_dead_fraction"] = float(np.mean(~alive))
         if path in FEEDS_SQUASH[name]:
             f = FEEDS_SQUASH[name][path]
