@@ -4,26 +4,23 @@ A framework adapter (``tb_gradcheck.torch``, ``tb_gradcheck.jax``) reduces
 each gradient on its own device to a few numbers per parameter
 (``Reductions``) and hands them over at a written step; this module turns
 them into the stored layer and variable rows (``docs/stored_format.md``),
-with the same definitions as TensorFlow's in-graph ``tb_gradcheck.tensorflow.statistics``
-(twin tests hold the two to the same numbers):
+with the same definitions as TensorFlow's in-graph ``tb_gradcheck.tensorflow.statistics`` (twin tests hold the two):
 
 - ``grad_norm``: the L2 norm; a layer's is the norm of all its parameters'
   gradients together (``sqrt`` of the sum of their squared norms);
 - ``grad_max_abs``: the largest |g| (NaN if any element is NaN);
-- ``grad_zero_fraction``: exact zeros over the elements that have a
-  gradient (NaN counts as nonzero);
+- ``grad_zero_fraction``: exact zeros over the elements that have a gradient (NaN counts as nonzero);
 - ``grad_nonfinite``: NaN and Inf elements;
-- ``dead_unit_fraction``: units whose every gradient element is exactly 0,
-  over the units; a layer's unit j is dead when it is dead in every present
-  parameter with the layer's unit count (``tb_gradcheck.tensorflow.units``);
+- ``dead_unit_fraction``: units whose every gradient element is exactly 0, over the units; a layer's unit j is dead
+  when it is dead in every present parameter with the layer's unit count (``tb_gradcheck.tensorflow.units``);
 - ``weight_norm``: the L2 norm of the weights, a layer's as for grad_norm;
 - the activation columns, from a layer's forward outputs (``activation_values``).
 
-The window (``every_n_steps > 1``) is reduced on the adapter's device by
-``running``, written in the array operations NumPy, PyTorch and JAX share.
+The window (``every_n_steps > 1``) is reduced on the adapter's device by ``running``, in NumPy/PyTorch/JAX's operations.
 """
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -344,8 +341,11 @@ ACTIVATION_SUMS = (
     "saturated",  # elements of a following Tanh/Sigmoid's output near a bound
     "squashed",  # elements of that output (0: no Tanh/Sigmoid follows)
 )
-# Saturated: within this fraction of a tanh's or sigmoid's range from a bound (docs/stored_format.md says why).
+# Saturated: within this fraction of a tanh's or sigmoid's range from a bound (docs/stored_format.md says why); the
+# bounds it makes on the activation's output (|tanh|, sigmoid's distance from 1/2) and, for a hook before it, input.
 SATURATION_BAND = 0.01
+TANH_OUTPUT, SIGMOID_OUTPUT = 1 - 2 * SATURATION_BAND, 0.5 - SATURATION_BAND
+TANH_INPUT, SIGMOID_INPUT = math.atanh(TANH_OUTPUT), math.log((1 - SATURATION_BAND) / SATURATION_BAND)
 
 
 def activation_values(structure, sums):

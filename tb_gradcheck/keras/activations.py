@@ -51,7 +51,6 @@ step's one transfer). The JAX callback refuses ``activations=True``.
 
 import contextlib
 import functools
-import math
 
 import keras
 from keras import ops
@@ -62,10 +61,6 @@ _RELUS = ("relu", "relu6")
 _SQUASHES = ("tanh", "sigmoid")
 # (kind, measured before the activation) of rows whose output is never below 0.
 _NONNEGATIVE = (("relu", False), ("sigmoid", False))
-# The bounds of SATURATION_BAND on the activation's output and, for a following layer, on its input.
-_TANH_OUTPUT = 1 - 2 * rowstats.SATURATION_BAND  # tanh spans 2
-_TANH_INPUT = math.atanh(_TANH_OUTPUT)
-_SIGMOID_INPUT = math.log((1 - rowstats.SATURATION_BAND) / rowstats.SATURATION_BAND)
 
 
 def _kind(layer):
@@ -218,9 +213,9 @@ class Taps:
             near = []
             for _, (kind, before, _), x in squash:
                 if kind == "tanh":
-                    near.append(_count(ops.abs(x) > (_TANH_INPUT if before else _TANH_OUTPUT)))
+                    near.append(_count(ops.abs(x) > (rowstats.TANH_INPUT if before else rowstats.TANH_OUTPUT)))
                 else:  # sigmoid's range [0, 1]: near a bound is |a - 0.5| > 0.5 - band, |x| > log(99) on its input
-                    reach = _SIGMOID_INPUT if before else 0.5 - rowstats.SATURATION_BAND
+                    reach = rowstats.SIGMOID_INPUT if before else rowstats.SIGMOID_OUTPUT
                     near.append(_count(ops.abs(x - (0.0 if before else 0.5)) > reach))
             at = ops.convert_to_tensor([row_of[calls[k][0]] for k, _, _ in squash], "int32")
             sums["saturated"] = ops.segment_sum(ops.cast(ops.stack(near), "float64"), at, num_segments=n_layers)

@@ -45,8 +45,6 @@ inside the autograd engine: ``torch._C._current_graph_task_id() != -1``), so
 a checkpointed layer counts once.
 """
 
-import math
-
 import torch
 
 from tb_gradcheck.core import metadata
@@ -62,11 +60,6 @@ _CHANNELS_FIRST = (
     torch.nn.GroupNorm,
     torch.nn.modules.instancenorm._InstanceNorm,
 )
-# Within 1% of the range from a bound (metadata.ACTIVATION_STAT_COLUMNS says why).
-_TANH_SATURATED = 0.98
-_SIGMOID_SATURATED = 0.01
-_TANH_INPUT = math.atanh(_TANH_SATURATED)  # the same bound on the activation's input
-_SIGMOID_INPUT = math.log((1 - _SIGMOID_SATURATED) / _SIGMOID_SATURATED)
 # Device constants kept (Recorder._constant): a few per model; more means shapes that change from step to step.
 _MAX_CONSTANTS = 64
 
@@ -211,11 +204,12 @@ class Recorder:
         if kind != "relu":
             # |tanh(x)| > 0.98 where |x| > atanh(0.98); sigmoid(x) within 0.01 of 0 or 1 where |x| > log(99).
             if before_activation:
-                near = out.abs() > (_TANH_INPUT if kind == "tanh" else _SIGMOID_INPUT)
+                near = out.abs() > (rowstats.TANH_INPUT if kind == "tanh" else rowstats.SIGMOID_INPUT)
             elif kind == "tanh":
-                near = out.abs() > _TANH_SATURATED
+                near = out.abs() > rowstats.TANH_OUTPUT
             else:
-                near = (out < _SIGMOID_SATURATED) | (out > 1 - _SIGMOID_SATURATED)
+                band = rowstats.SATURATION_BAND
+                near = (out < band) | (out > 1 - band)
             self._saturated.append((path, out.numel(), torch.count_nonzero(near)))
         elif out.dim() > 0:
             # A unit is alive where the ReLU passes a positive value anywhere in the batch: where the largest
