@@ -42,3 +42,29 @@ def layer_groups(content):
     """Per layer row of a layout, the names of its variable rows (a variable's layer is its parent path)."""
     variables = content["variable"]["rows"]
     return [[v for v in variables if v.rsplit("/", 1)[0] == layer] for layer in content["layer"]["rows"]]
+
+
+def activation_reference(flat, units=None, squashed=None, tanh=True):
+    """One layer row's ``metadata.ACTIVATION_STAT_COLUMNS`` from what its module output at the step, plainly.
+
+    Args:
+      flat: float64, every element the row's module output at the step (all its calls).
+      units: None, or float64 ``[elements, units]``: the output a ReLU takes, its units on the last axis
+        (before the ReLU or after it: either is above 0 where the other is). Gives ``act_dead_fraction``.
+      squashed: None, or the following tanh's or sigmoid's output (any shape). Gives ``act_saturated_fraction``.
+      tanh: ``squashed`` is a tanh's (else a sigmoid's).
+    """
+    want = {
+        "act_rms": np.sqrt(np.mean(flat**2)),
+        "act_max_abs": np.abs(flat).max(),
+        "act_nonfinite": float(np.sum(~np.isfinite(flat))),
+        "act_dead_fraction": -1.0,
+        "act_saturated_fraction": -1.0,
+    }
+    if units is not None:
+        alive = np.any((units > 0) | np.isnan(units), axis=0)  # a NaN unit is not dead: its output is not 0
+        want["act_dead_fraction"] = float(np.mean(~alive))
+    if squashed is not None:
+        near = np.abs(squashed) > 0.98 if tanh else (squashed < 0.01) | (squashed > 0.99)
+        want["act_saturated_fraction"] = float(np.mean(near))
+    return want

@@ -201,6 +201,22 @@ def _outputs(model, names, x):
     return seen
 
 
+def _tanh_mlp(init):
+    """The 4-layer tanh MLP of width 64 of the saturation scenarios, ``init(linear)`` applied to each hidden layer."""
+    model = _mlp([64] * 4, nn.Tanh, he=False)
+    with torch.no_grad():
+        for name, module in model.named_children():
+            if isinstance(module, nn.Linear) and name != "out":
+                init(module)
+    return model
+
+
+def _saturated_shares(model, x, when):
+    """``{saturated_dense_<i>_<when>: share of tanh outputs within 1% of +-1}`` of the hidden layers on ``x``."""
+    outs = _outputs(model, [f"act_{i}" for i in range(4)], x)
+    return {f"saturated_dense_{i}_{when}": float((o.abs() >= 0.98).float().mean()) for i, o in enumerate(outs.values())}
+
+
 def _bn_cnn():
     blocks = collections.OrderedDict()
     for i, (cin, cout) in enumerate([(3, 16), (16, 32)]):
@@ -255,23 +271,10 @@ def torch_tanh_large_init_activations(run_dir, seed=0):
     """A 4-layer tanh MLP whose kernels are drawn with standard deviation 1 whatever the fan-in (an init 8 times Xavier's at width 64; Glorot & Bengio 2010, LeCun et al. 1998 "Efficient BackProp"): every hidden pre-activation has a standard deviation near 8, so most tanh outputs sit at plus or minus one and pass back almost no gradient. Written with ``activations=True``: the saturated finding must name the hidden layers after the first (the first one's input is the unit-scale data, std 4, still mostly saturated)."""
     torch.manual_seed(seed)
     x, y = _regression(seed)
-    model = _mlp([64] * 4, nn.Tanh, he=False)
-    with torch.no_grad():
-        for name, module in model.named_children():
-            if isinstance(module, nn.Linear) and name != "out":
-                module.weight.normal_(0.0, 1.0)
-    names = [f"act_{i}" for i in range(4)]
-    shares = {
-        f"saturated_dense_{i}_start": float((o.abs() >= 0.98).float().mean())
-        for i, o in enumerate(_outputs(model, names, x).values())
-    }
+    model = _tanh_mlp(lambda linear: linear.weight.normal_(0.0, 1.0))
+    shares = _saturated_shares(model, x, "start")
     _torch_fit(run_dir, model, _batches(x, y, 64, 150, seed), torch.optim.SGD(model.parameters(), 1e-2))
-    shares.update(
-        {
-            f"saturated_dense_{i}_end": float((o.abs() >= 0.98).float().mean())
-            for i, o in enumerate(_outputs(model, names, x).values())
-        }
-    )
+    shares.update(_saturated_shares(model, x, "end"))
     return shares, [
         (
             f"half or more of dense_{i}'s outputs within 1% of +-1 at the {when}",
@@ -287,16 +290,10 @@ def torch_tanh_xavier_activations(run_dir, seed=0):
     """The same 4-layer tanh MLP at Xavier's (Glorot's) normal init, std sqrt(2 / (fan_in + fan_out)), which keeps each layer's pre-activations near unit scale (Glorot & Bengio 2010), trained by Adam at 1e-3 and written with ``activations=True``: the control of the large-init run. Its outputs stay mostly in tanh's linear range and it learns; no saturated finding, no warning."""
     torch.manual_seed(seed)
     x, y = _regression(seed)
-    model = _mlp([64] * 4, nn.Tanh, he=False)
-    with torch.no_grad():
-        for name, module in model.named_children():
-            if isinstance(module, nn.Linear) and name != "out":
-                nn.init.xavier_normal_(module.weight)
-                nn.init.zeros_(module.bias)
+    model = _tanh_mlp(lambda linear: (nn.init.xavier_normal_(linear.weight), nn.init.zeros_(linear.bias)))
     losses = _torch_fit(run_dir, model, _batches(x, y, 64, 200, seed), torch.optim.Adam(model.parameters(), 1e-3))
-    outs = _outputs(model, [f"act_{i}" for i in range(4)], x)
     first, last = head_tail(losses)
-    shares = {f"saturated_dense_{i}_end": float((outs[f"act_{i}"].abs() >= 0.98).float().mean()) for i in range(4)}
+    shares = _saturated_shares(model, x, "end")
     return {"loss_first": first, "loss_last": last, **shares}, [
         ("the loss fell by half or more", last <= 0.5 * first),
         ("under a fifth of every hidden layer's outputs within 1% of +-1", max(shares.values()) < 0.2),

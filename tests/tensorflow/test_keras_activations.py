@@ -26,6 +26,7 @@ import pytest
 from conftest import ROOT
 from conftest import read_events
 from conftest import stats_content
+from reference_stats import activation_reference
 from tb_gradcheck import cli
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core.rowstats import MISSING
@@ -153,28 +154,15 @@ class Probe(keras.callbacks.Callback):
         self.expected[step] = {row: self.stats(row, a) for row, a in got.items()}
 
     def stats(self, row, a):
-        flat = a.ravel()
-        want = {
-            "act_rms": np.sqrt(np.mean(flat**2)),
-            "act_max_abs": np.abs(flat).max(),
-            "act_nonfinite": float(np.sum(~np.isfinite(flat))),
-            "act_dead_fraction": -1.0,
-            "act_saturated_fraction": -1.0,
-        }
         how = self.how.get(row)
-        if how is not None:
-            kind, before, axis = how
-            y = {"relu": np.maximum, "tanh": lambda v, _: np.tanh(v), "sigmoid": lambda v, _: 1 / (1 + np.exp(-v))}
-            out = y[kind](a, 0.0) if before else a
-            if kind == "relu":
-                # A channel's largest value above 0, or a NaN in it (not dead: its output is not 0).
-                peak = np.max(np.moveaxis(out, axis, -1).reshape(-1, a.shape[axis]), axis=0)
-                alive = (peak > 0) | np.isnan(peak)
-                want["act_dead_fraction"] = float(np.mean(~alive))
-            else:
-                near = np.abs(out) > 0.98 if kind == "tanh" else (out < 0.01) | (out > 0.99)
-                want["act_saturated_fraction"] = float(np.mean(near))
-        return want
+        if how is None:
+            return activation_reference(a.ravel())
+        kind, before, axis = how
+        y = {"relu": np.maximum, "tanh": lambda v, _: np.tanh(v), "sigmoid": lambda v, _: 1 / (1 + np.exp(-v))}
+        out = y[kind](a, 0.0) if before else a
+        if kind == "relu":
+            return activation_reference(a.ravel(), units=np.moveaxis(out, axis, -1).reshape(-1, a.shape[axis]))
+        return activation_reference(a.ravel(), squashed=out, tanh=kind == "tanh")
 
 
 def fit(tmp_path, name, steps=4, every_n_steps=1, model=None, probe=True, **kwargs):

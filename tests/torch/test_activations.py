@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from conftest import read_events
 from conftest import stats_content
+from reference_stats import activation_reference
 from tb_gradcheck.core import metadata
 from tb_gradcheck.torch import GradientWriter
 
@@ -98,25 +99,14 @@ class Twin:
         if not outs:
             return None
         flat = np.concatenate([o.numpy().ravel() for o in outs])
-        want = {
-            "act_rms": np.sqrt(np.mean(flat**2)),
-            "act_max_abs": np.abs(flat).max(),
-            "act_nonfinite": float(np.sum(~np.isfinite(flat))),
-            "act_dead_fraction": -1.0,
-            "act_saturated_fraction": -1.0,
-        }
+        units = squashed = None
         if path in FEEDS_RELU[name]:
             axis = FEEDS_RELU[name][path]
-            units = [np.moveaxis(o.numpy(), axis, -1).reshape(-1, o.shape[axis]) for o in outs]
-            seen = np.concatenate(units)
-            alive = np.any((seen > 0) | np.isnan(seen), axis=0)  # a NaN unit is not dead: its output is not 0
-            want["act_dead_fraction"] = float(np.mean(~alive))
-        if path in FEEDS_SQUASH[name]:
-            f = FEEDS_SQUASH[name][path]
-            y = np.concatenate([f(o).numpy().ravel() for o in outs])
-            near = np.abs(y) > 0.98 if f is torch.tanh else (y < 0.01) | (y > 0.99)
-            want["act_saturated_fraction"] = float(np.mean(near))
-        return want
+            units = np.concatenate([np.moveaxis(o.numpy(), axis, -1).reshape(-1, o.shape[axis]) for o in outs])
+        f = FEEDS_SQUASH[name].get(path)
+        if f is not None:
+            squashed = np.concatenate([f(o).numpy().ravel() for o in outs])
+        return activation_reference(flat, units, squashed, tanh=f is torch.tanh)
 
 
 def _train(tmp_path, name, steps, every_n_steps=1, micro_batches=1, plant=None):
