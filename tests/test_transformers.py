@@ -134,8 +134,11 @@ def test_ddp_on_two_processes_writes_rank_0s_applied_gradient(tmp_path):
             timeout=300,
             env=env,
         )
-        # The free port can be taken by a test running beside this one before rank 0 listens on it.
-        if out.returncode == 0 or "address already in use" not in out.stderr.lower():
+        # The free port can be taken by a test running beside this one before rank 0 listens on it; and gloo
+        # aborts a rank at teardown now and then, after its work (a thread destroyed while joinable). Both are
+        # the launcher's, not the job's: run it again; the assertions below hold the run that completes.
+        retry = ("address already in use", "terminate called without an active exception")
+        if out.returncode == 0 or not any(r in out.stderr.lower() for r in retry):
             break
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     ranks = [np.load(record_dir / f"rank{r}.npz") for r in (0, 1)]

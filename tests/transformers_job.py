@@ -118,4 +118,5 @@ if __name__ == "__main__":
     # Torn down before the interpreter exits: gloo's threads destroyed at exit
     # abort a rank now and then ("terminate called without an active exception").
     if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # both ranks done with every collective before the group goes
         torch.distributed.destroy_process_group()
