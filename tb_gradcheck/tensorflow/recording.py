@@ -59,8 +59,8 @@ class Recording:
         """This step's statistics: all of them when every step is written, else what a window holds.
 
         Returns ``(layer, variable)`` stats, or for a window
-        ``statistics.half_sums``: ``(half, rare)``. ``compiled``: the step is
-        XLA-compiled (``statistics.compute``).
+        ``statistics.half_sums``: ``(half, rare, known)``. ``compiled``: the
+        step is XLA-compiled (``statistics.compute``).
         """
         if self.every_n_steps == 1:
             return statistics.compute(gradients, self.rows, weights=self.own_weights, onset=False, compiled=compiled)
@@ -124,7 +124,7 @@ class Recording:
         make every step's updates wait for the whole backward pass: on the
         benchmark's MLP that cost more than the second cond (docs/benchmarks.md).
         """
-        half, rare = measured
+        half, rare, known = measured
         due = tf.equal(step % self.every_n_steps, 0)
         weights = self._weight_norms(step, due=due)
         held = self.window.hold(half, step)
@@ -141,7 +141,8 @@ class Recording:
 
         def write_window():
             with writer.as_default():
-                full = statistics.compute(gradients, self.rows, weights=False)
+                # The values and sums of squares half_sums took are reused: one pass fewer over each gradient.
+                full = statistics.compute(gradients, self.rows, weights=False, known=known)
                 return self.flush_window(step, weights, full, extra)
 
         def act():

@@ -57,21 +57,28 @@ def half_in_band(half_sumsq):
     return (half_sumsq <= _SUMSQ_HIGH / 2) & ((half_sumsq >= _SUMSQ_LOW / 2) | tf.equal(half_sumsq, 0.0))
 
 
-def graph_partials(gradient, variable, unit_axes, full=True):
+def graph_partials(gradient, variable, unit_axes, full=True, known=None):
     """One gradient's dense values, half its sum of squares and (when full) per-unit max |g| and half its nonzero count.
 
     Each is one op (two for the count) in the values' dtype: the casts to
     float64 and the rest are done once for all variables by ``gather``,
     since on a CPU every small op costs microseconds whatever its size, and a
     per-variable op is paid once per variable.
+
+    ``known``: the ``(values, half_sumsq)`` an earlier call with
+    ``full=False`` made of the same gradient in this step (a window's write
+    step: ``statistics.half_sums``), which are not made again.
     """
     shape = [int(d) for d in variable.shape]
-    values = _dense_values(gradient, shape, unit_axes)
     # These passes are the writer's whole per-step cost, so each is the
     # cheapest exact form TensorFlow has: l2_loss is one fused kernel (no
     # squared temporary), the per-unit max |g| is one reduction of an abs
     # (units.peaks), and the nonzero count is the cheap exact form of _half_nonzero.
-    half_sumsq = tf.nn.l2_loss(values)
+    if known is None:
+        values = _dense_values(gradient, shape, unit_axes)
+        half_sumsq = tf.nn.l2_loss(values)
+    else:
+        values, half_sumsq = known
     if not full:
         return values, half_sumsq, None, None
     peak = units.peaks(values, int(np.prod(shape[len(shape) - unit_axes :])))

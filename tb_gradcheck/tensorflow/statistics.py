@@ -29,7 +29,7 @@ WINDOW_COLUMNS = ("grad_norm", "grad_nonfinite", "grad_norm_finite")
 _WEIGHT_NORM = _COL["weight_norm"]
 
 
-def compute(gradients, rows, weights=True, onset=True, compiled=False):
+def compute(gradients, rows, weights=True, onset=True, compiled=False, known=None):
     """Computes one step's statistics.
 
     Args:
@@ -46,6 +46,9 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
         are the same; they are computed with no cond
         (``reductions.compiled_columns``) and with the sums that are cheap there
         (``tb_gradcheck.tensorflow.full_sums``).
+      known: None, or what ``half_sums`` gave for these gradients in this
+        step (its third item): their dense values and sums of squares are
+        reused, not made again (a window's write step; not compiled).
 
     Returns:
       ``(layer_stats, variable_stats)``: float32 tensors of shape
@@ -62,7 +65,10 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False):
         if compiled:
             columns = reductions.compiled_columns(gradients, where, rows)
         else:
-            parts = [reductions.graph_partials(gradients[i], variables[i], rows.unit_axes[i]) for i in where]
+            known = known or [None] * n_var
+            parts = [
+                reductions.graph_partials(gradients[i], variables[i], rows.unit_axes[i], known=known[i]) for i in where
+            ]
             columns = reductions.gather(parts, where, rows)
         norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v, dead_l = columns
         norm_v, max_abs_v, zeros_v, nonfinite_v, dead_v = _spread(
@@ -138,27 +144,30 @@ def half_sums(gradients, rows):
       rows: As for ``compute``.
 
     Returns:
-      ``(half, rare)``: float64 ``[V]``, each gradient's half sum of squares
-      (-1 where it has none), and a bool scalar, true when one of them is
+      ``(half, rare, known)``: float64 ``[V]``, each gradient's half sum of
+      squares (-1 where it has none); a bool scalar, true when one of them is
       non-finite or outside the band where its square root is the exact norm
-      (``reductions.half_in_band``). A step that is not rare has no non-finite
-      element, and ``held_columns`` gives its ``quick`` columns from ``half``
-      alone; a rare one takes ``quick``, which looks at the values again.
+      (``reductions.half_in_band``); and per variable the ``(values,
+      half_sumsq)`` those came from (None where it has no gradient), for
+      ``compute(known=...)`` at the write step. A step that is not rare has
+      no non-finite element, and ``held_columns`` gives its ``quick`` columns
+      from ``half`` alone; a rare one takes ``quick``, which looks at the
+      values again.
     """
     n_var = len(rows.variables)
     where = [i for i, g in enumerate(gradients) if g is not None]
+    known = [None] * n_var
     if not where:
-        return tf.fill([n_var], tf.constant(MISSING, tf.float64)), tf.constant(False)
-    half = units.joined64(
-        [reductions.graph_partials(gradients[i], rows.variables[i], rows.unit_axes[i], full=False)[1] for i in where],
-        tf.stack,
-    )
+        return tf.fill([n_var], tf.constant(MISSING, tf.float64)), tf.constant(False), known
+    for i in where:
+        known[i] = reductions.graph_partials(gradients[i], rows.variables[i], rows.unit_axes[i], full=False)[:2]
+    half = units.joined64([known[i][1] for i in where], tf.stack)
     rare = tf.logical_not(tf.reduce_all(reductions.half_in_band(half)))
     if len(where) < n_var:
         half = tf.tensor_scatter_nd_update(
             tf.fill([n_var], tf.constant(MISSING, tf.float64)), [[i] for i in where], half
         )
-    return half, rare
+    return half, rare, known
 
 
 def held_columns(half, rows):
