@@ -20,8 +20,11 @@ OTHER_OPS_BETWEEN_WRITES = 48
 CONDS = ("If", "StatelessIf")
 
 
-def _step_graph(n_layers, writer):
-    """The top-level graph of a traced training step of an MLP, with ``writer.write`` or without a writer."""
+def _step_graph(n_layers, writer, bracketed=False):
+    """The top-level graph of a traced training step of an MLP, with ``writer.write`` or without a writer.
+
+    ``bracketed``: the update in ``writer.applying`` and its bracket given to ``write`` after it.
+    """
     keras = tf.keras
     model = keras.Sequential([keras.Input((8,))] + [keras.layers.Dense(8, activation="relu") for _ in range(n_layers)])
     variables = model.trainable_variables
@@ -35,6 +38,12 @@ def _step_graph(n_layers, writer):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(model(x, training=True) ** 2)
         grads = tape.gradient(loss, variables)
+        if bracketed:
+            with writer.applying(variables, step) as update:
+                optimizer.apply_gradients(zip(grads, variables))
+            writer.write(grads, variables, step, update=update)
+            step.assign_add(1)
+            return
         if writer is not None:
             writer.write(grads, variables, step)
         optimizer.apply_gradients(zip(grads, variables))
@@ -66,6 +75,23 @@ def test_a_window_step_between_writes_adds_one_cond_and_a_fixed_number_of_ops(tm
     # does nothing (a constant and its output).
     library = {f.signature.name: f for f in graph.as_graph_def().library.function}
     assert len(library[on_gradients[0].get_attr("else_branch").name].node_def) <= 2
+
+
+def test_an_update_bracket_adds_no_cond_between_the_update_and_the_writers(tmp_path):
+    """With ``applying``, a step between writes runs the snapshot's cond, at its start, and the writer's.
+
+    The update is measured inside the writer's write branch: a cond of the
+    bracket's own after the update would sit between the last update and
+    the writer's cond at every step (optimizer.py, "Cost").
+    """
+    with GradientWriter(tmp_path, every_n_steps=10) as writer:
+        n_variables, graph = _step_graph(6, writer, bracketed=True)
+    conds = [op for op in graph.get_operations() if op.type in CONDS]
+    on_gradients = [op for op in conds if "L2Loss" in _ancestor_types(op)]
+    assert len(conds) == 2 and len(on_gradients) == 1, [op.name for op in conds]
+    (snapshot,) = set(conds) - set(on_gradients)
+    assert not {"L2Loss", "AssignSubVariableOp", "ResourceApplyGradientDescent"} & _ancestor_types(snapshot)
+    assert sum(op.type == "L2Loss" for op in graph.get_operations()) == n_variables
 
 
 def _ancestor_types(op):
