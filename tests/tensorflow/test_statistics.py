@@ -72,14 +72,18 @@ def _dense(g, v):
 
 # Where the statistics run: eagerly, in a tf.function, and compiled with XLA
 # (statistics.compute(compiled=True): its own forms, with no cond).
-MODES = [False, True, "xla"]
-MODE_IDS = ["eager", "tf_function", "xla"]
+# "window": a window's write step, which reuses the values and sums of squares half_sums took (known=...).
+MODES = [False, True, "xla", "window"]
+MODE_IDS = ["eager", "tf_function", "xla", "window_write_step"]
 
 
 def compute(gradients, variables, graph):
     rows = Rows(variables)
     if graph == "xla":
         fn = tf.function(lambda gs: statistics.compute(gs, rows, compiled=True), jit_compile=True)
+        layer, variable = fn(gradients)
+    elif graph == "window":
+        fn = tf.function(lambda gs: statistics.compute(gs, rows, known=statistics.half_sums(gs, rows)[2]))
         layer, variable = fn(gradients)
     elif graph:
         fn = tf.function(lambda gs: statistics.compute(gs, rows))
@@ -125,7 +129,7 @@ def test_stats_match_numpy_on_real_model_gradients(model, graph):
     np.testing.assert_allclose(variable, reference(grads, variables, [[i] for i in range(5)]), rtol=RTOL)
 
 
-@pytest.mark.parametrize("graph", [True, "xla"], ids=["tf_function", "xla"])
+@pytest.mark.parametrize("graph", [True, "xla", "window"], ids=["tf_function", "xla", "window_write_step"])
 def test_indexed_slices_with_repeated_indices_equal_their_dense_sum(graph):
     v = tf.Variable(np.ones((6, 3), np.float32), name="table")
     values = tf.constant([[1.0, 0.0, -2.0], [3.0, 0.0, 2.0], [-1.0, 0.5, 2.0]])
@@ -215,7 +219,7 @@ def test_layer_norm_of_huge_variable_norms_does_not_overflow(graph):
     assert layer[0, COL["grad_norm"]] == pytest.approx(5e30, rel=RTOL)
 
 
-@pytest.mark.parametrize("graph", [True, "xla"], ids=["tf_function", "xla"])
+@pytest.mark.parametrize("graph", [True, "xla", "window"], ids=["tf_function", "xla", "window_write_step"])
 def test_half_precision_and_float64(graph):
     a = tf.Variable(np.ones(3, np.float16), name="a")
     b = tf.Variable(np.ones(2, np.float64), name="b")

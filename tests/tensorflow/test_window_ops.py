@@ -77,6 +77,22 @@ def test_a_window_step_between_writes_adds_one_cond_and_a_fixed_number_of_ops(tm
     assert len(library[on_gradients[0].get_attr("else_branch").name].node_def) <= 2
 
 
+def test_a_window_write_step_does_not_take_the_gradients_norms_again(tmp_path):
+    """The write branch reuses the ``l2_loss`` each gradient had at the top level (``statistics.half_sums``).
+
+    Its only ``L2Loss`` ops are the zero counts' (of a ``Sign``); a second
+    norm per gradient there was a pass over every gradient at each write.
+    """
+    with GradientWriter(tmp_path, every_n_steps=10) as writer:
+        n_variables, graph = _step_graph(6, writer)
+    library = graph.as_graph_def().library.function
+    (write,) = [f for f in library if any(n.op == "WriteSummary" for n in f.node_def)]
+    producers = {n.name: n.op for n in write.node_def}
+    norms = [n for n in write.node_def if n.op == "L2Loss"]
+    assert len(norms) == n_variables  # the zero counts, one per gradient
+    assert all(producers.get(n.input[0].split(":")[0]) == "Sign" for n in norms), [n.input[0] for n in norms]
+
+
 def test_an_update_bracket_adds_no_cond_between_the_update_and_the_writers(tmp_path):
     """With ``applying``, a step between writes runs the snapshot's cond, at its start, and the writer's.
 
