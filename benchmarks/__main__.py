@@ -18,6 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MODULES = (
     "writer",
     "writer_mlp",
+    "writer_parts",
     "torch",
     "torch_models",
     "check_cost",
@@ -34,8 +35,8 @@ MODULES = (
     "jax_models",
     "jax_check",
 )
-# Parts of another module, run only when named (a whole run has them already).
-SUBSETS = ("writer_mlp",)
+# Run only when named: parts of another module (a whole run has them already), or a breakdown of one.
+SUBSETS = ("writer_mlp", "writer_parts")
 # Benchmarks whose module is named otherwise (benchmarks/torch.py or jax.py would read as the framework itself).
 MODULE_FILES = {"torch": "torch_writer", "jax": "jax_writer"}
 
