@@ -136,7 +136,10 @@ class Recorder:
         self._handles = []
         self._constants = {}  # (device, host numbers) -> their device tensor, made once
         self.clear()
-        owners = {modules.owner_path(n) for n, p in model.named_parameters() if p.requires_grad}
+        # Every module that holds a parameter: a tied one's row is its holder that runs first (``modules``),
+        # known at the first write; the other holders' hooks are removed then (``at_write``).
+        owners = {modules.owner_path(n) for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+        self._row_hooks = {}  # module path -> its row hook, until the rows are known
         # A row module followed by an activation module in an nn.Sequential: its hook measures the activation
         # from its own output (the pre-activation), and the activation module needs no hook of its own (each
         # hook costs every forward call a few microseconds, written step or not).
@@ -152,7 +155,9 @@ class Recorder:
         for path, module in model.named_modules():
             if path in owners:
                 axis = 1 if isinstance(module, _CHANNELS_FIRST) else -1
-                self._handles.append(module.register_forward_hook(self._row_hook(path, axis, after.get(path))))
+                handle = module.register_forward_hook(self._row_hook(path, axis, after.get(path)))
+                self._handles.append(handle)
+                self._row_hooks[path] = handle
             elif isinstance(module, _RELUS + _SQUASHES) and id(module) not in claimed:
                 self._handles.append(module.register_forward_hook(self._follower_hook(_kind(module))))
 
@@ -230,6 +235,14 @@ class Recorder:
           rows: The writer's ``modules.Parameters``.
           device: Where the sums go (the step's other statistics').
         """
+        if self._row_hooks:
+            # The rows are known now: a holder of tied parameters that is not their row (a tied LM head) would
+            # reduce its output at every recorded step for nothing.
+            layers = set(rows.structure.layer_names)
+            for path, handle in self._row_hooks.items():
+                if path not in layers:
+                    handle.remove()
+            self._row_hooks = {}
         taken = {"act": self.take(rows.structure.layer_names, device)} if due else {}
         self.clear()
         # Decided before the next forward pass, whose hooks only check this flag.
