@@ -138,7 +138,8 @@ class GradientWriter:
           params: The parameters after the last step (the pytree the
             monitor was initialised with), or None. Given, the partial
             window's ``weight_norm`` is theirs, as the TensorFlow and PyTorch
-            writers store it; else MISSING.
+            writers store it; else MISSING (with a warning when ``params``
+            are another pytree's).
         """
         if self._log.closed:
             return
@@ -148,6 +149,14 @@ class GradientWriter:
                 for state in find_states(tree):
                     if step % state.layout.every_n_steps:
                         weights = None if leaves is None else _row_norms(state.layout, leaves)
+                        if leaves is not None and weights is None:
+                            warnings.warn(
+                                "tb_gradcheck: the last window's weight_norm is MISSING: `close(params)` was given "
+                                f"a pytree of {len(leaves)} leaves, not the {len(set(state.layout.order))} the "
+                                "monitor was initialised with (a monitor inside optax.masked or multi_transform "
+                                "sees only its part of the model).",
+                                stacklevel=2,
+                            )
                         self._write_partial(state.layout, state, step, weights)
         finally:
             self._latest.clear()

@@ -515,3 +515,21 @@ def test_close_with_the_params_gives_each_slice_of_a_stack_its_weight_norm_in_th
     assert step_ == 3
     got = window[metadata.AGGREGATES.index("last"), :, COL["weight_norm"]]
     np.testing.assert_allclose(got, [np.linalg.norm(w.ravel()) for w in expected], rtol=RTOL)
+
+
+def test_close_with_params_the_monitor_does_not_see_warns_that_the_weight_norm_is_missing(tmp_path):
+    """A monitor inside optax.masked sees part of the model: the whole model's params cannot give its rows' norms."""
+    params = scanned_params()
+    x, y = data()
+    trained = {"params": {"Dense_0": True, "ScanBlock_0": False, "Dense_1": False}}
+    tx = optax.masked(tj.monitor(optax.adam(1e-2), every_n_steps=2), trained)
+    opt_state = tx.init(params)
+    grads = jax.grad(lambda p: jnp.mean((Scanned().apply(p, x) - y) ** 2))(params)
+    writer = tj.GradientWriter(tmp_path)
+    for s in range(2):  # 0 written, 1 the partial window at close
+        _, opt_state = tx.update(grads, opt_state, params)
+        writer.write(opt_state, s)
+    with pytest.warns(UserWarning, match=r"weight_norm is MISSING: `close\(params\)` was given a pytree of 6 leaves"):
+        writer.close(params)
+    step, window, _ = read_events(tmp_path, granularity="variable")[-1]
+    assert step == 1 and np.all(window[metadata.AGGREGATES.index("last"), :, COL["weight_norm"]] == -1)
