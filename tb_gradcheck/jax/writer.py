@@ -138,7 +138,8 @@ class GradientWriter:
           params: The parameters after the last step (the pytree the
             monitor was initialised with), or None. Given, the partial
             window's ``weight_norm`` is theirs, as the TensorFlow and PyTorch
-            writers store it; else MISSING.
+            writers store it; else MISSING (with a warning when ``params``
+            are another pytree's).
         """
         if self._log.closed:
             return
@@ -147,9 +148,15 @@ class GradientWriter:
             for tree, step in list(self._latest.values()):
                 for state in find_states(tree):
                     if step % state.layout.every_n_steps:
-                        weights = None
-                        if leaves is not None and len(leaves) == len(state.layout.order):
-                            weights = np.array([_norm64(leaves[i]) for i in state.layout.order])
+                        weights = None if leaves is None else _row_norms(state.layout, leaves)
+                        if leaves is not None and weights is None:
+                            warnings.warn(
+                                "tb_gradcheck: the last window's weight_norm is MISSING: `close(params)` was given "
+                                f"a pytree of {len(leaves)} leaves, not the {len(set(state.layout.order))} the "
+                                "monitor was initialised with (a monitor inside optax.masked or multi_transform "
+                                "sees only its part of the model).",
+                                stacklevel=2,
+                            )
                         self._write_partial(state.layout, state, step, weights)
         finally:
             self._latest.clear()
@@ -292,9 +299,26 @@ def _both(per_variable, s):
     return np.concatenate([rowstats.combine_norms(per_variable, s), per_variable])
 
 
-def _norm64(x):
-    """The L2 norm of an array, on the host in float64 (no under- or overflow of float32 squares)."""
-    return float(np.linalg.norm(np.asarray(jax.device_get(x), np.float64).ravel()))
+def _row_norms(lay, leaves):
+    """Per row of ``lay``, the float64 norm of its part of ``leaves`` (a stacked leaf's slice), or None.
+
+    None (the partial window's ``weight_norm`` MISSING) when ``leaves`` are
+    not the monitored pytree's: another count of leaves, or a row's shape
+    that is not its leaf's. A leaf stacked for ``lax.scan`` is several rows
+    (``layout.stacks``): each row's norm is its own slice's, as at a written step.
+    """
+    if len(leaves) != len(set(lay.order)):
+        return None
+    stacks = lay.stacks or ((),) * len(lay.order)
+    slices = lay.slices or (0,) * len(lay.order)
+    norms = []
+    for leaf, dims, flat, shape in zip(lay.order, stacks, slices, lay.shapes):
+        value = np.asarray(jax.device_get(leaves[leaf]), np.float64)
+        if tuple(value.shape) != tuple(dims) + tuple(shape):
+            return None
+        # The stacked axes flattened in row-major order: ``flat`` is the slice's index there (``stacks.expand``).
+        norms.append(float(np.linalg.norm(value.reshape((-1, *shape))[flat].ravel())))
+    return np.array(norms)
 
 
 def _step(value):

@@ -45,6 +45,8 @@ inside the autograd engine: ``torch._C._current_graph_task_id() != -1``), so
 a checkpointed layer counts once.
 """
 
+import warnings
+
 import torch
 
 from tb_gradcheck.core import metadata
@@ -133,10 +135,16 @@ class Recorder:
 
     def __init__(self, model):
         self.armed = True  # the first step's number is not known yet: record it
+        self.ran = False  # whether a row hook was called since the last write, armed
+        self._hooked = True  # whether a row module has a hook (known at the first write)
+        self._warned = False
         self._handles = []
         self._constants = {}  # (device, host numbers) -> their device tensor, made once
         self.clear()
-        owners = {modules.owner_path(n) for n, p in model.named_parameters() if p.requires_grad}
+        # Every module that holds a parameter: a tied one's row is its holder that runs first (``modules``),
+        # known at the first write; the other holders' hooks are removed then (``at_write``).
+        owners = {modules.owner_path(n) for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+        self._row_hooks = {}  # module path -> its row hook, until the rows are known
         # A row module followed by an activation module in an nn.Sequential: its hook measures the activation
         # from its own output (the pre-activation), and the activation module needs no hook of its own (each
         # hook costs every forward call a few microseconds, written step or not).
@@ -152,13 +160,18 @@ class Recorder:
         for path, module in model.named_modules():
             if path in owners:
                 axis = 1 if isinstance(module, _CHANNELS_FIRST) else -1
-                self._handles.append(module.register_forward_hook(self._row_hook(path, axis, after.get(path))))
+                handle = module.register_forward_hook(self._row_hook(path, axis, after.get(path)))
+                self._handles.append(handle)
+                self._row_hooks[path] = handle
             elif isinstance(module, _RELUS + _SQUASHES) and id(module) not in claimed:
                 self._handles.append(module.register_forward_hook(self._follower_hook(_kind(module))))
 
     def _row_hook(self, path, axis, follower):
         def hook(module, args, output):
-            if not self.armed or not module.training or _in_backward():
+            if not self.armed:
+                return
+            self.ran = True  # this step's forward ran the hooks (``at_write`` warns of a graph that skips them)
+            if not module.training or _in_backward():
                 return
             out = _first_tensor(output)
             if out is None or not (out.is_floating_point() or out.is_complex()) or out.numel() == 0:
@@ -230,6 +243,25 @@ class Recorder:
           rows: The writer's ``modules.Parameters``.
           device: Where the sums go (the step's other statistics').
         """
+        if self._row_hooks:
+            # The rows are known now: a holder of tied parameters that is not their row (a tied LM head) would
+            # reduce its output at every recorded step for nothing.
+            layers = set(rows.structure.layer_names)
+            for path, handle in self._row_hooks.items():
+                if path not in layers:
+                    handle.remove()
+            self._hooked = bool(layers & set(self._row_hooks))
+            self._row_hooks = {}
+        if due and self.armed and self._hooked and not self.ran and not self._warned:
+            self._warned = True
+            warnings.warn(
+                "tb_gradcheck: activations=True, but no layer's forward hook ran in this step's forward pass, so "
+                "its act_* columns are MISSING. A graph torch.compile made before this writer added its hooks "
+                "runs none of them: compiled from this model, or from another instance of its class earlier in "
+                "this process (dynamo does not guard on hooks: torch._dynamo.config.skip_nnmodule_hook_guards). "
+                "Make the writer before the first compiled call, or call torch._dynamo.reset() before making it.",
+                stacklevel=4,
+            )
         taken = {"act": self.take(rows.structure.layer_names, device)} if due else {}
         self.clear()
         # Decided before the next forward pass, whose hooks only check this flag.
@@ -308,6 +340,7 @@ class Recorder:
         """Drops what was recorded (a recorded step that was not written)."""
         self._norms, self._extremes, self._nonfinite, self._calls = [], [], [], []
         self._alive, self._saturated, self._last = {}, [], None
+        self.ran = False
 
     def remove(self):
         """Removes the hooks (the writer's ``close``)."""

@@ -20,6 +20,15 @@ recording inside a traced graph makes it recompile too); a compiled model's
 layers are then in the order the modules are registered
 (``named_parameters``), which is the forward order of most models.
 
+Tied parameters. A parameter that several modules hold (an LM head tied to
+its embedding; T5's ``shared`` table, which its encoder and decoder call as
+``embed_tokens``) is one row, under the holder that runs first: the layer
+its gradient's first use belongs to, and the module whose output is that
+row's activation. PyTorch's own name (``named_parameters``, the first holder
+registered) may be a module that never runs (``shared``), which would put
+the row last and leave its activation MISSING. Compiled, where no order is
+recorded, the row is the first holder registered.
+
 Units (``dead_unit_fraction``). A unit is one output of a layer: the
 parameters that only it uses. PyTorch stores outputs first, so:
 
@@ -210,8 +219,8 @@ def parameters(model, order=None):
       A ``Parameters``.
     """
     model = unwrap(model)
-    found = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     order = order or {}
+    found = [(n, p) for n, p in _first_run_names(model, order) if p.requires_grad]
     owners = [owner_path(n) for n, _ in found]
     first = {}
     for i, owner in enumerate(owners):
@@ -247,6 +256,24 @@ def parameters(model, order=None):
             module_classes=classes,
         ),
     )
+
+
+def holders(model):
+    """``{id(parameter): [its names]}``: every module path that holds it, in registration order."""
+    names = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return names
+
+
+def _first_run_names(model, order):
+    """``named_parameters``, each tied parameter named by its holder that ran first (``order``), if any ran."""
+    tied = holders(model)
+    out = []
+    for name, p in model.named_parameters():
+        ran = [n for n in tied[id(p)] if owner_path(n) in order]
+        out.append((min(ran, key=lambda n: order[owner_path(n)]) if ran else name, p))
+    return out
 
 
 def global_shape(param):

@@ -486,3 +486,50 @@ def test_a_stack_sharded_over_four_devices_on_its_layer_axis_or_its_units_writes
             for (_, x, _), (_, y, _) in zip(a, b):
                 # The same global arrays reduced in another order: float32 rounding only.
                 np.testing.assert_allclose(x, y, rtol=RTOL, atol=1e-7, err_msg=run)
+
+
+def test_close_with_the_params_gives_each_slice_of_a_stack_its_weight_norm_in_the_partial_window(tmp_path):
+    """The window under way at close: ``close(params)`` gives every row its weight norm, a stacked slice its own."""
+    params = scanned_params()
+    x, y = data()
+    tx = tj.monitor(optax.adam(1e-2), every_n_steps=2, order=tj.depth_order(Scanned().apply, params, x))
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state):
+        grads = jax.grad(lambda p: jnp.mean((Scanned().apply(p, x) - y) ** 2))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    writer = tj.GradientWriter(tmp_path)
+    for s in range(4):  # written at 0 and 2; 3 is the partial window at close
+        params, opt_state = step(params, opt_state)
+        writer.write(opt_state, s)
+    writer.close(params)
+    unrolled = by_name(unrolled_params(params))
+    inner = ["kernel", "bias"]
+    expected = [unrolled["inp/kernel"], unrolled["inp/bias"]]
+    expected += [unrolled[f"layer_{i}/Dense_0/{k}"] for i in range(DEPTH) for k in inner]
+    expected += [unrolled["out/kernel"], unrolled["out/bias"]]
+    step_, window, _ = read_events(tmp_path, granularity="variable")[-1]
+    assert step_ == 3
+    got = window[metadata.AGGREGATES.index("last"), :, COL["weight_norm"]]
+    np.testing.assert_allclose(got, [np.linalg.norm(w.ravel()) for w in expected], rtol=RTOL)
+
+
+def test_close_with_params_the_monitor_does_not_see_warns_that_the_weight_norm_is_missing(tmp_path):
+    """A monitor inside optax.masked sees part of the model: the whole model's params cannot give its rows' norms."""
+    params = scanned_params()
+    x, y = data()
+    trained = {"params": {"Dense_0": True, "ScanBlock_0": False, "Dense_1": False}}
+    tx = optax.masked(tj.monitor(optax.adam(1e-2), every_n_steps=2), trained)
+    opt_state = tx.init(params)
+    grads = jax.grad(lambda p: jnp.mean((Scanned().apply(p, x) - y) ** 2))(params)
+    writer = tj.GradientWriter(tmp_path)
+    for s in range(2):  # 0 written, 1 the partial window at close
+        _, opt_state = tx.update(grads, opt_state, params)
+        writer.write(opt_state, s)
+    with pytest.warns(UserWarning, match=r"weight_norm is MISSING: `close\(params\)` was given a pytree of 6 leaves"):
+        writer.close(params)
+    step, window, _ = read_events(tmp_path, granularity="variable")[-1]
+    assert step == 1 and np.all(window[metadata.AGGREGATES.index("last"), :, COL["weight_norm"]] == -1)

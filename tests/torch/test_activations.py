@@ -7,6 +7,8 @@ every step, and computes each activation column from its definition
 with TensorBoard's own event file loader (``conftest.read_events``).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -292,3 +294,47 @@ def test_a_compiled_model_records_what_the_eager_one_does(tmp_path):
             for c in ACT:
                 np.testing.assert_allclose(compiled[step][path][c], want[c], rtol=RTOL, err_msg=f"{step} {path} {c}")
         assert eager[step]["2"]["act_saturated_fraction"] > 0 and eager[step]["0"]["act_dead_fraction"] >= 0
+
+
+class _Cached(nn.Module):
+    """A class of its own: no other test compiles it, so the graphs this test sees are its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.out = nn.Linear(6, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.inp(x)))
+
+
+def test_a_graph_compiled_before_the_hooks_skips_them_and_the_writer_says_so(tmp_path):
+    """Dynamo reuses a graph compiled for another instance of the class without guarding on hooks.
+
+    The new model's hooks then never run and every act_* column is MISSING:
+    the writer warns at the written step, and after ``torch._dynamo.reset()``
+    the same run records them, without a word.
+    """
+    x = torch.randn(12, 6, generator=torch.Generator().manual_seed(1))
+
+    def run(where):
+        torch.manual_seed(0)
+        model = _Cached()
+        with GradientWriter(where, model, activations=True) as writer:
+            torch.compile(model)(x).square().mean().backward()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                writer.write(0)
+        stored = _stored(where)[0][0]
+        return [str(w.message) for w in caught], [stored[p]["act_rms"] for p in ("inp", "out")]
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(_Cached())(x).square().mean().backward()  # compiled before any writer: no hooks
+        caught, rms = run(tmp_path / "stale")
+        assert rms == [-1.0, -1.0]  # the premise: the reused graph ran no hook
+        assert len(caught) == 1 and "no layer's forward hook ran" in caught[0] and "_dynamo.reset()" in caught[0]
+        torch._dynamo.reset()
+        caught, rms = run(tmp_path / "fresh")
+        assert caught == [] and all(r > 0 for r in rms)
+    finally:
+        torch._dynamo.reset()  # leave no graph of this test's to the next

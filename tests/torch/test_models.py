@@ -96,3 +96,40 @@ def test_bert_classifier_rows_and_norms_match_the_gradients(tmp_path):
     for layer in ("bert.encoder.layer.1.attention.self.query", "bert.pooler.dense", "classifier"):
         want = np.sqrt(sum(float((g**2).sum()) for n, g in grads.items() if n.rsplit(".", 1)[0] == layer))
         np.testing.assert_allclose(rows[layer]["grad_norm"], want, rtol=1e-5)
+
+
+def test_t5_shared_table_is_a_row_under_the_embedding_that_runs_first_with_its_activation(tmp_path):
+    """T5 ties ``shared`` (never called) to ``encoder/decoder.embed_tokens`` and ``lm_head``: one row, the encoder's.
+
+    Under PyTorch's own name (``shared``) the row would sort last, after
+    every module that ran, and its activation would be MISSING.
+    """
+    from tb_gradcheck.torch import GradientWriter
+
+    config = transformers.T5Config(
+        vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2, decoder_start_token_id=0
+    )
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(config)
+    model.train()
+    # The premise: one table, four holders, the first registered never called.
+    assert model.shared.weight is model.encoder.embed_tokens.weight is model.lm_head.weight
+    batch = _batch()
+    batch["labels"] = batch["labels"][:, :5].contiguous()
+    embedded = []
+    model.encoder.embed_tokens.register_forward_hook(lambda m, a, out: embedded.append(out.detach().double()))
+    writer = GradientWriter(str(tmp_path), model, activations=True)
+    torch.manual_seed(1)
+    model(**batch).loss.backward()
+    grad = model.shared.weight.grad.detach().double()
+    writer.write(0)
+    writer.close()
+    _, rows, _ = _rows(tmp_path, "layer")
+    names = list(rows)
+    assert names[0] == "encoder.embed_tokens"
+    assert not {"shared", "decoder.embed_tokens", "lm_head"} & set(names)
+    _, variables, _ = _rows(tmp_path, "variable")
+    np.testing.assert_allclose(variables["encoder.embed_tokens.weight"]["grad_norm"], grad.norm().item(), rtol=1e-5)
+    (out,) = embedded  # the encoder's call only: the decoder's and the head's are other rows' business
+    np.testing.assert_allclose(rows["encoder.embed_tokens"]["act_rms"], out.pow(2).mean().sqrt().item(), rtol=1e-5)
+    np.testing.assert_allclose(rows["encoder.embed_tokens"]["act_max_abs"], out.abs().max().item(), rtol=1e-5)
