@@ -39,7 +39,10 @@ def unit_axes(model):
             continue
         seen.add(id(layer))
         if isinstance(layer, depthwise):
-            kernel = getattr(layer, "depthwise_kernel", None) or getattr(layer, "kernel", None)
+            # `is None`, not `or`: a Keras Variable refuses to be a boolean (SeparableConv's depthwise_kernel).
+            kernel = getattr(layer, "depthwise_kernel", None)
+            if kernel is None:
+                kernel = getattr(layer, "kernel", None)
             if kernel is not None:
                 out[validate.variable_name(kernel)] = 2
         stack.extend(getattr(layer, "layers", None) or [])

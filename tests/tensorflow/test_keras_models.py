@@ -1,0 +1,85 @@
+"""Models and setups beyond the Dense ones: each once broke the TensorFlow side, held to independent references.
+
+Every fit trains on one fixed batch per step (``batch_size`` = the data), so
+the test takes the same gradient or forward itself, in float64 NumPy from a
+tape or a probe model at the weights the step starts from, and compares it
+with the rows read back by TensorBoard's event file loader
+(``conftest.read_events``).
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import read_events
+from conftest import stats_content
+from tb_gradcheck.keras import GradientCallback
+
+# A tape in the test and the fit's train step are both float32 over a few hundred elements; the stored values
+# are float32 (6e-8). 1e-5 relative is far above that rounding and far below any real difference (a missed
+# variable, a second call counted, a gradient of another step).
+RTOL = 1e-5
+
+
+class Before(keras.callbacks.Callback):
+    """Keeps the trainable weights before every training batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.weights.append([v.numpy() for v in self.model.trainable_variables])
+
+
+def tape_gradients(model, weights, x, y):
+    """The gradient of the compiled loss at ``weights`` on ``(x, y)``, float64."""
+    for v, w in zip(model.trainable_variables, weights):
+        v.assign(w)
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+    return [np.asarray(g, np.float64) for g in tape.gradient(loss, model.trainable_variables)]
+
+
+def test_separable_and_depthwise_convolutions_record_every_variable(tmp_path):
+    # SeparableConv2D's depthwise_kernel was tested for truth (`a or b`), which a Keras Variable refuses: the
+    # fit failed before its first step.
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 6, 6, 3)).astype(np.float32), rng.normal(size=(8, 1)).astype(np.float32)
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((6, 6, 3)),
+            keras.layers.SeparableConv2D(4, 3, depth_multiplier=2, activation="relu", name="sep"),
+            keras.layers.DepthwiseConv2D(2, activation="relu", name="depth"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(1, name="out"),
+        ]
+    )
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    before = Before()
+    model.fit(
+        x, y, batch_size=len(x), epochs=2, shuffle=False, verbose=0, callbacks=[before, GradientCallback(tmp_path)]
+    )
+
+    run = tmp_path / "train"
+    content = stats_content(run)
+    paths = [v.path for v in model.trainable_variables]
+    assert content["variable"]["rows"] == paths
+    columns = content["columns"]
+    stored = read_events(run, granularity="variable")
+    assert [s for s, _, _ in stored] == [1, 2]
+    for (_, value, _), weights in zip(stored, before.weights):
+        grads = tape_gradients(model, weights, x, y)
+        for column, want in (
+            ("grad_norm", [np.linalg.norm(g) for g in grads]),
+            ("grad_max_abs", [np.abs(g).max() for g in grads]),
+            ("grad_zero_fraction", [np.mean(g == 0) for g in grads]),
+        ):
+            np.testing.assert_allclose(value[0, :, columns.index(column)], want, rtol=RTOL, err_msg=column)
+        # A depthwise kernel's units are its (input channel, multiplier) pairs: its last two axes.
+        depthwise = grads[paths.index(model.get_layer("sep").depthwise_kernel.path)]
+        dead = np.all(depthwise.reshape(-1, depthwise.shape[2] * depthwise.shape[3]) == 0, axis=0).mean()
+        row = content["variable"]["rows"].index(model.get_layer("sep").depthwise_kernel.path)
+        assert value[0, row, columns.index("dead_unit_fraction")] == pytest.approx(dead)
