@@ -14,6 +14,9 @@ import tensorflow as tf
 
 from conftest import read_events
 from conftest import stats_content
+from reference_stats import activation_reference
+from tb_gradcheck.core import metadata
+from tb_gradcheck.core.rowstats import MISSING
 from tb_gradcheck.keras import GradientCallback
 
 # A tape in the test and the fit's train step are both float32 over a few hundred elements; the stored values
@@ -83,3 +86,50 @@ def test_separable_and_depthwise_convolutions_record_every_variable(tmp_path):
         dead = np.all(depthwise.reshape(-1, depthwise.shape[2] * depthwise.shape[3]) == 0, axis=0).mean()
         row = content["variable"]["rows"].index(model.get_layer("sep").depthwise_kernel.path)
         assert value[0, row, columns.index("dead_unit_fraction")] == pytest.approx(dead)
+
+
+def recurrent_model():
+    keras.utils.set_random_seed(2)
+    return keras.Sequential(
+        [
+            keras.Input((5, 3)),
+            keras.layers.LSTM(4, return_sequences=True, name="lstm"),
+            keras.layers.GRU(3, name="gru"),
+            keras.layers.Dense(1, name="out"),
+        ]
+    )
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["compiled", "eager"])
+def test_recurrent_cells_rows_take_their_rnn_layers_output(tmp_path, run_eagerly):
+    # The cells own the weights and run inside the RNN's while loop: a compiled step kept their outputs there
+    # and the write could not reach them (InaccessibleTensorError). Their rows take the RNN layer's output, in
+    # both modes; an LSTM's or GRU's output is not its `activation`'s, so no saturation is claimed for it.
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(8, 5, 3)).astype(np.float32), rng.normal(size=(8, 1)).astype(np.float32)
+    model = recurrent_model()
+    model.compile(keras.optimizers.SGD(0.05), "mse", run_eagerly=run_eagerly)
+    before = Before()
+    callback = GradientCallback(tmp_path, activations=True)
+    model.fit(x, y, batch_size=len(x), epochs=2, shuffle=False, verbose=0, callbacks=[before, callback])
+
+    run = tmp_path / "train"
+    content = stats_content(run)
+    rows, columns = content["layer"]["rows"], content["columns"]
+    names = ("lstm", "gru", "out")
+    assert rows == [model.get_layer(n).trainable_variables[0].path.rsplit("/", 1)[0] for n in names]
+    probe = keras.Model(model.inputs[0], [model.get_layer(n).output for n in names])
+    stored = read_events(run)
+    assert [s for s, _, _ in stored] == [1, 2]
+    for (_, value, _), weights in zip(stored, before.weights):
+        for v, w in zip(model.trainable_variables, weights):
+            v.assign(w)
+        outputs = probe(x, training=True)
+        for i, output in enumerate(outputs):
+            want = activation_reference(np.asarray(output, np.float64).ravel())
+            for column in metadata.ACTIVATION_STAT_COLUMNS:
+                got = value[0, i, columns.index(column)]
+                if want[column] == MISSING:
+                    assert got == MISSING, (rows[i], column)
+                else:
+                    np.testing.assert_allclose(got, want[column], rtol=RTOL, err_msg=f"{rows[i]} {column}")
