@@ -15,6 +15,7 @@ import tensorflow as tf
 from conftest import read_events
 from conftest import stats_content
 from reference_stats import activation_reference
+from tb_gradcheck import GradientWriter
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core.rowstats import MISSING
 from tb_gradcheck.keras import GradientCallback
@@ -133,3 +134,21 @@ def test_recurrent_cells_rows_take_their_rnn_layers_output(tmp_path, run_eagerly
                     assert got == MISSING, (rows[i], column)
                 else:
                     np.testing.assert_allclose(got, want[column], rtol=RTOL, err_msg=f"{rows[i]} {column}")
+
+
+def test_write_inside_an_xla_compiled_step_says_to_stash(tmp_path):
+    # XLA cannot compile summary ops: the step failed when it ran, with "Uninitialized arguments" on one of the
+    # writer's variables, naming neither the call nor the documented way (stash, then write_stashed).
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    writer = GradientWriter(tmp_path)
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x) ** 2)
+        writer.write(tape.gradient(loss, model.trainable_variables), model.trainable_variables, 1)
+
+    with pytest.raises(ValueError, match=r"outside tf.function\(jit_compile=True\).*stash"):
+        step(tf.ones((2, 3)))
+    writer.close()
