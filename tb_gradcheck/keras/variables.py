@@ -23,8 +23,11 @@ def owner(variable, name):
 def unit_axes(model):
     """``{variable path: 2}`` for the depthwise kernels of a Keras model (``tb_gradcheck.tensorflow.units`` says why).
 
-    Every other variable's units follow from its shape. Walks nested models
-    and layers through their ``layers`` attribute.
+    Every other variable's units follow from its shape. Walks every layer
+    the model tracks (Keras' ``_flatten_layers``, as ``activations.Taps``
+    does): a custom ``Layer``'s sub-layers and a wrapper's
+    (``TimeDistributed``, ``Bidirectional``) included, which a walk through
+    ``layers`` attributes misses.
     """
     depthwise = tuple(
         getattr(keras.layers, name)
@@ -32,12 +35,8 @@ def unit_axes(model):
         if hasattr(keras.layers, name)
     )
     out = {}
-    stack, seen = [model], set()
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
+    flatten = getattr(model, "_flatten_layers", None)
+    for layer in flatten(include_self=True) if callable(flatten) else [model]:
         if isinstance(layer, depthwise):
             # `is None`, not `or`: a Keras Variable refuses to be a boolean (SeparableConv's depthwise_kernel).
             kernel = getattr(layer, "depthwise_kernel", None)
@@ -45,5 +44,4 @@ def unit_axes(model):
                 kernel = getattr(layer, "kernel", None)
             if kernel is not None:
                 out[validate.variable_name(kernel)] = 2
-        stack.extend(getattr(layer, "layers", None) or [])
     return out

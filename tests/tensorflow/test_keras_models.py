@@ -152,3 +152,60 @@ def test_write_inside_an_xla_compiled_step_says_to_stash(tmp_path):
     with pytest.raises(ValueError, match=r"outside tf.function\(jit_compile=True\).*stash"):
         step(tf.ones((2, 3)))
     writer.close()
+
+
+class Block(keras.layers.Layer):
+    """A custom layer holding a depthwise convolution: not reachable through any ``layers`` attribute."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.depthwise = keras.layers.DepthwiseConv2D(3, name="depthwise")
+
+    def call(self, x):
+        return keras.ops.mean(self.depthwise(x), axis=(1, 2))
+
+
+class Subclassed(keras.Model):
+    """Nested sub-layers and a train step of its own, as users write them."""
+
+    def __init__(self):
+        super().__init__(name="subclassed")
+        self.block = Block(name="block")
+        self.out = keras.layers.Dense(1, name="out")
+
+    def call(self, x, training=False):
+        return self.out(self.block(x))
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        return {"loss": loss}
+
+
+def test_a_depthwise_kernel_inside_a_custom_layer_has_its_channels_as_units(tmp_path):
+    # The depthwise kernels were found by walking `layers` attributes, which a custom Layer does not have: a
+    # kernel inside one counted its last axis (the multiplier, here 1) as its units, so a channel whose
+    # gradient is all zero was not a dead unit.
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(8, 5, 5, 3)).astype(np.float32), rng.normal(size=(8, 1)).astype(np.float32)
+    x[..., 0] = 0.0  # input channel 0 is silent: its depthwise filter's gradient is exactly zero
+    keras.utils.set_random_seed(4)
+    model = Subclassed()
+    model(x[:1])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    before = Before()
+    model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, callbacks=[before, GradientCallback(tmp_path)])
+
+    run = tmp_path / "train"
+    content = stats_content(run)
+    paths = [v.path for v in model.trainable_variables]
+    assert content["variable"]["rows"] == paths
+    columns = content["columns"]
+    [(_, value, _)] = read_events(run, granularity="variable")
+    grads = tape_gradients(model, before.weights[0], x, y)
+    np.testing.assert_allclose(value[0, :, columns.index("grad_norm")], [np.linalg.norm(g) for g in grads], rtol=RTOL)
+    kernel = paths.index(model.block.depthwise.kernel.path)
+    assert not grads[kernel][..., 0, :].any() and grads[kernel][..., 1:, :].all()
+    assert value[0, kernel, columns.index("dead_unit_fraction")] == pytest.approx(1 / 3)
