@@ -38,7 +38,7 @@ the batch's statistics.
   applied inside the cell): MISSING, as for a row no ReLU/Tanh/Sigmoid follows.
   A layer called inside a loop or branch body (``tf.while_loop``,
   ``tf.map_fn``) is not counted in a compiled step: the write cannot reach
-  its output there.
+  its output there. A ``StackedRNNCells``' cells but the last: MISSING.
 
 Cost. ``call`` is replaced on the row layers' instances for the fit
 (``hooks.Hooks``, put back however it ends). A replaced ``call`` runs when
@@ -125,13 +125,17 @@ class Taps:
             for v in getattr(layer, "_trainable_variables", ()):
                 owners[id(v)] = layer
         # A recurrent cell runs once per timestep inside its RNN layer's loop, where a compiled step's tensors
-        # cannot be reached from the write: its row takes the RNN layer's output instead (the cell's output at
-        # every timestep with return_sequences=True, the last one without), eager or compiled alike.
+        # cannot be reached from the write (TensorFlow's backend also calls it once outside the loop, for the
+        # output's shape: timestep 0 alone). Its row takes the RNN layer's output instead (the cell's output at
+        # every timestep with return_sequences=True, the last one without), eager or compiled alike. Of a
+        # StackedRNNCells only the last cell's output leaves the loop: the others' rows are not tapped (MISSING).
         for layer in model._flatten_layers(include_self=True):
             if isinstance(layer, keras.layers.RNN):
-                for v in getattr(layer.cell, "_trainable_variables", ()):
-                    if owners.get(id(v)) is layer.cell:
-                        owners[id(v)] = layer
+                cells = list(getattr(layer.cell, "cells", None) or [layer.cell])
+                for cell in cells:
+                    for v in getattr(cell, "_trainable_variables", ()):
+                        if owners.get(id(v)) is cell:
+                            owners[id(v)] = layer if cell is cells[-1] else None
         # Per variable, the layer that owns it (None: a variable no layer holds itself).
         self.owner_of = [owners.get(id(v)) for v in variables]
         followers = {}
@@ -272,7 +276,7 @@ class Taps:
 def _reachable(tensor):
     """Whether the write, traced where this is called, can use ``tensor``: not made inside a loop or branch body.
 
-    A layer a user calls inside ``tf.while_loop`` or ``tf.map_fn`` (a ``StackedRNNCells``' cells) traces its
+    A layer a user calls inside ``tf.while_loop`` or ``tf.map_fn`` (a cell the user loops over) traces its
     output in the body's graph, which a later op cannot capture; such a call is not counted. Eager and
     torch tensors have no graph.
     """

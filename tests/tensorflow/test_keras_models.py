@@ -209,3 +209,32 @@ def test_a_depthwise_kernel_inside_a_custom_layer_has_its_channels_as_units(tmp_
     kernel = paths.index(model.block.depthwise.kernel.path)
     assert not grads[kernel][..., 0, :].any() and grads[kernel][..., 1:, :].all()
     assert value[0, kernel, columns.index("dead_unit_fraction")] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["compiled", "eager"])
+def test_stacked_cells_last_row_is_the_rnn_output_and_the_others_missing(tmp_path, run_eagerly):
+    # TensorFlow's RNN calls the cells once outside its loop (timestep 0, for the output's shape): the stacked
+    # cells' rows held that call alone in a compiled fit (timestep 0 and every step's in an eager one).
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(8, 5, 3)).astype(np.float32), rng.normal(size=(8, 1)).astype(np.float32)
+    keras.utils.set_random_seed(5)
+    cells = [keras.layers.LSTMCell(4, name="first"), keras.layers.GRUCell(3, name="last")]
+    rnn = keras.layers.RNN(keras.layers.StackedRNNCells(cells), return_sequences=True, name="rnn")
+    model = keras.Sequential([keras.Input((5, 3)), rnn, keras.layers.Flatten(), keras.layers.Dense(1, name="out")])
+    model.compile(keras.optimizers.SGD(0.05), "mse", run_eagerly=run_eagerly)
+    before = Before()
+    model.fit(
+        x, y, batch_size=len(x), epochs=1, verbose=0, callbacks=[before, GradientCallback(tmp_path, activations=True)]
+    )
+
+    run = tmp_path / "train"
+    content = stats_content(run)
+    rows, columns = content["layer"]["rows"], content["columns"]
+    [(_, value, _)] = read_events(run)
+    for v, w in zip(model.trainable_variables, before.weights[0]):
+        v.assign(w)
+    output = np.asarray(keras.Model(model.inputs[0], rnn.output)(x, training=True), np.float64)
+    rms = columns.index("act_rms")
+    first, last = (rows.index(cell.trainable_variables[0].path.rsplit("/", 1)[0]) for cell in cells)
+    assert (value[0, first, rms:] == MISSING).all()
+    np.testing.assert_allclose(value[0, last, rms], np.sqrt(np.mean(output**2)), rtol=RTOL)
