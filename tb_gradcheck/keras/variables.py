@@ -37,6 +37,8 @@ def unit_axes(model):
     out = {}
     flatten = getattr(model, "_flatten_layers", None)
     for layer in flatten(include_self=True) if callable(flatten) else [model]:
+        if isinstance(layer, keras.layers.EinsumDense):
+            out.update(_einsum_unit_axes(layer))
         if isinstance(layer, depthwise):
             # `is None`, not `or`: a Keras Variable refuses to be a boolean (SeparableConv's depthwise_kernel).
             kernel = getattr(layer, "depthwise_kernel", None)
@@ -44,4 +46,31 @@ def unit_axes(model):
                 kernel = getattr(layer, "kernel", None)
             if kernel is not None:
                 out[validate.variable_name(kernel)] = 2
+    return out
+
+
+def _einsum_unit_axes(layer):
+    """An ``EinsumDense``'s variables whose units span several axes: ``{path: axes}``.
+
+    Its outputs are every output axis its kernel carries, not the last one
+    alone: a ``MultiHeadAttention`` query projection ``abc,cde->abde`` has a
+    kernel ``[dim, heads, key_dim]`` and a bias ``[heads, key_dim]``, whose
+    units are the ``heads * key_dim`` (head, dimension) pairs. The kernel's
+    unit axes are its trailing letters found in the output; the bias holds
+    output axes only.
+    """
+    out = {}
+    inputs, output = layer.equation.split("->")
+    kernel = getattr(layer, "_kernel", None)
+    if kernel is not None and "," in inputs:
+        axes = 0
+        for letter in reversed(inputs.split(",")[1]):
+            if letter not in output:
+                break
+            axes += 1
+        if axes > 1:
+            out[validate.variable_name(kernel)] = axes
+    bias = getattr(layer, "bias", None)
+    if bias is not None and len(bias.shape) > 1:
+        out[validate.variable_name(bias)] = len(bias.shape)
     return out

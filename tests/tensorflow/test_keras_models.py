@@ -238,3 +238,37 @@ def test_stacked_cells_last_row_is_the_rnn_output_and_the_others_missing(tmp_pat
     first, last = (rows.index(cell.trainable_variables[0].path.rsplit("/", 1)[0]) for cell in cells)
     assert (value[0, first, rms:] == MISSING).all()
     np.testing.assert_allclose(value[0, last, rms], np.sqrt(np.mean(output**2)), rtol=RTOL)
+
+
+def test_attention_projections_count_each_head_dimension_as_a_unit(tmp_path):
+    # A query kernel [dim, heads, key_dim] took its last axis as its units: dimension d of every head was one
+    # unit, dead only when dead in all heads, so a (head, dimension) whose gradient is all zero went unseen.
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(8, 4, 6)).astype(np.float32), rng.normal(size=(8, 1)).astype(np.float32)
+    keras.utils.set_random_seed(6)
+    tokens = keras.Input((4, 6))
+    mha = keras.layers.MultiHeadAttention(2, 4, name="mha")
+    model = keras.Model(tokens, keras.layers.Dense(1, name="out")(keras.layers.Flatten()(mha(tokens, tokens))))
+    key = mha._key_dense
+    # Head 0's key dimension 0 is zero for every input: the scores do not depend on query (head 0, dimension
+    # 0), whose kernel column and bias element get exactly zero gradient; head 1's dimension 0 does not.
+    key.kernel.assign(np.where(np.arange(8).reshape(2, 4) == 0, 0.0, key.kernel.numpy()))
+    key.bias.assign(np.ones((2, 4), np.float32) * (np.arange(8).reshape(2, 4) != 0))
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    before = Before()
+    model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, callbacks=[before, GradientCallback(tmp_path)])
+
+    run = tmp_path / "train"
+    content = stats_content(run)
+    columns, paths = content["columns"], [v.path for v in model.trainable_variables]
+    grads = dict(zip(paths, tape_gradients(model, before.weights[0], x, y)))
+    query = mha._query_dense
+    kernel, bias = grads[query.kernel.path], grads[query.bias.path]
+    dead = np.all(kernel.reshape(6, 8) == 0, axis=0)
+    assert dead.tolist() == [True] + [False] * 7 and (bias.ravel() == 0).tolist() == dead.tolist()
+    dead_column = columns.index("dead_unit_fraction")
+    [(_, variable, _)] = read_events(run, granularity="variable")
+    for path in (query.kernel.path, query.bias.path):
+        assert variable[0, content["variable"]["rows"].index(path), dead_column] == pytest.approx(1 / 8), path
+    [(_, layer, _)] = read_events(run)
+    assert layer[0, content["layer"]["rows"].index("mha/query"), dead_column] == pytest.approx(1 / 8)
