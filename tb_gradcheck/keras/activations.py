@@ -34,7 +34,7 @@ the batch's statistics.
   ``sigmoid < 0.01`` or ``> 0.99``; on the input of a following layer, the
   same bound: ``|x| > atanh(0.98)``, ``|x| > log(99)``).
 - Elsewhere (an activation in a Functional model's separate layer, a
-  ``LeakyReLU``, a ``gelu``, an ``LSTM``'s or ``GRU``'s own ``activation``,
+  ``LeakyReLU``, a ``gelu``, a recurrent layer's own ``activation`` (``LSTM``, ``GRU``, ``ConvLSTM``; not ``SimpleRNN``'s),
   applied inside the cell): MISSING, as for a row no ReLU/Tanh/Sigmoid follows.
   A layer called inside a loop or branch body (``tf.while_loop``,
   ``tf.map_fn``) is not counted in a compiled step: the write cannot reach
@@ -71,9 +71,10 @@ _NONNEGATIVE = (("relu", False), ("sigmoid", False))
 
 def _kind(layer):
     """``"relu"``, ``"tanh"``, ``"sigmoid"`` for a layer whose output is that activation's, else None."""
-    if isinstance(layer, (keras.layers.LSTM, keras.layers.GRU, keras.layers.LSTMCell, keras.layers.GRUCell)):
-        # Their `activation` is applied inside (LSTM: o * tanh(c); GRU: a gated mix with the previous state):
-        # the output is not that activation's, so its saturation or dead units would not be measured.
+    recurrent = isinstance(layer, keras.layers.RNN) or hasattr(layer, "state_size")  # an RNN layer or a cell
+    if recurrent and not isinstance(layer, (keras.layers.SimpleRNN, keras.layers.SimpleRNNCell)):
+        # Their `activation` is applied inside (LSTM, ConvLSTM: o * tanh(c); GRU: a gated mix with the previous
+        # state): the output is not that activation's, so its saturation or dead units would not be measured.
         return None
     if isinstance(layer, keras.layers.ReLU):
         plain = not getattr(layer, "negative_slope", 0) and not getattr(layer, "threshold", 0)

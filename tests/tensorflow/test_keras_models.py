@@ -272,3 +272,37 @@ def test_attention_projections_count_each_head_dimension_as_a_unit(tmp_path):
         assert variable[0, content["variable"]["rows"].index(path), dead_column] == pytest.approx(1 / 8), path
     [(_, layer, _)] = read_events(run)
     assert layer[0, content["layer"]["rows"].index("mha/query"), dead_column] == pytest.approx(1 / 8)
+
+
+@pytest.mark.parametrize(
+    "layer, squashed",
+    [(lambda: keras.layers.ConvLSTM1D(2, 2, name="rnn"), False), (lambda: keras.layers.SimpleRNN(3, name="rnn"), True)],
+    ids=["conv_lstm", "simple_rnn"],
+)
+def test_a_recurrent_layer_claims_saturation_only_when_its_output_is_its_activations(tmp_path, layer, squashed):
+    # A ConvLSTM's output is o * tanh(c), not its `activation`'s: |h| > 0.98 is not tanh saturation. A
+    # SimpleRNN's output is tanh(...) itself.
+    rng = np.random.default_rng(7)
+    x, y = rng.normal(size=(8, 4, 5, 3)).astype(np.float32), rng.normal(size=(8, 1)).astype(np.float32)
+    if squashed:
+        x = x.reshape(8, 4, 15)
+    keras.utils.set_random_seed(7)
+    rnn = layer()
+    model = keras.Sequential([keras.Input(x.shape[1:]), rnn, keras.layers.Flatten(), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    before = Before()
+    model.fit(
+        x, y, batch_size=len(x), epochs=1, verbose=0, callbacks=[before, GradientCallback(tmp_path, activations=True)]
+    )
+
+    run = tmp_path / "train"
+    content = stats_content(run)
+    [(_, value, _)] = read_events(run)
+    for v, w in zip(model.trainable_variables, before.weights[0]):
+        v.assign(w)
+    output = np.asarray(keras.Model(model.inputs[0], rnn.output)(x, training=True), np.float64)
+    want = activation_reference(output.ravel(), squashed=output if squashed else None)
+    row = content["layer"]["rows"].index(rnn.trainable_variables[0].path.rsplit("/", 1)[0])
+    for column in metadata.ACTIVATION_STAT_COLUMNS:
+        got = value[0, row, content["columns"].index(column)]
+        np.testing.assert_allclose(got, want[column], rtol=RTOL, err_msg=column)
