@@ -4,7 +4,9 @@ What is recorded (``metadata.ACTIVATION_STAT_COLUMNS``, from the sums
 ``rowstats.ACTIVATION_SUMS``, which define them once). A layer row is the
 Keras layer that owns the row's weights (a ``Dense``; in a
 ``MultiHeadAttention`` its ``query``, ``key``, ``value`` and
-``attention_output`` projections); its output is what its ``call`` returns
+``attention_output`` projections; for a recurrent cell, the RNN layer that
+runs it: an ``LSTM``'s row is its output, every timestep's with
+``return_sequences=True``); its output is what its ``call`` returns
 (a tuple's first tensor), with the layer's own ``activation`` applied:
 ``Dense(64, activation="relu")``'s output is post-ReLU. Every call of the
 layer in training mode (``training=True``, given or inherited from the outer
@@ -32,7 +34,11 @@ the batch's statistics.
   ``sigmoid < 0.01`` or ``> 0.99``; on the input of a following layer, the
   same bound: ``|x| > atanh(0.98)``, ``|x| > log(99)``).
 - Elsewhere (an activation in a Functional model's separate layer, a
-  ``LeakyReLU``, a ``gelu``): MISSING, as for a row no ReLU/Tanh/Sigmoid follows.
+  ``LeakyReLU``, a ``gelu``, a recurrent layer's own ``activation`` (``LSTM``, ``GRU``, ``ConvLSTM``; not ``SimpleRNN``'s),
+  applied inside the cell): MISSING, as for a row no ReLU/Tanh/Sigmoid follows.
+  A layer called inside a loop or branch body (``tf.while_loop``,
+  ``tf.map_fn``) is not counted in a compiled step: the write cannot reach
+  its output there. A ``StackedRNNCells``' cells but the last: MISSING.
 
 Cost. ``call`` is replaced on the row layers' instances for the fit
 (``hooks.Hooks``, put back however it ends). A replaced ``call`` runs when
@@ -65,6 +71,11 @@ _NONNEGATIVE = (("relu", False), ("sigmoid", False))
 
 def _kind(layer):
     """``"relu"``, ``"tanh"``, ``"sigmoid"`` for a layer whose output is that activation's, else None."""
+    recurrent = isinstance(layer, keras.layers.RNN) or hasattr(layer, "state_size")  # an RNN layer or a cell
+    if recurrent and not isinstance(layer, (keras.layers.SimpleRNN, keras.layers.SimpleRNNCell)):
+        # Their `activation` is applied inside (LSTM, ConvLSTM: o * tanh(c); GRU: a gated mix with the previous
+        # state): the output is not that activation's, so its saturation or dead units would not be measured.
+        return None
     if isinstance(layer, keras.layers.ReLU):
         plain = not getattr(layer, "negative_slope", 0) and not getattr(layer, "threshold", 0)
         return "relu" if plain else None
@@ -114,6 +125,18 @@ class Taps:
         for layer in model._flatten_layers(include_self=True):
             for v in getattr(layer, "_trainable_variables", ()):
                 owners[id(v)] = layer
+        # A recurrent cell runs once per timestep inside its RNN layer's loop, where a compiled step's tensors
+        # cannot be reached from the write (TensorFlow's backend also calls it once outside the loop, for the
+        # output's shape: timestep 0 alone). Its row takes the RNN layer's output instead (the cell's output at
+        # every timestep with return_sequences=True, the last one without), eager or compiled alike. Of a
+        # StackedRNNCells only the last cell's output leaves the loop: the others' rows are not tapped (MISSING).
+        for layer in model._flatten_layers(include_self=True):
+            if isinstance(layer, keras.layers.RNN):
+                cells = list(getattr(layer.cell, "cells", None) or [layer.cell])
+                for cell in cells:
+                    for v in getattr(cell, "_trainable_variables", ()):
+                        if owners.get(id(v)) is cell:
+                            owners[id(v)] = layer if cell is cells[-1] else None
         # Per variable, the layer that owns it (None: a variable no layer holds itself).
         self.owner_of = [owners.get(id(v)) for v in variables]
         followers = {}
@@ -178,7 +201,7 @@ class Taps:
         for layer, row in zip(self.owner_of, layer_of):
             if layer is not None:
                 row_of.setdefault(id(layer), row)
-        calls = [(key, _wide(out)) for key, out in outputs if key in row_of]
+        calls = [(key, _wide(out)) for key, out in outputs if key in row_of and _reachable(out)]
         zeros = ops.zeros((n_layers,), "float64")
         sums = dict.fromkeys(rowstats.ACTIVATION_SUMS, zeros)
         if not calls:
@@ -249,6 +272,26 @@ class Taps:
         unit = axis % len(x.shape)
         other = [d for d in range(len(x.shape)) if d != unit]
         return ops.max(x, axis=other) if other else x
+
+
+def _reachable(tensor):
+    """Whether the write, traced where this is called, can use ``tensor``: not made inside a loop or branch body.
+
+    A layer a user calls inside ``tf.while_loop`` or ``tf.map_fn`` (a cell the user loops over) traces its
+    output in the body's graph, which a later op cannot capture; such a call is not counted. Eager and
+    torch tensors have no graph.
+    """
+    graph = getattr(tensor, "graph", None)
+    if graph is None:
+        return True
+    import tensorflow as tf  # a graph tensor: TensorFlow is the backend
+
+    current = tf.compat.v1.get_default_graph()
+    while current is not None:
+        if current is graph:
+            return True
+        current = getattr(current, "outer_graph", None)
+    return False
 
 
 def _count(true):

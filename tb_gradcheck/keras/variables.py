@@ -23,8 +23,11 @@ def owner(variable, name):
 def unit_axes(model):
     """``{variable path: 2}`` for the depthwise kernels of a Keras model (``tb_gradcheck.tensorflow.units`` says why).
 
-    Every other variable's units follow from its shape. Walks nested models
-    and layers through their ``layers`` attribute.
+    Every other variable's units follow from its shape. Walks every layer
+    the model tracks (Keras' ``_flatten_layers``, as ``activations.Taps``
+    does): a custom ``Layer``'s sub-layers and a wrapper's
+    (``TimeDistributed``, ``Bidirectional``) included, which a walk through
+    ``layers`` attributes misses.
     """
     depthwise = tuple(
         getattr(keras.layers, name)
@@ -32,15 +35,42 @@ def unit_axes(model):
         if hasattr(keras.layers, name)
     )
     out = {}
-    stack, seen = [model], set()
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
+    flatten = getattr(model, "_flatten_layers", None)
+    for layer in flatten(include_self=True) if callable(flatten) else [model]:
+        if isinstance(layer, keras.layers.EinsumDense):
+            out.update(_einsum_unit_axes(layer))
         if isinstance(layer, depthwise):
-            kernel = getattr(layer, "depthwise_kernel", None) or getattr(layer, "kernel", None)
+            # `is None`, not `or`: a Keras Variable refuses to be a boolean (SeparableConv's depthwise_kernel).
+            kernel = getattr(layer, "depthwise_kernel", None)
+            if kernel is None:
+                kernel = getattr(layer, "kernel", None)
             if kernel is not None:
                 out[validate.variable_name(kernel)] = 2
-        stack.extend(getattr(layer, "layers", None) or [])
+    return out
+
+
+def _einsum_unit_axes(layer):
+    """An ``EinsumDense``'s variables whose units span several axes: ``{path: axes}``.
+
+    Its outputs are every output axis its kernel carries, not the last one
+    alone: a ``MultiHeadAttention`` query projection ``abc,cde->abde`` has a
+    kernel ``[dim, heads, key_dim]`` and a bias ``[heads, key_dim]``, whose
+    units are the ``heads * key_dim`` (head, dimension) pairs. The kernel's
+    unit axes are its trailing letters found in the output; the bias holds
+    output axes only.
+    """
+    out = {}
+    inputs, output = layer.equation.split("->")
+    kernel = getattr(layer, "_kernel", None)
+    if kernel is not None and "," in inputs:
+        axes = 0
+        for letter in reversed(inputs.split(",")[1]):
+            if letter not in output:
+                break
+            axes += 1
+        if axes > 1:
+            out[validate.variable_name(kernel)] = axes
+    bias = getattr(layer, "bias", None)
+    if bias is not None and len(bias.shape) > 1:
+        out[validate.variable_name(bias)] = len(bias.shape)
     return out

@@ -24,6 +24,25 @@ from tb_gradcheck.tensorflow import statistics
 DEPTH = 8
 
 
+def refuse_under_xla(what, instead):
+    """Raises ValueError where ``what`` is traced inside ``tf.function(jit_compile=True)``.
+
+    XLA cannot compile summary ops: left to XLA, such a call fails when the
+    step runs with "Uninitialized arguments" on a variable of the writer's,
+    which names neither the call nor the fix.
+    """
+    if tf.executing_eagerly():
+        return
+    # TensorFlow has no public API that tells whether a trace is compiled by XLA.
+    from tensorflow.python.ops import control_flow_util
+
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            f"Expected GradientWriter.{what} outside tf.function(jit_compile=True): XLA cannot compile summary "
+            f"ops. Call {instead} (docs/tensorflow.md). Received: a call traced in an XLA-compiled function"
+        )
+
+
 class Stash:
     """One layout's statistics of the latest compiled steps, until they are written.
 

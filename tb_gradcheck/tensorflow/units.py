@@ -13,6 +13,9 @@ parameters that only it uses. Which axes of a variable index its units:
   multiplier) output channel. Shapes cannot tell it from a Conv kernel, so
   this needs the model: ``unit_axes(model)`` finds them, and
   ``GradientCallback`` passes it on;
+- an EinsumDense's kernel and bias (a MultiHeadAttention projection's
+  ``[dim, heads, key_dim]`` and ``[heads, key_dim]``): every output axis
+  they carry, one unit per (head, dimension); ``unit_axes`` finds them too;
 - a scalar: one unit.
 
 A unit is dead at a step when every gradient element of it is exactly zero.

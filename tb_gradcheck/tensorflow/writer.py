@@ -14,6 +14,7 @@ from tb_gradcheck.core import at_exit
 from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import validate
 from tb_gradcheck.tensorflow import branches
+from tb_gradcheck.tensorflow import compiled
 from tb_gradcheck.tensorflow import distributed
 from tb_gradcheck.tensorflow import events
 from tb_gradcheck.tensorflow import lifetime
@@ -140,10 +141,11 @@ class GradientWriter:
           TypeError: ``gradients``, ``variables`` or ``step`` of the wrong
             kind, including per-replica values outside ``strategy.run``.
           ValueError: Mismatched lengths, an empty list, a step outside
-            0..2**63-1, or a closed writer. (A ``tf.function`` traced before
+            0..2**63-1, a closed writer, or a call traced under XLA. (A ``tf.function`` traced before
             ``close()`` and run after it skips the write with one warning.)
         """
         self._check_open("write")
+        compiled.refuse_under_xla("write", "`stash(...)` in the compiled step and `write_stashed()` after it")
         variables = checked_variables(variables)
         gradients = checked_gradients(gradients, variables)
         step = checked_step(step)
