@@ -27,11 +27,16 @@ from tensorflow.core.framework import attr_value_pb2
 _LOWER = "_lower_using_switch_merge"
 
 
+def static(pred):
+    """``pred``'s value where it is known when traced (a bool, a constant, an eager tensor), else None."""
+    return tf.get_static_value(pred) if isinstance(pred, (tf.Tensor, tf.Variable)) else pred
+
+
 def cond(pred, true_fn, false_fn):
     """``tf.cond(pred, true_fn, false_fn)``, run as one ``If`` op; a static ``pred`` (a bool, a constant) picks in Python."""
-    static = tf.get_static_value(pred) if isinstance(pred, (tf.Tensor, tf.Variable)) else pred
-    if static is not None:
-        return true_fn() if bool(static) else false_fn()
+    known = static(pred)
+    if known is not None:
+        return true_fn() if bool(known) else false_fn()
     if tf.executing_eagerly():  # a variable: get_static_value gives None for it even eagerly
         return tf.cond(pred, true_fn, false_fn)
     graph = tf.compat.v1.get_default_graph()

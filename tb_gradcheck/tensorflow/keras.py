@@ -92,9 +92,8 @@ class GradientCallback(callback.GradientCallback):
       log_dir, every_n_steps: As ``tb_gradcheck.keras.GradientCallback``'s.
       activations: Bool, default False. Record each layer row's output at
         the written steps (``tb_gradcheck.keras.activations`` says what and
-        where). Turns XLA off for the fit, with a warning: the columns are
-        made on the host from sums reduced in the step. Refused (ValueError)
-        with several replicas.
+        where). The columns are made inside the step, so XLA stays on.
+        Refused (ValueError) with several replicas.
       check_every_n_steps: Int or None (default). Every this many steps, run
         the gradient check (``tb_gradcheck.tensorflow.check``) on ``check_data`` and
         write its summaries. The check evaluates the model with

@@ -93,8 +93,8 @@ class UpdateBracket:
         if exc_type is not None:
             return False
         self._applied = True
-        static = tf.get_static_value(self.due) if isinstance(self.due, (tf.Tensor, tf.Variable)) else self.due
-        if self.compiled or (static is not None and bool(static)):
+        known = branches.static(self.due)
+        if self.compiled or (known is not None and bool(known)):
             # Measured here, beside the rest of the step: under XLA in a cond of its own on the write step (the
             # write's statistics are stashed with no cond on the gradients, Recording.stash); where the step is
             # known to be written (every step is), with no cond at all, where it overlaps the writer's passes
@@ -131,8 +131,10 @@ class UpdateBracket:
                 "Received: a bracket that was never entered"
             )
         names = ("update_norm", "update_to_weight", "weight_norm")
-        if self._update is not None:  # measured by __exit__: under XLA (the callback's bracket and write share
-            return dict(zip(names, self._measured(rows)))  # one step), or at a step known to be written
+        if self._update is not None:
+            # Measured by __exit__: under XLA (the callback's bracket and write share one step), or at a step known
+            # to be written.
+            return dict(zip(names, self._measured(rows, self._update, self._weight)))
 
         def unmeasured():
             # The write's step is due and the bracket's was not: they were
@@ -154,13 +156,11 @@ class UpdateBracket:
         # The snapshot was taken where the bracket's step was due.
         return dict(zip(names, branches.cond(self.due, lambda: self._measured(rows, *self._measure()), unmeasured)))
 
-    def _measured(self, rows, update=None, weight=None):
+    def _measured(self, rows, update, weight):
         """``(update_norm, update_to_weight, weight_norm)``, each ``(layer [L], variable [V])`` float32.
 
-        From the squared norms ``update`` and ``weight`` (``_measure``), by default the ones ``__exit__`` made.
+        From the float64 squared norms ``update`` and ``weight`` (``_measure``).
         """
-        if update is None:
-            update, weight = self._update, self._weight
         seg = tf.constant(rows.layer_of, tf.int32)
         n = len(rows.layer_names)
         update_v = tf.sqrt(update)

@@ -42,11 +42,10 @@ def _step_graph(n_layers, writer, bracketed=False):
             with writer.applying(variables, step) as update:
                 optimizer.apply_gradients(zip(grads, variables))
             writer.write(grads, variables, step, update=update)
-            step.assign_add(1)
-            return
-        if writer is not None:
-            writer.write(grads, variables, step)
-        optimizer.apply_gradients(zip(grads, variables))
+        else:
+            if writer is not None:
+                writer.write(grads, variables, step)
+            optimizer.apply_gradients(zip(grads, variables))
         step.assign_add(1)
 
     return len(variables), train.get_concrete_function().graph
