@@ -43,13 +43,34 @@ TARGET_FIT = 1.05
 TARGET_FIT_ACTIVATIONS = 1.02
 
 
+def mlp20(name=None):
+    """A new 20-layer ReLU MLP of width 256: the model of the MLP rows (and of ``benchmarks.writer_parts``)."""
+    import tensorflow as tf
+
+    keras = tf.keras
+    return keras.Sequential(
+        [keras.Input((256,))] + [keras.layers.Dense(256, activation="relu") for _ in range(20)], name=name
+    )
+
+
+def fit_models():
+    """``{jit_compile: the MLP compiled for model.fit}``, SGD and mse, XLA off and on, each from seed 0."""
+    import tensorflow as tf
+
+    models = {}
+    for jit in (False, True):
+        tf.keras.utils.set_random_seed(0)
+        model = mlp20()
+        model.compile(tf.keras.optimizers.SGD(1e-4), "mse", jit_compile=jit)
+        models[jit] = model
+    return models
+
+
 def _models(quick):
     import tensorflow as tf
 
     keras = tf.keras
-    mlp = keras.Sequential(
-        [keras.Input((256,))] + [keras.layers.Dense(256, activation="relu") for _ in range(20)], name="mlp20"
-    )
+    mlp = mlp20("mlp20")
     cnn = keras.Sequential(
         [
             keras.Input((32, 32, 3)),
@@ -172,7 +193,7 @@ def _event_bytes(directory):
     return sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory) if "tfevents" in f)
 
 
-class _BatchTimer:
+class BatchTimer:
     """Keras callback that keeps the wall time of every training batch, callbacks included.
 
     A batch is timed from one ``on_train_batch_begin`` to the next, so the
@@ -201,22 +222,13 @@ class _BatchTimer:
 
 def _fit_rows(quick, logdir):
     """Per-batch time of model.fit with XLA off/on, without/with GradientCallback."""
-    import tensorflow as tf
 
     from tb_gradcheck.keras import GradientCallback
 
-    keras = tf.keras
     steps, rounds = (30, 3) if quick else (100, 7)
     x = np.random.default_rng(0).normal(size=(64 * steps, 256)).astype(np.float32)
     y = np.random.default_rng(1).normal(size=(64 * steps, 256)).astype(np.float32)
-    models = {}
-    for jit in (False, True):
-        tf.keras.utils.set_random_seed(0)
-        model = keras.Sequential(
-            [keras.Input((256,))] + [keras.layers.Dense(256, activation="relu") for _ in range(20)]
-        )
-        model.compile(keras.optimizers.SGD(1e-4), "mse", jit_compile=jit)
-        models[jit] = model
+    models = fit_models()
     # cb: the callback's every_n_steps, or None for the bare fit; "act10": every 10 with activations=True.
     samples = {(jit, cb): [] for jit in (False, True) for cb in (None, 1, 10)}
     samples[False, "act10"] = []
@@ -227,7 +239,7 @@ def _fit_rows(quick, logdir):
     for r in range(rounds + 1):  # round 0 warms up (tracing, compiling) and is dropped
         shuffle(order)
         for jit, cb in order:
-            timer = _BatchTimer()
+            timer = BatchTimer()
             callbacks = [timer.callback]
             if cb:
                 every, act = (10, True) if cb == "act10" else (cb, False)

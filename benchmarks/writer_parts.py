@@ -21,6 +21,9 @@ import numpy as np
 
 from benchmarks.common import interleaved
 from benchmarks.common import row
+from benchmarks.writer import BatchTimer
+from benchmarks.writer import fit_models
+from benchmarks.writer import mlp20
 
 WIDTH, DEPTH, BATCH = 256, 20, 64
 
@@ -47,9 +50,7 @@ def _loop_steps(logdir):
 
     keras = tf.keras
     tf.keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((WIDTH,))] + [keras.layers.Dense(WIDTH, activation="relu") for _ in range(DEPTH)]
-    )
+    model = mlp20()
     x = tf.random.normal((BATCH, WIDTH), seed=1)
     y = tf.random.normal((BATCH, WIDTH), seed=2)
     variables = model.trainable_variables
@@ -110,15 +111,14 @@ def _loop_steps(logdir):
     return steps
 
 
-def _fit_times(quick):
-    """``{variant: per-batch median}`` of ``model.fit`` with the callback between writes, XLA off and on."""
+def _fit_times(quick, logdir):
+    """``{variant: per-batch median}`` of ``model.fit`` with the callback between writes, XLA off and on; runs in ``logdir``."""
     import tensorflow as tf
 
     from tb_gradcheck.keras import GradientCallback
     from tb_gradcheck.tensorflow import fit_hooks
     from tb_gradcheck.tensorflow import statistics as stats
 
-    keras = tf.keras
     batches, rounds = (30, 3) if quick else (100, 10)
     x = np.random.default_rng(0).normal(size=(BATCH * batches, WIDTH)).astype(np.float32)
     y = np.random.default_rng(1).normal(size=(BATCH * batches, WIDTH)).astype(np.float32)
@@ -132,14 +132,7 @@ def _fit_times(quick):
     def no_reductions(gradients, rows, compiled=False):
         return tf.zeros([len(rows.layer_names), 3]), tf.zeros([len(rows.variable_names), 3])
 
-    models = {}
-    for jit in (False, True):
-        tf.keras.utils.set_random_seed(0)
-        model = keras.Sequential(
-            [keras.Input((WIDTH,))] + [keras.layers.Dense(WIDTH, activation="relu") for _ in range(DEPTH)]
-        )
-        model.compile(keras.optimizers.SGD(1e-4), "mse", jit_compile=jit)
-        models[jit] = model
+    models = fit_models()
     # (XLA, callback, patches); the callback writes every 1,000,000 steps: no timed batch is a write step.
     variants = {
         "bare": (False, False, ()),
@@ -151,18 +144,12 @@ def _fit_times(quick):
     }
     samples = {k: [] for k in variants}
     order = list(variants)
-    logdir = tempfile.mkdtemp()
     for r in range(rounds + 1):  # round 0 traces and compiles, dropped
         random.Random(r).shuffle(order)
         for name in order:
             jit, callback, patches = variants[name]
-            times = []
-
-            class Timer(keras.callbacks.Callback):
-                def on_train_batch_begin(self, batch, logs=None, times=times):
-                    times.append(time.perf_counter())
-
-            callbacks = [Timer()]
+            timer = BatchTimer()
+            callbacks = [timer.callback]
             if callback:
                 callbacks.append(GradientCallback(os.path.join(logdir, f"{name}_{r}"), every_n_steps=1_000_000))
             with contextlib.ExitStack() as stack, warnings.catch_warnings():
@@ -171,7 +158,7 @@ def _fit_times(quick):
                     stack.enter_context(_replaced(*patch))
                 models[jit].fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=callbacks)
             if r:
-                samples[name].append(statistics.median(np.diff(times[5:])))
+                samples[name].append(statistics.median(timer.times[5:]))
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -220,11 +207,11 @@ def run(quick=False):
         steps = _loop_steps(logdir)
         repeats, inner = (5, 5) if quick else (30, 10)
         times = interleaved(steps, repeats, inner)
+        fit = _fit_times(quick, logdir)
     bare = times["bare"] * 1e3
     for name in steps:
         if name != "bare":
             rows.append(row(f"MLP custom loop, {name.replace('_', ' ')} vs bare", bare, times[name] * 1e3, "ms"))
-    fit = _fit_times(quick)
     for name, base in (
         ("callback", "bare"),
         ("callback_no_bracket", "bare"),
