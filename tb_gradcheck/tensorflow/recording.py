@@ -178,9 +178,11 @@ class Recording:
         ``between_writes``: the caller knows, outside the step, that it is not
         a write step (``GradientCallback`` compiles a second train function
         for those steps). Then the step takes only what the window reduces,
-        and nothing of the optimizer. Should the step be written after all
-        (the step counter was moved by hand), its ``last`` slab has the
-        window's columns and MISSING for the others, rather than numbers of
+        and nothing of the optimizer, and its NaN/Inf count only as a flag.
+        Should the step be written after all (the step counter was moved by
+        hand), or be the last of a partial window written at close, its
+        ``last`` slab has the window's norms and MISSING for the other
+        columns (the count too, where it was not 0), rather than numbers of
         another step.
         """
         if between_writes and self.every_n_steps == 1:
@@ -198,8 +200,10 @@ class Recording:
             held.store(step, *self.measure(gradients, step, compiled=True))
             return
         if between_writes:
-            layer, variable = statistics.quick(gradients, self.rows, compiled=True)
-            self.window.add(layer, variable, step)
+            # The NaN/Inf count only as a flag (its own pass was a third of these steps' cost on a CPU): a step
+            # between writes is a `last` slab only as the last step of a partial window written at close.
+            layer, variable = statistics.quick(gradients, self.rows, compiled=True, counted=False)
+            self.window.add(layer, variable, step, counted=False)
             held.store(step, None, None, weights=self._weight_norms(step, due=False))
             return
         layer, variable = statistics.compute(gradients, self.rows, weights=False, compiled=True)

@@ -109,7 +109,7 @@ def compute(gradients, rows, weights=True, onset=True, compiled=False, known=Non
     return layer_stats, variable_stats
 
 
-def quick(gradients, rows, compiled=False):
+def quick(gradients, rows, compiled=False, counted=True):
     """The statistics a window reduces at every step (``WINDOW_COLUMNS``): one fused pass per gradient.
 
     Args:
@@ -117,6 +117,11 @@ def quick(gradients, rows, compiled=False):
       rows: As for ``compute``.
       compiled: As for ``compute``: the same numbers with no cond (the
         non-finite elements counted at every step).
+      counted: Compiled only: False gives ``grad_nonfinite`` as a flag, > 0
+        exactly where the row has a non-finite element, which is all a
+        window's sum, max and min keep of a step that is not written
+        (``Window.add(counted=False)``), for the price of the norms alone
+        (``reductions.compiled_flags``).
 
     Returns:
       ``(layer, variable)``: float32 ``[L, 3]`` and ``[V, 3]``, columns
@@ -126,7 +131,7 @@ def quick(gradients, rows, compiled=False):
     """
     present = [g is not None for g in gradients]
     n_layer = len(rows.layer_names)
-    norm_v, nonfinite_v = _norms_and_nonfinite(gradients, rows, compiled)
+    norm_v, nonfinite_v = _norms_and_nonfinite(gradients, rows, compiled, nonfinite=True if counted else "flag")
     seg = tf.constant(rows.layer_of, tf.int32)
     layer = _window_columns(
         _combine_norms(norm_v, seg, n_layer, _narrow(gradients)),
@@ -212,9 +217,10 @@ def _norms_and_nonfinite(gradients, rows, compiled, nonfinite=True):
     """float64 ``[V]``: each variable's gradient norm and non-finite element count, 0 where it has no gradient.
 
     Compiled, the count is a pass of its own (``reductions.compiled_nonfinite``),
-    taken only with ``nonfinite`` (None without it). Outside XLA it comes with
-    the norms: a finite sum of squares proves there are none, and only a bad
-    step counts them (``reductions.gather``).
+    taken only with ``nonfinite`` True (None with False; with ``"flag"``, a
+    flag read from the norms, ``reductions.compiled_flags``). Outside XLA it
+    comes with the norms: a finite sum of squares proves there are none, and
+    only a bad step counts them (``reductions.gather``).
     """
     where = [i for i, g in enumerate(gradients) if g is not None]
     n_var = len(rows.variables)
@@ -222,7 +228,11 @@ def _norms_and_nonfinite(gradients, rows, compiled, nonfinite=True):
         return tf.zeros([n_var], tf.float64), tf.zeros([n_var], tf.float64)
     if compiled:
         values = reductions.compiled_values(gradients, where, rows)
-        columns = (reductions.compiled_norms(values),) + ((reductions.compiled_nonfinite(values),) if nonfinite else ())
+        norms = reductions.compiled_norms(values)
+        if nonfinite == "flag":
+            columns = (norms, reductions.compiled_flags(values, norms))
+        else:
+            columns = (norms,) + ((reductions.compiled_nonfinite(values),) if nonfinite else ())
     else:
         parts = [
             reductions.graph_partials(gradients[i], rows.variables[i], rows.unit_axes[i], full=False) for i in where

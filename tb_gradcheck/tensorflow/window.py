@@ -75,12 +75,21 @@ class Window:
         )
         self.last_step = distributed.host_variable(0, tf.int64, "tb_gradcheck_last_step")
 
-    def add(self, layer, variable, step):
-        """Adds one step's ``statistics.quick`` columns (layer ``[L, 3]``, variable ``[V, 3]``)."""
+    def add(self, layer, variable, step, counted=True):
+        """Adds one step's ``statistics.quick`` columns (layer ``[L, 3]``, variable ``[V, 3]``).
+
+        ``counted`` False: their grad_nonfinite is a flag (``quick(counted=False)``),
+        which is all sum, max, min and the onset keep; the ``last`` slab, which
+        shows the count, reads MISSING where a row was flagged.
+        """
         step = tf.cast(step, tf.int64)
         x = tf.concat([layer, variable], axis=0)
         here = tf.not_equal(x, statistics.MISSING)  # NaN != MISSING: NaN is data
-        self._last.assign(x)
+        if counted:
+            self._last.assign(x)
+        else:
+            uncounted = (x > 0) & (np.arange(x.shape[1]) == _NONFINITE)
+            self._last.assign(tf.where(uncounted, statistics.MISSING, x))
         # sum, max and min count steps with a non-finite gradient; last keeps the elements (running.steps_flagged).
         flags = tf.cast(x[:, _NONFINITE : _NONFINITE + 1] > 0, x.dtype)
         flagged = tf.concat([x[:, :_NONFINITE], flags, x[:, _NONFINITE + 1 :]], axis=1)

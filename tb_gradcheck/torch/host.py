@@ -183,10 +183,10 @@ def step_slabs(pending, values, structure, window=None):
     return layer, variable
 
 
-def window_slabs(state, step, weights, structure, last=None):
+def window_slabs(state, step, weights, structure, last=None, counted=True):
     """``(layer [A, L, C], variable [A, V, C])`` of a window (``rowstats.window_slabs``)."""
     weight_rows = np.concatenate([rowstats.combine_norms(weights, structure), weights])
-    slabs = rowstats.window_slabs(state, step, weight_rows, last)
+    slabs = rowstats.window_slabs(state, step, weight_rows, last, counted)
     n_layer = len(structure.layer_names)
     return slabs[:, :n_layer], slabs[:, n_layer:]
 
@@ -213,7 +213,8 @@ def partial_window(window, group, rows, key, device):
     if values is None:
         return None
     state = window.host_state(values, steps)
-    layer, variable = window_slabs(state, steps[-1], values["weight"], rows.structure)
+    # Between writes a step's NaN and Inf are flagged, not counted (docs/statistics.md): the count is not there.
+    layer, variable = window_slabs(state, steps[-1], values["weight"], rows.structure, counted=False)
     if key[2]:
         layer, variable = rowstats.fill(layer, variable, key[2], None)
     return steps[-1], layer, variable

@@ -496,6 +496,79 @@ def test_a_write_step_stashed_as_between_writes_keeps_only_the_window_columns(tm
     assert column["grad_max_abs"] == column["grad_zero_fraction"] == column["weight_norm"] == statistics.MISSING
 
 
+def test_steps_stashed_between_writes_flag_nan_and_inf_as_steps_that_count_them(tmp_path):
+    """Between writes a compiled step reads its NaN/Inf flag from the float64 norms, with no count of its own.
+
+    The window stores the same rows as when every step counts: its sum, max
+    and min count the steps with a non-finite element, the onset is the
+    first of them. A float64 gradient's squares can overflow where its
+    elements are finite (1e200 here), so it is counted, not flagged.
+    """
+    v32 = tf.Variable(tf.zeros([4], tf.float32), name="v32")
+    v64 = tf.Variable(tf.zeros([2], tf.float64), name="v64")
+    nan, inf = float("nan"), float("inf")
+    steps = {
+        1: ([1.0, 2.0, 0.0, -1.0], [1.0, 2.0]),
+        2: ([nan, 2.0, 0.0, -1.0], [1.0, 2.0]),
+        3: ([1.0, 2.0, 3.0, 0.0], [1.0, 2.0]),  # written
+        4: ([inf, -inf, 1.0, 0.0], [1.0, 2.0]),
+        5: ([1.0, 1.0, 1.0, 1.0], [1e200, 2.0]),
+        6: ([1.0, 2.0, 3.0, 4.0], [0.5, 2.0]),  # written
+        7: ([1.0, nan, 3.0, 4.0], [nan, 2.0]),  # left for close()
+    }
+    runs = {}
+    for name, between in (("counted", False), ("flagged", True)):
+        with GradientWriter(tmp_path / name, every_n_steps=3) as writer:
+
+            @tf.function(jit_compile=True)
+            def xla_step(g32, g64, step, between_writes, writer=writer):
+                writer.stash([g32, g64], [v32, v64], step, between_writes=between_writes)
+
+            for step, (g32, g64) in steps.items():
+                xla_step(
+                    tf.constant(g32),
+                    tf.constant(g64, tf.float64),
+                    tf.constant(step, tf.int64),
+                    between and step % 3 != 0,
+                )
+                writer.write_stashed()
+        runs[name] = stats_events(tmp_path / name)
+    assert [e[0] for e in runs["flagged"]] == [e[0] for e in runs["counted"]] == [3, 6, 7]
+    column = metadata.STORED_STAT_COLUMNS.index("grad_nonfinite")
+    last = metadata.AGGREGATES.index("last")
+    for k, ((_, _, a), (_, _, b)) in enumerate(zip(runs["flagged"], runs["counted"])):
+        if k == 2:
+            # Step 7, between writes, is the last slab of the partial window written at close: its NaN count was
+            # not taken (v32 and v64 each had one NaN), the flags in every other slab were.
+            counts = b[last, :, column]
+            assert counts.max() == 1.0
+            np.testing.assert_array_equal(a[last, :, column], np.where(counts > 0, statistics.MISSING, counts))
+            a, b = np.delete(a, column, axis=-1), np.delete(b, column, axis=-1)
+        np.testing.assert_array_equal(a, b)
+    _, content, arr = runs["flagged"][1]  # steps 4 to 6
+    sums = rows(content, arr, "variable")[metadata.AGGREGATES.index("sum"), :, column]
+    assert sums.tolist() == [1.0, 0.0]  # one step of v32 with NaN/Inf elements; v64's 1e200 is finite
+
+
+def test_a_write_step_stashed_as_between_writes_leaves_its_nan_count_missing(tmp_path):
+    """A step wrongly taken for one between writes flagged its NaN, not counted it: its count reads MISSING."""
+    v = tf.Variable([3.0, -4.0, 1.0], name="v")
+    with GradientWriter(tmp_path, every_n_steps=2) as writer:
+
+        @tf.function(jit_compile=True)
+        def xla_step(g, step):
+            writer.stash([g], [v], step, between_writes=True)
+
+        xla_step(tf.constant([3.0, -4.0, 1.0]), tf.constant(1, tf.int64))
+        xla_step(tf.constant([float("nan"), float("nan"), 1.0]), tf.constant(2, tf.int64))
+        writer.write_stashed()
+    (event,) = stats_events(tmp_path)
+    stats = event[2]
+    column = metadata.STORED_STAT_COLUMNS.index("grad_nonfinite")
+    assert stats[metadata.AGGREGATES.index("last"), 0, column] == statistics.MISSING
+    assert stats[metadata.AGGREGATES.index("sum"), 0, column] == 1.0  # one step with NaN/Inf elements
+
+
 def test_between_writes_needs_a_window(tmp_path):
     v = tf.Variable([1.0], name="v")
     with GradientWriter(tmp_path) as writer:

@@ -457,6 +457,8 @@ def test_window_aggregates_equal_an_every_step_twin(tmp_path, device):
             model[2].weight.grad[0, :3] = torch.tensor([float("inf"), float("nan"), -float("inf")])
         if step == 7:
             model[0].bias.grad = None
+        if step == 10:  # the last step of the partial window: flagged between writes, its elements not counted
+            model[0].weight.grad[1, :2] = float("nan")
         every.write(step)
         window.write(step)
     every.close()
@@ -501,6 +503,10 @@ def test_window_aggregates_equal_an_every_step_twin(tmp_path, device):
                     np.testing.assert_allclose(
                         slabs[0, :, col[c]], last[:, col[c]], rtol=RTOL, err_msg=f"{write_step} {c}"
                     )
+            else:  # its count of NaN and Inf elements was not taken: MISSING where the step had some, else 0
+                counted = last[:, col["grad_nonfinite"]]
+                assert counted.max() == 2
+                np.testing.assert_array_equal(slabs[0, :, col["grad_nonfinite"]], np.where(counted > 0, -1, counted))
             norms = seen[:, :, col["grad_norm"]]
             finite = np.where(np.isfinite(norms) & (norms != -1), norms, -np.inf).max(0)
             np.testing.assert_allclose(
