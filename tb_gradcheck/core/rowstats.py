@@ -144,7 +144,7 @@ def window_step(norm_v, nonfinite_v, present, structure):
     return np.where(here[:, None], out, MISSING)
 
 
-def window_slabs(state, step, weight_norms, last=None, counted=True):
+def window_slabs(state, step, weight_norms, last=None):
     """``[A, L + V, C]`` float32 in ``metadata.AGGREGATES`` order from a window's state.
 
     Args:
@@ -154,11 +154,6 @@ def window_slabs(state, step, weight_norms, last=None, counted=True):
       last: ``[L + V, C]`` full statistics of the write step for the ``last``
         slab (``rows(..., onset=True)``, layers then variables), or None.
         Where it is MISSING the windowed column stays.
-      counted: False where the window's last step flagged its NaN and Inf
-        elements (1) instead of counting them (PyTorch between writes; a
-        compiled TensorFlow step traced ``between_writes``): with no
-        ``last``, the ``last`` slab's grad_nonfinite, a count, then reads
-        MISSING where the step was flagged.
 
     Definitions as TensorFlow's ``window.Window``: NaN propagates through
     sum, max and min (a window that saw a NaN looks healthy in no
@@ -188,9 +183,6 @@ def window_slabs(state, step, weight_norms, last=None, counted=True):
         keep = np.zeros(len(metadata.STORED_STAT_COLUMNS), bool)
         keep[[_COL["first_nonfinite_offset"], _COL["weight_norm"]]] = True
         out[0] = np.where(keep | (last == MISSING), out[0], last)
-    elif not counted:
-        flagged = out[0, :, _COL["grad_nonfinite"]] > 0
-        out[0, :, _COL["grad_nonfinite"]] = np.where(flagged, MISSING, out[0, :, _COL["grad_nonfinite"]])
     return out.astype(np.float32)
 
 

@@ -114,6 +114,18 @@ def steps_flagged(xp, x):
     return xp.concatenate([x[..., :1], flags, x[..., 2:]], axis=-1)
 
 
+def uncounted(xp, last):
+    """A window's ``last`` step columns whose grad_nonfinite flagged NaN and Inf: MISSING where it did, not 1.
+
+    Writers that flag a step's non-finite elements between writes instead of
+    counting them (PyTorch; TensorFlow under XLA, ``window.Window.add``)
+    have no count for the last step of a partial window written at close,
+    where the ``last`` slab holds an element count (docs/stored_format.md).
+    """
+    counts = last[..., 1:2]
+    return xp.concatenate([last[..., :1], xp.where(counts > 0, MISSING, counts), last[..., 2:]], axis=-1)
+
+
 def add(xp, state, x):
     """``state`` with one step's ``step_columns`` ``x`` added."""
     here = x != MISSING  # NaN != MISSING: NaN is data

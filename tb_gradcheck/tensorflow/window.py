@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tb_gradcheck.core import metadata
+from tb_gradcheck.core import running
 from tb_gradcheck.tensorflow import distributed
 from tb_gradcheck.tensorflow import statistics
 
@@ -85,11 +86,7 @@ class Window:
         step = tf.cast(step, tf.int64)
         x = tf.concat([layer, variable], axis=0)
         here = tf.not_equal(x, statistics.MISSING)  # NaN != MISSING: NaN is data
-        if counted:
-            self._last.assign(x)
-        else:
-            uncounted = (x > 0) & (np.arange(x.shape[1]) == _NONFINITE)
-            self._last.assign(tf.where(uncounted, statistics.MISSING, x))
+        self._last.assign(x if counted else running.uncounted(tf.experimental.numpy, x))
         # sum, max and min count steps with a non-finite gradient; last keeps the elements (running.steps_flagged).
         flags = tf.cast(x[:, _NONFINITE : _NONFINITE + 1] > 0, x.dtype)
         flagged = tf.concat([x[:, :_NONFINITE], flags, x[:, _NONFINITE + 1 :]], axis=1)

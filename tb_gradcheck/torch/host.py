@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from tb_gradcheck.core import rowstats
+from tb_gradcheck.core import running
 
 F64 = torch.float64
 # Written steps whose copy may be under way at once; the oldest is waited for before one more starts.
@@ -183,10 +184,10 @@ def step_slabs(pending, values, structure, window=None):
     return layer, variable
 
 
-def window_slabs(state, step, weights, structure, last=None, counted=True):
+def window_slabs(state, step, weights, structure, last=None):
     """``(layer [A, L, C], variable [A, V, C])`` of a window (``rowstats.window_slabs``)."""
     weight_rows = np.concatenate([rowstats.combine_norms(weights, structure), weights])
-    slabs = rowstats.window_slabs(state, step, weight_rows, last, counted)
+    slabs = rowstats.window_slabs(state, step, weight_rows, last)
     n_layer = len(structure.layer_names)
     return slabs[:, :n_layer], slabs[:, n_layer:]
 
@@ -214,7 +215,8 @@ def partial_window(window, group, rows, key, device):
         return None
     state = window.host_state(values, steps)
     # Between writes a step's NaN and Inf are flagged, not counted (docs/statistics.md): the count is not there.
-    layer, variable = window_slabs(state, steps[-1], values["weight"], rows.structure, counted=False)
+    state = state._replace(last=running.uncounted(np, state.last))
+    layer, variable = window_slabs(state, steps[-1], values["weight"], rows.structure)
     if key[2]:
         layer, variable = rowstats.fill(layer, variable, key[2], None)
     return steps[-1], layer, variable
