@@ -127,7 +127,11 @@ def compiled_values(gradients, where, rows):
 
 def compiled_nonfinite(values):
     """float64 count of the non-finite elements of each tensor, with no cond (one count of a mask each)."""
-    return tf.stack([full_sums.count(tf.logical_not(tf.math.is_finite(v)), compiled=True) for v in values])
+    return tf.stack([_compiled_count(v) for v in values])
+
+
+def _compiled_count(values):
+    return full_sums.count(tf.logical_not(tf.math.is_finite(values)), compiled=True)
 
 
 def compiled_flags(values, norms):
@@ -139,12 +143,10 @@ def compiled_flags(values, norms):
     XLA, the count's own pass was 0.03x of the step). A float64 element's
     square can overflow, so a float64 tensor is counted.
     """
-    flags = []
-    for k, v in enumerate(values):
-        if v.dtype.size <= 4:
-            flags.append(tf.where(tf.math.is_finite(norms[k]), tf.constant(0.0, tf.float64), 1.0))
-        else:
-            flags.append(full_sums.count(tf.logical_not(tf.math.is_finite(v)), compiled=True))
+    flags = [
+        tf.cast(tf.logical_not(tf.math.is_finite(norms[k])), tf.float64) if v.dtype.size <= 4 else _compiled_count(v)
+        for k, v in enumerate(values)
+    ]
     return tf.stack(flags)
 
 

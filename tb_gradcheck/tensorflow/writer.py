@@ -223,8 +223,8 @@ class GradientWriter:
         this step is not a write step: it then takes only what the window
         reduces (the norm, and from it whether there was a NaN or Inf), not
         the write step's other statistics, which a compiled step cannot skip
-        with a cond. Trace the step once for each value and pass ``step % N
-        != 0``; a write step stashed with it anyway has MISSING in the columns it did not take.
+        with a cond. Trace the step once for each value and pass
+        ``step % N != 0``; a write step stashed with it anyway has MISSING in the columns it did not take.
 
         For one replica (no ``tf.distribute`` strategy with several). Args,
         returns and errors as for ``write``.
