@@ -206,6 +206,21 @@ def synthetic_run(logdir, steps, every_n_steps=1, names=("dense", "dense_1", "de
     return sizes, scale
 
 
+def next_second():
+    """Waits for the clock's next second, before a test restarts a TensorFlow-written run in the same directory.
+
+    TensorFlow names an event file by its second, then a per-process counter
+    that is not zero-padded: a file opened in the same second as the
+    process's tenth or hundredth sorts before it, and TensorBoard's Python
+    loader, which reads a run's files in name order, skips it. A real
+    restart is a later second (and process); the writers without TensorFlow
+    pad their counter (``core/eventlog.py``).
+    """
+    second = int(time.time())
+    while int(time.time()) == second:
+        time.sleep(0.02)
+
+
 def read_events(run_dir, kind="stats", granularity="layer"):
     """The gradient summaries of one run, as TensorBoard's event file loader reads them.
 

@@ -176,13 +176,17 @@ class EventFile:
     never uses it. This writes the same records (``records``: length,
     masked CRC-32C, data, masked CRC-32C, with a CRC that costs a small
     part of TensorBoard's Python one), under the name ``EventFileWriter``
-    would give it, and synchronously: the log flushes after every event
-    anyway.
+    would give it (its counter zero-padded), and synchronously: the log
+    flushes after every event anyway.
     """
 
     def __init__(self, logdir, filename_suffix=""):
         os.makedirs(logdir, exist_ok=True)
-        name = "events.out.tfevents.%010d.%s.%s.%s%s" % (
+        # The file counter is zero-padded where TensorBoard's is not: TensorBoard's
+        # Python loader reads a run's files in name order and skips a file that
+        # sorts before the one it reads, so a writer opened in the same second
+        # as this process's tenth (or hundredth) would be lost to it.
+        name = "events.out.tfevents.%010d.%s.%s.%06d%s" % (
             time.time(),
             socket.gethostname(),
             os.getpid(),

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import get_json
 from conftest import make_app
+from conftest import next_second
 from tb_gradcheck.core import eventlog
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import records
@@ -211,6 +212,7 @@ def test_a_run_across_spans_and_a_restart_into_an_earlier_span_read_as_one_tag_d
     # A restart from step 23 (span 2) that writes up to 30 (span 3): span 2
     # and 3 are rewound by the data server or the reader, span 4 only by the
     # reader; one tag is rewound whole.
+    next_second()
     restarted = Training(run)
     restarted.steps(23, 31, nan_at=25)
     restarted.close()

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import next_second
 from conftest import synthetic_run
 from tb_gradcheck.reader import cache
 from tb_gradcheck.reader import points
@@ -179,6 +180,7 @@ def test_findings_and_heatmaps_are_kept_until_the_run_changes(tmp_path):
     queries.findings(st, ctx, eid, "r", strict)  # other thresholds are another answer
     assert len(counting.read) > reads
     reads = len(counting.read)
+    next_second()
     synthetic_run(tmp_path / "r", 25)  # a restart that goes 5 steps further: the tag's version changes
     probe._provider._multiplexer.Reload()
     queries.findings(st, ctx, eid, "r")
