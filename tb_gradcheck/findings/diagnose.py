@@ -88,16 +88,16 @@ class Thresholds(optimizer.OptimizerThresholds, activations.ActivationThresholds
       kind_orders: Orders of magnitude a kind's largest row above a decay
         point must sit above its largest row below it, for every kind (a
         row's role: its name with the block indices taken out, and its
-        parameter shapes) with rows on both sides. 1: rows of one kind at
+        parameter shapes) with rows on both sides, and half the rows above
+        it above every row below (``vanishing``). 1: rows of one kind at
         different depths of a healthy network sit within a factor of a few
         of each other (a residual stream hands every block the same
         gradient; a variance-preserving initialisation keeps a plain stack's
         layers at one scale), so a row within an order of a row of its kind
         above the point is as small as its role makes it, wherever it sits:
         attention's query and key, orders below the value projection in
-        every layer while the softmax is near uniform. A real decay across
-        the point lifts each kind it crosses by more than that: the corpus'
-        sigmoid stacks rise 0.5-0.9 orders per layer.
+        every layer while the softmax is near uniform. A real decay lifts
+        each kind it crosses, and most rows, by more: 0.5-0.9 orders a layer.
       vanishing_ratio: See ``optimizer.OptimizerThresholds``, which
         reads it too.
       dead_units: A layer's ``dead_unit_fraction`` (units whose every

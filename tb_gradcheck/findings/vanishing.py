@@ -4,7 +4,9 @@ Vanishing is the backward signal shrinking layer after layer on its way to
 the input, so the rule looks for a *point* in the depth order below which
 every row is orders of magnitude below the largest row above it (the chain:
 a small row in the middle of a network whose input side learns is local to
-that row, not a decay). One small row is not a profile: a row is only as
+that row, not a decay), and below most rows above it (one large row above
+is a step: a classifier that has learned its task holds most of the
+gradient in its head). One small row is not a profile: a row is only as
 small as its role makes it when a row of the same *kind* above the point
 is as small. Attention's query and key projections are the case in point:
 while the softmax is near uniform (at initialisation, and until attention
@@ -60,7 +62,9 @@ def decay_points(level, kind, t):
       the largest row above it, and
     - no kind is as small above it as below it: for every kind with rows on
       both sides, its rows above include one at least ``kind_orders`` above
-      its largest row below.
+      its largest row below, and
+    - at least half of the rows above it with a gradient there are
+      ``kind_orders`` above every row below it (``_below_most_rows_above``).
 
     Args:
       level: ``[S, L]`` log10 gradient norms, NaN where a row has no
@@ -98,10 +102,32 @@ def decay_points(level, kind, t):
         shared[:, members[:-1] + 1] += same
         shared[:, members[1:] + 1] -= same
     valid &= np.cumsum(shared, axis=1)[:, 1:n] == 0
+    valid &= _below_most_rows_above(filled, lower, valid, t)
     found = valid.any(axis=1)
     point = np.where(found, (n - 1) - np.argmax(valid[:, ::-1], axis=1), 0)
     top = np.where(found, above[np.arange(s), np.minimum(point, n - 1)], np.nan)
     return point.astype(np.int64), top
+
+
+def _below_most_rows_above(filled, lower, valid, t):
+    """bool ``[S, L-1]``: at each candidate point, at least half the rows above it are ``kind_orders`` above every row below.
+
+    A decay across depth lowers what lies below the point beneath the rows
+    above it, not beneath one row: near convergence a classifier head can
+    take most of the gradient (its loss term is near zero, and each trunk
+    row gets a small share of it), so the input side is orders below the
+    head while as large as the trunk rows just above it. That is the head's
+    step, which makes its own point (the whole body below the head) where it
+    is ``vanishing_orders`` deep. Rows below a point are at most ``lower``,
+    so counting every row over ``lower + kind_orders`` counts rows above it.
+    """
+    out = np.zeros_like(valid)
+    finite_above = np.flip(np.cumsum(np.flip(np.isfinite(filled), axis=1), axis=1), axis=1)[:, 1:]  # rows p ..
+    ordered = np.sort(filled, axis=1)
+    for i in np.flatnonzero(valid.any(axis=1)):  # only writes with a candidate point: few in most runs
+        over = filled.shape[1] - np.searchsorted(ordered[i], lower[i] + t.kind_orders, side="right")
+        out[i] = 2 * over >= finite_above[i]
+    return out
 
 
 def vanishing(v, t, exclude=(), shapes=None):

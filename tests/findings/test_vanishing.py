@@ -68,6 +68,28 @@ def test_a_deeper_query_as_small_breaks_the_decay_only_for_the_points_it_lies_ab
     assert f.layers == ATTENTION[:-1], f.message
 
 
+def test_a_first_row_orders_below_a_head_but_as_large_as_the_rows_above_it_is_not_vanishing(tmp_path):
+    """A classifier that has learned its task: the head takes most of the gradient (RoBERTa's, fine-tuned to a loss near 0).
+
+    The word embeddings, the first row, sit 3.3 orders below the head's
+    output layer and are the only kind of their own, but most rows above
+    them are no larger (position embeddings, query, key, value): the head
+    is one step, not a decay toward the input.
+    """
+    norms = {
+        "emb.words": 1e-4, "emb.types": 2e-3, "emb.positions": 1e-4,
+        "layer.0.query": 5e-6, "layer.0.key": 2e-5, "layer.0.value": 5e-5, "layer.0.out": 3e-4,
+        "layer.1.query": 1e-5, "layer.1.key": 1.2e-5, "layer.1.value": 1e-4, "layer.1.out": 5e-4,
+        "head.dense": 2e-2, "head.out_proj": 2e-1,
+    }  # fmt: skip
+    found = _run(tmp_path, list(norms), lambda step, p: norms[p])
+    assert not _of(found, "vanishing"), [f.message for f in found]
+    # The same rows with the trunk an order above the first row: the rows above it are mostly larger, a decay.
+    lifted = {p: n if p == "emb.words" or p.startswith("head") else n * 30 for p, n in norms.items()}
+    (f,) = _of(_run(tmp_path, list(lifted), lambda step, p: lifted[p], name="lifted"), "vanishing")
+    assert f.layers == ["emb.words"], f.message
+
+
 def test_a_kind_that_rises_across_the_point_by_less_than_an_order_breaks_it():
     """``decay_points`` on a profile: the kind's rows above the point within ``kind_orders`` of those below it."""
     t = diagnose.Thresholds()
