@@ -81,7 +81,10 @@ class OptimizerThresholds:
         weights, so it holds at any weight scale. Where the run records the
         update it made (``update_to_weight``), that premise is measured
         instead: an update at or above ``not_learning_floor`` moved them
-        (Adam's step is about lr per element whatever |g| is). Read here
+        (Adam's step is about lr per element whatever |g| is), and one
+        within ``not_learning_orders`` of the other layers' median went
+        where the learning rate took every layer
+        (``vanishing._still_while_others_move``). Read here
         too: an update of exactly 0 is float32's only where the gradient
         is under this (``_frozen``).
     """

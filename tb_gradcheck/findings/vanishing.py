@@ -130,6 +130,31 @@ def _below_most_rows_above(filled, lower, valid, t):
     return out
 
 
+def _still_while_others_move(update, candidate, t):
+    """bool ``[S, L]``: the layer's measured update sits ``not_learning_orders`` below the other layers' median there.
+
+    An update under float32's floor says its gradient rounds away only
+    while the optimizer moves the rest of the network: where every layer
+    slows (a learning rate decayed toward 0 at a schedule's end, a refused
+    step), one under the floor says nothing about its own gradient. A
+    converged fine-tune's norm scales, whose gradients sit at float32's
+    half-ulp of their weights, cross the floor in the last writes of a
+    linear decay, two orders below the median layer as all along.
+    """
+    measured = np.isfinite(update)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        level = np.where(measured & (update > 0), np.log10(update), np.nan)
+        own = np.where(update == 0, -np.inf, level)  # no update at all: below any pace
+    out = np.ones(candidate.shape, bool)  # where nothing else is measured, the update floor alone speaks
+    for j in np.flatnonzero(candidate.any(axis=0)):  # the few rows under float32's half-ulp
+        others = windows.nanmedian(np.delete(level, j, axis=1), axis=1)  # NaN: no other layer moved
+        with np.errstate(invalid="ignore"):
+            still = own[:, j] < others - t.not_learning_orders
+        judged = measured[:, j] & np.delete(measured, j, axis=1).any(axis=1)
+        out[:, j] = np.where(judged, still, True)
+    return out
+
+
 def vanishing(v, t, exclude=(), shapes=None):
     """Layers in a decay toward the input (``decay_points``), or too small to move their weights, persistently.
 
@@ -174,6 +199,7 @@ def vanishing(v, t, exclude=(), shapes=None):
             # them. A measured update at or above not_learning_floor (what
             # moves float32 weights) refutes it at that write.
             tiny &= ~(v.update >= t.not_learning_floor)
+            tiny &= _still_while_others_move(v.update, tiny, t)
     excluded = np.array([name in exclude for name in v.rows])
     sick = (decayed | tiny) & ~excluded[None, :]
     flags = windows.persistent(sick, finite, t)

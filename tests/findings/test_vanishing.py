@@ -90,6 +90,35 @@ def test_a_first_row_orders_below_a_head_but_as_large_as_the_rows_above_it_is_no
     assert f.layers == ["emb.words"], f.message
 
 
+def _learning_rate(step):
+    """1e-3, then a decay to 1e-7 over the last 40 of 100 steps: a schedule's end."""
+    return 1e-3 * 10 ** -(max(step - 60, 0) / 10)
+
+
+def test_a_layer_under_the_float32_floor_only_as_the_whole_network_slows_is_not_vanishing(tmp_path):
+    """A converged fine-tune's norm scale: a gradient at float32's half-ulp of its weights, moving two orders below the rest.
+
+    As the learning rate decays, every update falls; the norm's crosses
+    the 1e-7 floor first, in the last 20 writes, still two orders below the
+    median layer's. Its update stays where the network's goes: the
+    schedule's slowing, not a gradient that rounds away. Three orders
+    below the rest while they move, the same layer is vanishing.
+    """
+    rows = ["a", "norm", "b", "head"]
+
+    def norm(step, p):
+        return 3e-8 if p == "norm" else 1e-2
+
+    def updates(behind):
+        return lambda step, p: _learning_rate(step) * (10.0**-behind if p == "norm" else 1.0)
+
+    assert _learning_rate(79) * 1e-2 > 1e-7 > _learning_rate(81) * 1e-2  # the norm's update crosses the floor at 80
+    found = _run(tmp_path, rows, norm, updates=updates(2))
+    assert not _of(found, "vanishing"), [f.message for f in found]
+    (f,) = _of(_run(tmp_path, rows, norm, name="behind", updates=updates(4)), "vanishing")
+    assert f.layers == ["norm"] and f.evidence["norm"]["reason"] == "too small to move its weights", f.message
+
+
 def test_a_kind_that_rises_across_the_point_by_less_than_an_order_breaks_it():
     """``decay_points`` on a profile: the kind's rows above the point within ``kind_orders`` of those below it."""
     t = diagnose.Thresholds()
