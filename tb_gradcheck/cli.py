@@ -2,7 +2,8 @@
 
 ``report`` exits 1 when a finding reaches the gate (``--fail-on``: errors by
 default, or warnings and errors, or never), 0 otherwise, and 2 for a usage or
-data error, so it can gate a CI job or a training script. Information
+data error, so it can gate a CI job or a training script (141, quietly, when
+the reader of its output stops early: ``report | head``). Information
 findings (idle units, a dead phase that recovered) never fail it; the JSON
 keeps every finding with its severity whatever the gate.
 Names in ``report``'s output are plain text (``grep 'dense_0,'`` finds them)
@@ -24,6 +25,7 @@ import time
 import unicodedata
 
 EXIT_HEALTHY, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+EXIT_PIPE_CLOSED = 128 + 13  # the shell's status for a program that SIGPIPE ended, as `grep ... | head` gives
 # What --fail-on accepts: the least severe finding that fails the report.
 FAIL_ON = ("error", "warning", "never")
 
@@ -85,6 +87,12 @@ def main(argv=None):
     except _UsageError as e:
         print(f"tb-gradcheck {args.command}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader of the output went away (`report | head`): stop quietly, as
+        # any Unix filter does, and point stdout at /dev/null so that the
+        # interpreter's exit flush does not raise the same error again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
 
 
 # What writes gradient data, for the hint of an empty log directory.

@@ -68,6 +68,21 @@ def test_report_text_names_layers_plainly_and_escapes_bidi_characters_visibly(lo
     assert "    - m/\\u202eevil: " in out.stdout
 
 
+def test_a_reader_that_stops_early_ends_report_and_export_quietly(logdir):
+    """`tb-gradcheck report | head -1`: the rest of the output has nowhere to go, which is no error of ours."""
+    env = {k: v for k, v in os.environ.items() if k not in QUIET_VARS}
+    for args in (["report", logdir], ["export", logdir, "--run", "run", "--metric", "grad_norm"]):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tb_gradcheck.cli", *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        process.stdout.close()  # the reader is gone before the program's first write (its imports take longer)
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 141 and err == b"", (args, process.returncode, err.decode())
+
+
 def test_report_json_keeps_exact_names_with_control_characters_as_json_escapes(logdir):
     out = cli("report", logdir, "--format", "json")
     assert out.returncode == 0 and out.stderr == ""  # a warning: the default gate fails on errors only
