@@ -2,8 +2,7 @@
 
 ``report`` exits 1 when a finding reaches the gate (``--fail-on``: errors by
 default, or warnings and errors, or never), 0 otherwise, and 2 for a usage or
-data error, so it can gate a CI job or a training script (141, quietly, when
-the reader of its output stops early: ``report | head``). Information
+data error, so it can gate a CI job or a training script. Information
 findings (idle units, a dead phase that recovered) never fail it; the JSON
 keeps every finding with its severity whatever the gate.
 Names in ``report``'s output are plain text (``grep 'dense_0,'`` finds them)
@@ -14,6 +13,7 @@ start-up log lines are not this program's output.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import json
@@ -24,8 +24,7 @@ import tempfile
 import time
 import unicodedata
 
-EXIT_HEALTHY, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-EXIT_PIPE_CLOSED = 128 + 13  # the shell's status for a program that SIGPIPE ended, as `grep ... | head` gives
+EXIT_HEALTHY, EXIT_FINDINGS, EXIT_ERROR, EXIT_PIPE_CLOSED = 0, 1, 2, 141  # 141: SIGPIPE's status in a shell
 # What --fail-on accepts: the least severe finding that fails the report.
 FAIL_ON = ("error", "warning", "never")
 
@@ -87,10 +86,7 @@ def main(argv=None):
     except _UsageError as e:
         print(f"tb-gradcheck {args.command}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    except BrokenPipeError:
-        # The reader of the output went away (`report | head`): stop quietly, as
-        # any Unix filter does, and point stdout at /dev/null so that the
-        # interpreter's exit flush does not raise the same error again.
+    except BrokenPipeError:  # the reader went away: stop quietly; stdout to /dev/null, or the exit flush raises
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_PIPE_CLOSED
 
@@ -317,10 +313,8 @@ def _open_in_browser(url):
     desktop = sys.platform in ("darwin", "win32") or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
     if not desktop:
         return
-    try:
+    with contextlib.suppress(webbrowser.Error):  # the URL is printed
         webbrowser.open(url)
-    except webbrowser.Error:
-        pass  # the URL is printed
 
 
 def _check_port(host, port):
