@@ -24,8 +24,13 @@ LAYERS = 2_000
 PARTS = ("attn/q", "attn/k", "attn/v", "attn/o", "mlp/in", "mlp/out", "ln1", "ln2")
 
 
-def matrix(layers=LAYERS, steps=10_000, seed=0):
-    """A stats ``merge.Matrix`` at layer granularity, every step written (``last`` only), pathologies planted."""
+def matrix(layers=LAYERS, steps=10_000, seed=0, updates=False):
+    """A stats ``merge.Matrix`` at layer granularity, every step written (``last`` only), pathologies planted.
+
+    ``updates``: with the optimizer's update measured too (``update_to_weight``
+    about 1e-3 per step, as a writer given the optimizer records it), which
+    the not-learning rule and vanishing's float32 reason read.
+    """
     from tb_gradcheck.core import metadata
     from tb_gradcheck.reader import merge
 
@@ -61,6 +66,11 @@ def matrix(layers=LAYERS, steps=10_000, seed=0):
     for name in (*metadata.OPTIMIZER_STAT_COLUMNS, "first_nonfinite_offset", "clip_ratio"):
         if name in columns:
             missing[..., c(name)] = True
+    if updates:
+        ratio = 1e-3 * 10 ** rng.normal(0, 0.3, (steps, layers))
+        values[:, 0, :, c("update_to_weight")] = ratio
+        values[:, 0, :, c("update_norm")] = ratio * 10.0
+        missing[..., [c("update_to_weight"), c("update_norm")]] = False
     return merge.Matrix(names, columns, ["last"], np.arange(steps, dtype=np.int64), values, missing)
 
 
@@ -69,18 +79,21 @@ def run(quick=False):
     from tb_gradcheck.findings import rules
 
     steps = 1_000 if quick else 10_000
-    m = matrix(steps=steps)
-    started = time.perf_counter()
-    rules.StatsView(m)
-    baseline = time.perf_counter() - started
-    started, cpu = time.perf_counter(), time.process_time()
-    found = diagnose.find("scale", m)
-    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    label = f"{LAYERS:,} layers x {steps:,} writes, {len(found)} findings"
-    return [
-        row(f"findings: diagnose.find, {label}, vs taking out the slabs it reads", baseline, wall, "s"),
-        row(f"findings: diagnose.find CPU time, {label}", None, cpu, "s"),
-    ]
+    rows = []
+    for updates in (False, True):
+        m = matrix(steps=steps, updates=updates)
+        started = time.perf_counter()
+        rules.StatsView(m)
+        baseline = time.perf_counter() - started
+        started, cpu = time.perf_counter(), time.process_time()
+        found = diagnose.find("scale", m)
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        label = f"{LAYERS:,} layers x {steps:,} writes{', updates measured' if updates else ''}, {len(found)} findings"
+        rows += [
+            row(f"findings: diagnose.find, {label}, vs taking out the slabs it reads", baseline, wall, "s"),
+            row(f"findings: diagnose.find CPU time, {label}", None, cpu, "s"),
+        ]
+    return rows
 
 
 if __name__ == "__main__":

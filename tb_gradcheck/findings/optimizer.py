@@ -6,7 +6,6 @@ those columns gets no finding from here.
 """
 
 import dataclasses
-import warnings
 
 import numpy as np
 
@@ -211,6 +210,7 @@ def _not_learning(run, stats, t, dead, outside=frozenset()):
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratio = np.where(here, np.log10(ratio), np.nan)  # 0 -> -inf: no update at all
     slow, pace = _slow_network(ratio, here, t)
+    others = windows.median_of_others(log_ratio)  # each layer's yardstick: the other layers' median
     evidence, unheld, held = {}, {}, {}
     n = len(stats.rows)
     for j, name in enumerate(stats.rows):
@@ -236,11 +236,7 @@ def _not_learning(run, stats, t, dead, outside=frozenset()):
         behind = np.zeros_like(present)
         gap = np.full(len(present), np.nan)
         if n > 1:
-            others = np.delete(log_ratio, j, axis=1)
-            others = np.where(np.isfinite(others), others, np.nan)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN step: no others to compare
-                typical = np.nanmedian(others, axis=1)
+            typical = others[:, j]
             gap = typical - log_ratio[:, j]
             behind = present & np.isfinite(typical) & (gap > t.not_learning_orders)
         sick = below_floor | behind

@@ -130,7 +130,7 @@ def _below_most_rows_above(filled, lower, valid, t):
     return out
 
 
-def _still_while_others_move(update, candidate, t):
+def _still_while_others_move(update, t):
     """bool ``[S, L]``: the layer's measured update sits ``not_learning_orders`` below the other layers' median there.
 
     An update under float32's floor says its gradient rounds away only
@@ -145,14 +145,10 @@ def _still_while_others_move(update, candidate, t):
     with np.errstate(divide="ignore", invalid="ignore"):
         level = np.where(measured & (update > 0), np.log10(update), np.nan)
         own = np.where(update == 0, -np.inf, level)  # no update at all: below any pace
-    out = np.ones(candidate.shape, bool)  # where nothing else is measured, the update floor alone speaks
-    for j in np.flatnonzero(candidate.any(axis=0)):  # the few rows under float32's half-ulp
-        others = windows.nanmedian(np.delete(level, j, axis=1), axis=1)  # NaN: no other layer moved
-        with np.errstate(invalid="ignore"):
-            still = own[:, j] < others - t.not_learning_orders
-        judged = measured[:, j] & np.delete(measured, j, axis=1).any(axis=1)
-        out[:, j] = np.where(judged, still, True)
-    return out
+        still = own < windows.median_of_others(level) - t.not_learning_orders  # NaN (no other moved): False
+    # Where no other layer's update is measured, the floor alone speaks, as before.
+    judged = measured & (measured.sum(axis=1, keepdims=True) - measured > 0)
+    return np.where(judged, still, True)
 
 
 def vanishing(v, t, exclude=(), shapes=None):
@@ -199,7 +195,7 @@ def vanishing(v, t, exclude=(), shapes=None):
             # them. A measured update at or above not_learning_floor (what
             # moves float32 weights) refutes it at that write.
             tiny &= ~(v.update >= t.not_learning_floor)
-            tiny &= _still_while_others_move(v.update, tiny, t)
+            tiny &= _still_while_others_move(v.update, t)
     excluded = np.array([name in exclude for name in v.rows])
     sick = (decayed | tiny) & ~excluded[None, :]
     flags = windows.persistent(sick, finite, t)

@@ -58,3 +58,19 @@ def test_sliding_reducers_give_the_numbers_of_the_stacked_windows(reduce):
             np.testing.assert_array_equal(windows.before(values, length, reduce), stacked)
             ends = windows._windows(np.concatenate([values, np.full((1, n), np.nan)]), length, reduce)[1:]
             np.testing.assert_array_equal(windows.through(values, length, reduce), ends)
+
+
+def test_median_of_others_is_the_median_of_each_row_without_the_column():
+    rng = np.random.default_rng(5)
+    for s, n in ((0, 3), (4, 1), (5, 2), (40, 7), (30, 12)):
+        values = rng.normal(size=(s, n))
+        values[rng.random((s, n)) < 0.2] = np.nan
+        values[rng.random((s, n)) < 0.1] = -np.inf  # no update at all: not a value of the median
+        values[rng.random((s, n)) < 0.2] = 0.25  # ties
+        got = windows.median_of_others(values)
+        for i in range(s):
+            for j in range(n):
+                rest = np.delete(values[i], j)
+                rest = rest[np.isfinite(rest)]
+                expected = np.median(rest) if len(rest) else np.nan
+                np.testing.assert_equal(got[i, j], expected)
