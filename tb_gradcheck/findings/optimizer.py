@@ -212,7 +212,6 @@ def _not_learning(run, stats, t, dead, outside=frozenset()):
     slow, pace = _slow_network(ratio, here, t)
     others = windows.median_of_others(log_ratio)  # each layer's yardstick: the other layers' median
     evidence, unheld, held = {}, {}, {}
-    n = len(stats.rows)
     for j, name in enumerate(stats.rows):
         present = here[:, j]
         if not present.any():
@@ -233,12 +232,8 @@ def _not_learning(run, stats, t, dead, outside=frozenset()):
             continue
         network = _slow_evidence(ratio[:, j], present, slow, pace, stats.steps, t)
         below_floor = present & (ratio[:, j] < t.not_learning_floor)
-        behind = np.zeros_like(present)
-        gap = np.full(len(present), np.nan)
-        if n > 1:
-            typical = others[:, j]
-            gap = typical - log_ratio[:, j]
-            behind = present & np.isfinite(typical) & (gap > t.not_learning_orders)
+        gap = others[:, j] - log_ratio[:, j]  # NaN where no other layer moved (a one-layer model: always)
+        behind = present & np.isfinite(others[:, j]) & (gap > t.not_learning_orders)
         sick = below_floor | behind
         fraction = sick.sum() / present.sum()
         if fraction < t.not_learning_persistence:

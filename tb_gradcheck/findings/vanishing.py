@@ -143,9 +143,8 @@ def _still_while_others_move(update, t):
     """
     measured = np.isfinite(update)
     with np.errstate(divide="ignore", invalid="ignore"):
-        level = np.where(measured & (update > 0), np.log10(update), np.nan)
-        own = np.where(update == 0, -np.inf, level)  # no update at all: below any pace
-        still = own < windows.median_of_others(level) - t.not_learning_orders  # NaN (no other moved): False
+        level = np.log10(update)  # no update at all: -inf, below any pace and no part of the others' median
+        still = level < windows.median_of_others(level) - t.not_learning_orders  # NaN (no other moved): False
     # Where no other layer's update is measured, the floor alone speaks, as before.
     judged = measured & (measured.sum(axis=1, keepdims=True) - measured > 0)
     return np.where(judged, still, True)
