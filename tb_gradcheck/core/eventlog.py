@@ -26,6 +26,7 @@ from tensorboard.util import tensor_util
 
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core import records
+from tb_gradcheck.core import run_directory
 from tb_gradcheck.core import tags
 
 
@@ -108,6 +109,8 @@ class EventLog:
                 self._writes += 1
             self._last_step = step
             writes = self._writes
+        if self._logdir is not None:
+            run_directory.step_written(self._logdir, step)
         self.tensor(content, with_header(layer, variable, writes), step)
 
     def tensor(self, content, array, step):

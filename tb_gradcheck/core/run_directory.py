@@ -14,11 +14,16 @@ Lightning says where it logs: through the package's logger
 (``logging.getLogger("tb_gradcheck")``), which shows INFO on stderr unless
 the program has configured logging itself; a trainer's callback says it
 through the trainer's own logger first (``announced``).
+
+The steps written to a run directory are followed per process too: a step
+below one written there before hides the earlier points in TensorBoard, and
+is warned once (``step_written``, ``starts_again``).
 """
 
 import logging
 import os
 import tempfile
+import warnings
 
 from tb_gradcheck.core import validate
 
@@ -30,6 +35,8 @@ if not logging.getLogger().hasHandlers():
     logger.propagate = False
 
 _announced = set()
+_last_steps = {}  # a run directory (absolute path) -> the last step this process wrote there
+_rewound = set()  # the run directories whose steps went back, said once each
 
 
 def prepare(value, name, owner):
@@ -96,3 +103,52 @@ def announce(path):
     """Logs ``message(path)`` at INFO, once per run directory and process."""
     if not announced(path):
         logger.info(message(path))
+
+
+def rewound(path, first, last):
+    """The warning for a write at step ``first`` into the run ``path`` after step ``last`` (``first <= last``)."""
+    return (
+        f"tb_gradcheck: the steps written to {path} went back, to {first} after {last}. TensorBoard keeps, of a step "
+        "written again, the later point and drops every point at a step after it (its rule for a job restarted "
+        f"from a checkpoint), so steps {first}-{last} written before are hidden in the Gradients tab. Expected "
+        "steps that keep growing: a global step, not a batch's index in its epoch; a second fit with a new "
+        "optimizer (compile() after unfreezing layers) starts at step 1 again, so give it a log_dir of its own."
+    )
+
+
+def _warn_rewound(path, first, last):
+    key = os.path.abspath(path)
+    if key not in _rewound:
+        _rewound.add(key)
+        warnings.warn(rewound(path, first, last), stacklevel=4)
+
+
+def step_written(path, step):
+    """Notes that ``step`` was written to the run ``path`` by this process; warns if the run's steps went back.
+
+    Warned once per run directory and process (``rewound``). A step
+    written twice in a row (two models through one writer) is not a rewind.
+    """
+    key, step = os.path.abspath(path), int(step)
+    last = _last_steps.get(key)
+    if last is not None and step < last:
+        _warn_rewound(path, step, last)
+    _last_steps[key] = step
+
+
+def starts_again(path, step):
+    """For a fit whose optimizer is new (its first step is 1): warns if this process wrote ``path`` up to ``step`` or later.
+
+    Args:
+      path: The run directory.
+      step: The fit's first step.
+    """
+    last = _last_steps.get(os.path.abspath(path))
+    if last is not None and step <= last:
+        _warn_rewound(path, step, last)
+
+
+def reached(path, step):
+    """Notes that this process's steps in the run ``path`` reached ``step`` (steps written where no host sees them)."""
+    key = os.path.abspath(path)
+    _last_steps[key] = max(_last_steps.get(key, step), int(step))

@@ -156,6 +156,8 @@ class GradientCallback(keras.callbacks.Callback):
             warnings.warn(f"GradientCallback records nothing in this fit: {reason}", stacklevel=2)
             return
         self._warn_if_window_too_long()
+        if self._iterations() == 0:  # a new optimizer: steps start at 1 again
+            run_directory.starts_again(self.run_dir, 1)
         # Another callback left on this optimizer lets go first: its hooks are put back before ours are set.
         self._take_over(self.model.optimizer)
         self._session = self._open_session()
@@ -202,6 +204,11 @@ class GradientCallback(keras.callbacks.Callback):
                 f"({total} steps): only the partial window is written, once, when training ends.",
                 stacklevel=3,
             )
+
+    def _iterations(self):
+        """The optimizer's update count, read once at a fit's start or end."""
+        iterations = self.model.optimizer.iterations  # a tensor under gradient accumulation, else a variable
+        return int(getattr(iterations, "value", iterations))
 
     def _take_over(self, optimizer):
         """Detaches another callback still attached to ``optimizer`` (its run closed, its hooks put back)."""
@@ -250,6 +257,8 @@ class GradientCallback(keras.callbacks.Callback):
             return
         try:
             session.detach()
+            # The steps written inside the train function, which no host write saw.
+            run_directory.reached(self.run_dir, self._iterations())
         finally:
             if _ATTACHED.get(session.optimizer) is self:
                 del _ATTACHED[session.optimizer]

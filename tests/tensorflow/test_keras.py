@@ -563,3 +563,29 @@ def test_a_log_dir_that_cannot_hold_the_run_is_refused_when_the_callback_is_buil
     with pytest.raises(ValueError, match="GradientCallback can write its run to. Received: '.*file/train'"):
         GradientCallback(tmp_path / "file")
     assert GradientCallback(tmp_path / "logs").run_dir == str(tmp_path / "logs" / "train")
+
+
+def test_a_second_fit_with_a_new_optimizer_warns_that_its_steps_hide_the_first(tmp_path):
+    """Keras' fine-tuning recipe: fit the head with the base frozen, unfreeze, compile() again, fit again.
+
+    The new optimizer starts at step 1, so the second fit rewrites the first's
+    steps and TensorBoard hides them: said when the second fit begins. A second
+    fit of the same optimizer goes on from the first and is not warned.
+    """
+    x, y = data()
+    model = tanh_mlp()
+    model.layers[0].trainable = False
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    callback = GradientCallback(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback])
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[callback])  # steps 5-6
+        assert not [w for w in caught if "went back" in str(w.message)]
+        model.layers[0].trainable = True
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[GradientCallback(tmp_path)])
+    [warning] = [str(w.message) for w in caught if "went back" in str(w.message)]
+    assert f"the steps written to {tmp_path / 'train'} went back, to 1 after 6" in warning
+    assert "give it a log_dir of its own" in warning
+    assert [s for s, _, _ in read_events(tmp_path / "train")] == [1, 2, 3, 4, 5, 6, 1, 2]
