@@ -30,6 +30,7 @@ import torch
 
 from tb_gradcheck.core import metadata
 from tb_gradcheck.core.rowstats import MISSING
+from tb_gradcheck.torch import cleared
 from tb_gradcheck.torch import reductions
 
 F64 = torch.float64
@@ -93,6 +94,7 @@ class Follower:
         self._warned = False
         self._groups_seen = None  # the param_groups the unheld check last ran on (``_check_held``)
         self._unheld_warned = False
+        self._cleared = cleared.Cleared(self._warn_uncleared)
         self._handles = [
             # Eager under a compiled step, as the writer's own calls (writer._eager).
             optimizer.register_step_pre_hook(torch.compiler.disable(self._before)),
@@ -107,6 +109,7 @@ class Follower:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._cleared.detach()
         self._snapshot = self._buffers = None
 
     def _before(self, optimizer, args, kwargs):
@@ -130,6 +133,15 @@ class Follower:
         weights = [local(p) for p in link.rows.params]  # no per-tensor detach: under no_grad
         with torch.no_grad():
             self._snapshot = self._copy(weights)
+
+    def _warn_uncleared(self):
+        warnings.warn(
+            "tb_gradcheck: backward() added this step's gradients to those optimizer.step() already applied: "
+            "nothing cleared them. Every step then applies the sum of all gradients so far, and the recorded "
+            "gradients are that sum. Expected optimizer.zero_grad() (or model.zero_grad()) once per step, before "
+            "backward().",
+            stacklevel=2,
+        )
 
     def _check_held(self, optimizer):
         """Warns, once, of recorded parameters with a gradient that no parameter group of ``optimizer`` holds.
@@ -192,6 +204,8 @@ class Follower:
 
     def _after(self, optimizer, args, kwargs):
         link = self._link
+        if link.rows is not None and not link.closed:
+            self._cleared.stepped(link.rows.params)
         if self._snapshot is None or link.pending is None:
             self._snapshot = None
             return

@@ -213,3 +213,52 @@ def test_update_of_half_precision_weights_is_their_exact_change(tmp_path, dtype)
     rows = [content["variable"]["rows"].index(n) for n, _ in model.named_parameters()]
     for (_, array, _), want in zip(read_events(tmp_path, "stats", "variable"), moved):
         np.testing.assert_allclose(array[0, rows, column], want, rtol=1e-6)
+
+
+def _clears(optimizer, model, how):
+    if how == "optimizer.zero_grad()":
+        optimizer.zero_grad()
+    elif how == "zero_grad(set_to_none=False)":
+        optimizer.zero_grad(set_to_none=False)
+    elif how == "model.zero_grad()":
+        model.zero_grad()
+    elif how == ".grad = None":
+        for p in model.parameters():
+            p.grad = None
+
+
+@pytest.mark.parametrize(
+    "how", ["optimizer.zero_grad()", "zero_grad(set_to_none=False)", "model.zero_grad()", ".grad = None", "never"]
+)
+def test_gradients_never_cleared_are_warned_once_and_recorded_as_the_sum(tmp_path, how):
+    """A loop without ``zero_grad()`` applies the sum of every gradient so far; the writer says so at once.
+
+    Every way of clearing counts, also around two micro-batches accumulated
+    per step (their sum is the step's gradient, not a mistake); the
+    recorded gradient is what the optimizer applies either way.
+    """
+    import warnings
+
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    writer = GradientWriter(tmp_path, model, optimizer=optimizer)
+    torch.manual_seed(1)
+    batches = [(torch.randn(4, 4), torch.randn(4, 2)) for _ in range(8)]
+    applied = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(4):
+            _clears(optimizer, model, how)
+            for x, y in batches[2 * step : 2 * step + 2]:
+                nn.functional.mse_loss(model(x), y).backward()
+            applied.append(np.sqrt(sum(p.grad.double().square().sum().item() for p in model.parameters())))
+            writer.write(step)
+            optimizer.step()
+        writer.close()
+    said = [str(w.message) for w in caught if "nothing cleared them" in str(w.message)]
+    assert len(said) == (1 if how == "never" else 0), said
+    if how == "never":
+        assert "Expected optimizer.zero_grad() (or model.zero_grad()) once per step, before backward()" in said[0]
+    stored = _columns(tmp_path)
+    recorded = [np.sqrt(np.square(stored[s]["grad_norm"][0].astype(np.float64)).sum()) for s in range(4)]
+    np.testing.assert_allclose(recorded, applied, rtol=RTOL)
