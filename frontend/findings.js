@@ -13,6 +13,7 @@ export const KIND_LABELS = {
   dead: 'Dead units',
   clipping: 'Clipping binds',
   not_learning: 'Not learning',
+  not_cleared: 'Gradients never cleared',
   saturated: 'Saturated tanh/sigmoid',
   activation_growth: 'Activations growing',
   massive_activations: 'Massive activations',

@@ -62,9 +62,8 @@ ONSET_STAT_COLUMNS = (
     # -1 when the window had none.
     "first_nonfinite_offset",
 )
-# Every stored statistic, in stored order: the gradient columns, the weight
-# column (taken at the write step), then the onset columns, so a layout
-# without them has the others at the same positions.
+# Every stored statistic, in stored order: the gradient columns, the weight column (taken at the write step), then
+# the onset columns, so a layout without them has the others at the same positions.
 STORED_STAT_COLUMNS = GRADIENT_STAT_COLUMNS + ("weight_norm",) + ONSET_STAT_COLUMNS
 # What the optimizer did (tb_gradcheck.tensorflow.optimizer), taken at the write step:
 # stored after the columns above, and only by layouts that have them (a
@@ -78,14 +77,11 @@ OPTIMIZER_STAT_COLUMNS = ("grad_norm_before_clip", "update_norm", "update_to_wei
 ACTIVATION_STAT_COLUMNS = ("act_rms", "act_max_abs", "act_nonfinite", "act_dead_fraction", "act_saturated_fraction")
 # Columns a layout stores only when its writer measured them, after the statistics above, in this order.
 OPTIONAL_STAT_COLUMNS = OPTIMIZER_STAT_COLUMNS + ACTIVATION_STAT_COLUMNS
-# Per-step series the tab draws as a track along the heatmap's step axis,
-# not as a heatmap of their own (every row holds the same value).
+# Per-step series the tab draws as a track along the heatmap's step axis, not as a heatmap (every row holds one value).
 TRACK_METRICS = ("loss_scale", "refused_steps")
-# Derived on read: grad_to_weight is grad_norm / weight_norm in every
-# aggregate (weights are taken at the write step); clip_ratio is
-# grad_norm_before_clip / grad_norm at the write step, 1 where clipping did
-# not bind, k where it cut the gradient k-fold (only where a layout stores
-# grad_norm_before_clip).
+# Derived on read: grad_to_weight is grad_norm / weight_norm in every aggregate (weights are taken at the write
+# step); clip_ratio is grad_norm_before_clip / grad_norm at the write step, 1 where clipping did not bind, k where
+# it cut the gradient k-fold (only where a layout stores grad_norm_before_clip).
 DERIVED_STAT_COLUMNS = ("grad_to_weight", "clip_ratio")
 # The columns of a stats matrix as a reader holds it: stored, then derived.
 # Not every column is a metric (see METRICS).
@@ -97,16 +93,13 @@ STAT_COLUMNS = STORED_STAT_COLUMNS + OPTIONAL_STAT_COLUMNS + DERIVED_STAT_COLUMN
 AGGREGATES = ("last", "mean", "max", "min", "sum")
 SINGLE_STEP_AGGREGATES = ("last",)
 
-# The served metrics (the tab's metric list, export, the heatmap route) and
-# which aggregates a user may ask for of each, in display order. A sum of
-# norms over a window is a number, but not one anybody should read; a sum of
-# non-finite counts is exactly what "how many NaNs in this window" means.
-# Only grad_norm and grad_nonfinite are reduced at every step of a window
-# (one fused pass per gradient); grad_to_weight follows grad_norm. max |g|,
-# the zero fraction, dead units and the weights are taken at the write step.
-# grad_norm_finite and first_nonfinite_offset are stored for the findings (the
-# onset of a divergence inside a window), not offered as metrics: as a
-# heatmap they would only repeat grad_norm.
+# The served metrics (the tab's metric list, export, the heatmap route) and which aggregates a user may ask for
+# of each, in display order. A sum of norms over a window is a number, but not one anybody should read; a sum of
+# non-finite counts is exactly what "how many NaNs in this window" means. Only grad_norm and grad_nonfinite are
+# reduced at every step of a window (one fused pass per gradient); grad_to_weight follows grad_norm. max |g|, the
+# zero fraction, dead units and the weights are taken at the write step. grad_norm_finite and
+# first_nonfinite_offset are stored for the findings (the onset of a divergence inside a window), not offered as
+# metrics: as a heatmap they would only repeat grad_norm.
 METRIC_AGGREGATES = {
     "grad_norm": ("last", "mean", "max", "min"),
     "grad_max_abs": ("last",),
@@ -129,15 +122,12 @@ METRIC_AGGREGATES = {
 }
 METRICS = tuple(METRIC_AGGREGATES)
 
-# Columns of a check tensor (written by GradientWriter.write_check): the
-# deciding probe's analytic and numeric directional derivatives, their
-# relative error, the error bound of the numeric one (same units as the
-# derivatives: the smallest discrepancy the check could resolve), the row's
-# power (min_detectable_error: the smallest relative error along the row's
-# gradient the check would have convicted; +inf when it had no gradient
-# probe), the status and whose verdict it is (float64_recheck, an index
-# into CHECK_RECHECKS). Readers take columns by name, so layouts written
-# before min_detectable_error or float64_recheck read with them missing.
+# Columns of a check tensor (written by GradientWriter.write_check): the deciding probe's analytic and numeric
+# directional derivatives, their relative error, the error bound of the numeric one (same units as the
+# derivatives: the smallest discrepancy the check could resolve), the row's power (min_detectable_error: the
+# smallest relative error along the row's gradient the check would have convicted; +inf when it had no gradient
+# probe), the status and whose verdict it is (float64_recheck, an index into CHECK_RECHECKS). Readers take
+# columns by name, so layouts written before min_detectable_error or float64_recheck read with them missing.
 CHECK_COLUMNS = ("analytic", "numeric", "relative_error", "noise_floor", "min_detectable_error", "status")
 CHECK_COLUMNS += ("float64_recheck",)
 # Stored as the index into this tuple, which is also the order of severity:
@@ -154,7 +144,7 @@ class ContentError(ValueError):
     """Metadata content that this version of tb_gradcheck cannot read."""
 
 
-def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
+def stats_layout(layers, variables, aggregates, window, optimizer_columns=(), not_cleared=False):
     """The layout of a stats tensor, which holds both granularities.
 
     The tensor is float32 ``[A, L + V + 1, C]``: ``A`` aggregates, then the
@@ -189,11 +179,14 @@ def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
       optimizer_columns: Names from ``OPTIONAL_STAT_COLUMNS`` (the
         optimizer's and the activations') this layout stores after the
         others, in that order; default none.
+      not_cleared: The writer saw a ``backward()`` add into the gradients
+        the optimizer had applied (no ``zero_grad()``): ``gradients_not_cleared``,
+        stored only when true, so other layouts keep their bytes and fingerprint.
 
     Returns:
       A JSON-able dict; ``encode`` turns it into content bytes.
     """
-    return {
+    content = {
         "version": CONTENT_VERSION,
         "kind": KIND_STATS,
         "columns": list(stored_columns(window)) + [c for c in OPTIONAL_STAT_COLUMNS if c in optimizer_columns],
@@ -202,6 +195,9 @@ def stats_layout(layers, variables, aggregates, window, optimizer_columns=()):
         "layer": _granularity_block(**layers),
         "variable": _granularity_block(**variables),
     }
+    if not_cleared:
+        content["gradients_not_cleared"] = True
+    return content
 
 
 def stored_columns(window):
@@ -298,6 +294,10 @@ def parse(content_bytes):
         window = content.get("window")
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise ContentError(f"window must be a positive integer, got {_short(window)}")
+        if content.get("gradients_not_cleared", True) is not True:
+            raise ContentError(
+                f"gradients_not_cleared is true where stored, got {_short(content['gradients_not_cleared'])}"
+            )
         for granularity in GRANULARITIES:
             block = content.get(granularity)
             if not isinstance(block, dict):

@@ -207,7 +207,9 @@ def describe(f, quote):
     if behind:
         until = max(x.get("last_step_cutting_off", -1) for x in e.values())
         when = "" if until >= last else f"at times, until step {until}, "
-        after = f"; {when}no gradient {'reaches' if not when else 'reached'} the {_count(behind, 'layer')} before it"
+        after = (
+            f"; {when}no gradient {'reaches' if not when else 'reached'} the {finding.count(behind, 'layer')} before it"
+        )
     cut = [n for n in f.layers if "cut_off_from_step" in e[n]]
     if cut:
         after += (
@@ -266,10 +268,6 @@ def _info_sentence(f, names, quote, those, shares):
     if idle:
         text += f"; idle units in {finding.name_list(idle, quote)}"
     return text + " (information, not a problem)."
-
-
-def _count(n, noun):
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _start(share, here, count):

@@ -198,7 +198,17 @@ _METRICS = {
 }
 
 
-def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_optimizer=(), labels=None, shapes=None):
+def find(
+    run,
+    stats=None,
+    checks=None,
+    thresholds=None,
+    sparse_rows=(),
+    outside_optimizer=(),
+    labels=None,
+    shapes=None,
+    not_cleared_after=None,
+):
     """Runs every rule over one run's layer matrices.
 
     Args:
@@ -215,6 +225,8 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_
       shapes: Optional ``{layer: shapes}``: each row's parameter shapes
         (or its size), which with its name say its kind
         (``vanishing.kinds``).
+      not_cleared_after: None, or the last step before the writer saw the
+        gradients go uncleared between steps (``optimizer.find``).
 
     Returns:
       A list of ``finding.Finding``, most severe first (errors, warnings,
@@ -232,7 +244,7 @@ def find(run, stats=None, checks=None, thresholds=None, sparse_rows=(), outside_
     for kind, verdict in found.items():
         out += _findings(kind, run, verdict)
     dead = found["dead"].accounted_for if "dead" in found else ()
-    out += optimizer.find(run, stats, thresholds, dead, outside_optimizer)
+    out += optimizer.find(run, stats, thresholds, dead, outside_optimizer, not_cleared_after)
     out += activations.find(run, stats, thresholds or Thresholds())
     if stats is not None:
         window = (thresholds or Thresholds()).baseline_writes
@@ -316,26 +328,17 @@ def describe(found, quote=None):
     after = [e["writes_after_it"] for e in found.evidence.values() if "writes_after_it" in e]
     if after:
         text += (
-            f" It ended by step {found.steps[1]}, and the {_count(min(after), 'write')} since, the latter half of "
+            f" It ended by step {found.steps[1]}, and the {finding.count(min(after), 'write')} since, the latter half of "
             "the run, are free of it (information: a phase that is over)."
         )
     if found.consequences:
         parts = [
-            f"{_CONSEQUENCE.get(c.kind, c.kind.replace('_', ' '))} in {finding.name_list(c.layers, quote)} "
+            f"{finding.CONSEQUENCE_NAMES.get(c.kind, c.kind.replace('_', ' '))} in {finding.name_list(c.layers, quote)} "
             f"(steps {c.steps[0]}-{c.steps[1]})"
             for c in found.consequences
         ]
         text += f" It explains what followed: {'; '.join(parts)}."
     return text
-
-
-# How a consequence is named in its cause's sentence.
-_CONSEQUENCE = {
-    "dead": "dead units",
-    "vanishing": "vanishing gradients",
-    "clipping": "clipping that binds",
-    "not_learning": "layers not learning",
-}
 
 
 def _sentence(found, quote):
@@ -348,7 +351,7 @@ def _sentence(found, quote):
         where = "" if len(firsts) == len(f.layers) else f" in {finding.name_list(firsts, quote)}"
         text = (
             f"NaN/Inf gradients in {names}, first at step {first}{where} "
-            f"({_count(sum(x['writes_with_nonfinite'] for x in e.values()), 'layer-write')} affected)"
+            f"({finding.count(sum(x['writes_with_nonfinite'] for x in e.values()), 'layer-write')} affected)"
         )
         if before:
             text += f"; the largest finite norm before it was {max(before):.3g}"
@@ -394,7 +397,3 @@ def _sentence(found, quote):
         return dead_units.describe(f, quote)
     worst = max(x["max_relative_error"] for x in e.values())
     return f"Gradient check failed for {names}: analytic and numeric gradients differ by up to {worst:.2%}."
-
-
-def _count(n, noun):
-    return f"{n} {noun}{'' if n == 1 else 's'}"

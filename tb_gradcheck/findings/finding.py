@@ -74,6 +74,20 @@ def name_list(names, quote, limit=3):
     return f"{len(names)} layers ({', '.join(names[:limit])}, ...)"
 
 
+def count(n, noun):
+    """``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+# How a consequence is named in its cause's sentence (``diagnose.describe``).
+CONSEQUENCE_NAMES = {
+    "dead": "dead units",
+    "vanishing": "vanishing gradients",
+    "clipping": "clipping that binds",
+    "not_learning": "layers not learning",
+}
+
+
 def isolate(name):
     """A layer name as a Unicode bidi isolate (FSI ... PDI) inside a message.
 
@@ -121,7 +135,8 @@ class Follows:
 # What follows from what, one tier at a time. What goes wrong after a
 # gradient went non-finite or exploded, on the layers it hit, follows from it
 # (dead units after the weights exploded, clipping that binds because the
-# gradient explodes). A layer whose gradient vanishes does not learn for
+# gradient explodes), and whatever is found in gradients a loop never
+# cleared (each a sum of every step's so far). A layer whose gradient vanishes does not learn for
 # that reason: its update is its gradient's, too small to move float32
 # weights or far behind the other layers' (a layer the optimizer leaves
 # out, or a whole network at too small a learning rate, does not learn for
@@ -133,7 +148,7 @@ class Follows:
 # warning that is itself a consequence of an error is attached to the error,
 # and what a vanishing body caused goes with it under the head.
 FOLLOWS = (
-    (Follows("non_finite", "error"), Follows("exploding", "error")),
+    (Follows("non_finite", "error"), Follows("exploding", "error"), Follows("not_cleared", "error")),
     (Follows("vanishing", "warning", {"not_learning": (BELOW_FLOAT32, BEHIND_OTHERS)}),),
     (Follows("not_learning", "warning", {"vanishing": None}, cause_reasons=(OUTSIDE,), reach="above"),),
 )

@@ -1,4 +1,4 @@
-"""Findings about what the optimizer did: clipping that binds, layers that do not learn; numpy only.
+"""Findings about what the optimizer did: clipping that binds, layers that do not learn, gradients never cleared; numpy only.
 
 Rules over the optimizer columns (``tb_gradcheck.tensorflow.optimizer``) of a run's
 layer-granularity stats matrix, called by ``diagnose.find``. A run without
@@ -10,9 +10,10 @@ import dataclasses
 import numpy as np
 
 from tb_gradcheck.findings import finding
+from tb_gradcheck.findings import uncleared
 from tb_gradcheck.findings import windows
 
-KINDS = ("clipping", "not_learning")
+KINDS = ("clipping", "not_learning", uncleared.KIND)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +101,7 @@ class OptimizerThresholds:
     vanishing_ratio: float = 6e-8
 
 
-def find(run, stats, thresholds=None, dead=(), outside_optimizer=()):
+def find(run, stats, thresholds=None, dead=(), outside_optimizer=(), not_cleared_after=None):
     """The optimizer findings of one run.
 
     Args:
@@ -115,14 +116,17 @@ def find(run, stats, thresholds=None, dead=(), outside_optimizer=()):
         group of the optimizer holds (the writer saw the groups and stored
         it): a ``not_learning`` warning of their own, naming them, where
         the numbers alone would say "frozen by the optimizer".
+      not_cleared_after: None, or the last step before the writer saw the
+        gradients go uncleared between steps (``uncleared.find``).
 
     Returns:
-      A list of ``finding.Finding`` (kinds ``clipping``, ``not_learning``).
+      A list of ``finding.Finding`` (kinds ``KINDS``).
     """
     t = _thresholds(thresholds)
     if stats is None or not len(stats.steps):
         return []
-    return _clipping(run, stats, t) + _not_learning(run, stats, t, set(dead), set(outside_optimizer))
+    found = _clipping(run, stats, t) + _not_learning(run, stats, t, set(dead), set(outside_optimizer))
+    return found + uncleared.find(run, stats, not_cleared_after)
 
 
 def _thresholds(given):
@@ -344,6 +348,8 @@ def _slow_evidence(ratio, present, slow, pace, steps, t):
 
 def describe(found, quote=None):
     """The sentence of a ``clipping`` or ``not_learning`` finding, names passed through ``quote`` (``diagnose.describe``)."""
+    if found.kind == uncleared.KIND:
+        return uncleared.describe(found, quote)
     quote = quote or finding.isolate
     e = found.evidence
     names = finding.name_list(found.layers, quote)

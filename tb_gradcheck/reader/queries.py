@@ -307,6 +307,7 @@ def _find(st, ctx, experiment_id, index, run, thresholds):
         thresholds,
         sparse_rows=index.sparse_rows(layer),
         outside_optimizer=index.outside_optimizer(layer),
+        not_cleared_after=index.not_cleared_after(),
         labels=index.labels(layer),
         shapes=index.shapes(layer),
     )

@@ -56,6 +56,20 @@ class RunIndex:
             }
         )
 
+    def not_cleared_after(self):
+        """The last step written before a layout says its gradients were not cleared (-1: from the start), or None.
+
+        The PyTorch writer marks the layouts it writes once it saw a
+        ``backward()`` add into gradients the optimizer had applied
+        (``gradients_not_cleared``); the layouts before it are clean.
+        """
+        layouts = self.layouts(metadata.KIND_STATS, "layer")
+        flagged = [s.max_step for s in layouts if s.content.get("gradients_not_cleared")]
+        if not flagged:
+            return None
+        clean = [s.max_step for s in layouts if not s.content.get("gradients_not_cleared")]
+        return max((m for m in clean if m < min(flagged)), default=-1)
+
     def shapes(self, granularity):
         """``{row: shapes}``: each row's parameter shapes as tuples (its element count where no layout has shapes).
 

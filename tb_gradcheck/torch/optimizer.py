@@ -57,6 +57,8 @@ class Link:
         ``host.Pending``), or None.
       outside: Indices of the rows with a gradient that no parameter group
         holds (``Follower._check_held``; the layout's ``outside_optimizer``).
+      not_cleared: Whether a ``backward()`` added into the gradients a step
+        applied (``cleared.Cleared``; the layout's ``gradients_not_cleared``).
       before_clip: Per-row norms before clipping, kept for the next ``write``
         (device float64, MISSING where no gradient), or None.
     """
@@ -70,6 +72,7 @@ class Link:
         self.closed = False
         self.pending = None
         self.outside = ()
+        self.not_cleared = False
         self.before_clip = None
 
     def take_before_clip(self):
@@ -135,6 +138,7 @@ class Follower:
             self._snapshot = self._copy(weights)
 
     def _warn_uncleared(self):
+        self._link.not_cleared = True  # in the layouts written from now on, for the findings
         warnings.warn(
             "tb_gradcheck: backward() added this step's gradients to those optimizer.step() already applied: "
             "nothing cleared them. Every step then applies the sum of all gradients so far, and the recorded "

@@ -346,13 +346,13 @@ class GradientWriter:
     def _content(self, key):
         # The optimizer's groups as last seen (the follower checks them before
         # the step's event is written): a change makes a new layout.
-        key = (key, self._link.outside)
+        key = (key, self._link.outside, self._link.not_cleared)
         content = self._contents.get(key)
         if content is None:
-            (_, sparse, columns), outside = key
+            (_, sparse, columns), outside, not_cleared = key
             layers, variables = self._rows.structure.blocks(sparse, outside)
             aggregates = metadata.SINGLE_STEP_AGGREGATES if self.every_n_steps == 1 else metadata.AGGREGATES
-            content = metadata.stats_layout(layers, variables, aggregates, self.every_n_steps, columns)
+            content = metadata.stats_layout(layers, variables, aggregates, self.every_n_steps, columns, not_cleared)
             self._contents[key] = content
         return content
 

@@ -114,6 +114,21 @@ def test_tag_fingerprint_follows_the_layout():
             ).encode(),
             "outside_optimizer",
         ),
+        (
+            json.dumps(
+                {
+                    "version": 1,
+                    "kind": "stats",
+                    "columns": ["x"],
+                    "aggregates": ["last"],
+                    "window": 1,
+                    "gradients_not_cleared": "yes",
+                    "layer": {"rows": ["a"], "sizes": [1]},
+                    "variable": {"rows": ["a"], "sizes": [1]},
+                }
+            ).encode(),
+            "gradients_not_cleared is true where stored, got 'yes'",
+        ),
     ],
 )
 def test_parse_refuses_bad_content_with_the_reason(raw, reason):
@@ -162,3 +177,14 @@ def test_activation_values_from_sums_with_missing_where_undefined():
     assert layer["act_dead_fraction"] == [0.25, -1.0, -1.0]
     assert layer["act_saturated_fraction"] == [-1.0, 0.25, -1.0]
     assert all((v[1] == -1).all() for v in values.values())
+
+
+def test_a_layout_marked_not_cleared_parses_and_an_unmarked_one_keeps_its_bytes():
+    blocks = ({"rows": ["a"], "sizes": [3]}, {"rows": ["a/w"], "sizes": [3]})
+    plain = metadata.stats_layout(*blocks, aggregates=("last",), window=1)
+    marked = metadata.stats_layout(*blocks, aggregates=("last",), window=1, not_cleared=True)
+    assert "gradients_not_cleared" not in plain and marked["gradients_not_cleared"] is True
+    assert metadata.parse(metadata.encode(marked)) == marked
+    assert metadata.encode(metadata.stats_layout(*blocks, aggregates=("last",), window=1, not_cleared=False)) == (
+        metadata.encode(plain)
+    )

@@ -54,10 +54,12 @@ def silent(model, activation, x):
     return (seen[0] <= 0).all(dim=0).numpy()
 
 
-def _fit(run_dir, model, batches, optimizer, before_step=None):
+def _fit(run_dir, model, batches, optimizer, before_step=None, clears_until=None):
     """MSE training written with the optimizer; ``(losses, per-step gradient norms, writer warnings)``.
 
     ``before_step(step)`` runs before each step (a learning-rate change).
+    ``clears_until``: the loop calls ``zero_grad()`` before this step only
+    (None: at every step).
     """
     losses, norms = [], []
     with warnings.catch_warnings(record=True) as caught:
@@ -66,7 +68,8 @@ def _fit(run_dir, model, batches, optimizer, before_step=None):
             for step, (x, y) in enumerate(batches):
                 if before_step is not None:
                     before_step(step)
-                optimizer.zero_grad()
+                if clears_until is None or step < clears_until:
+                    optimizer.zero_grad()
                 loss = nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
                 loss.backward()
                 norms.append(math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters())))
@@ -216,4 +219,26 @@ def small_head_outside_optimizer(run_dir):
         ("the head never moved", bool(torch.equal(head.weight.detach(), start))),
         ("the body's gradient is 3+ orders below the head's", orders >= 3.0),
         ("the writer warned, naming the head", any("head.weight" in w and "parameter group" in w for w in said)),
+    ]
+
+
+STOPS_CLEARING = 60
+
+
+@scenario(Expect("not_cleared", ("dense_0", "dense_1", "dense_2", "out"), steps=(STOPS_CLEARING, STOPS_CLEARING)))
+def zero_grad_dropped(run_dir):
+    """A tanh MLP trained with Adam whose loop stops calling optimizer.zero_grad() at step 60 (a refactor that moved it out of the loop): from then on each backward() adds into the gradient the optimizer already applied, so every step applies the sum of all gradients since. Adam's normalisation keeps it from diverging; it just trains on a stale, ever-longer sum, whose norm grows with every step."""
+    torch.manual_seed(8)
+    x, y = _regression(8)
+    model = _mlp([64] * 3, nn.Tanh, he=False)
+    optimizer = torch.optim.Adam(model.parameters(), 1e-3)
+    _, norms, said = _fit(run_dir, model, _batches(x, y, 64, 200, 8), optimizer, clears_until=STOPS_CLEARING)
+    model.zero_grad()
+    nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+    fresh = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters()))
+    numbers = {"applied_over_fresh_end": float(norms[-1] / fresh), "writer_warnings": said}
+    return numbers, [
+        # The sum of 140 steps' gradients, which partly cancel: about 5x a fresh one here.
+        ("the gradient applied at the end is twice or more a fresh one", numbers["applied_over_fresh_end"] >= 2),
+        ("the writer warned", any("nothing cleared them" in w for w in said)),
     ]

@@ -166,3 +166,40 @@ def test_a_gradient_under_float32s_half_ulp_that_sgd_cannot_move_is_vanishing(tm
     assert (ratio < 6e-8).all() and (update < 1e-7).all()  # the premise: a tiny gradient, a tiny SGD step
     vanishing = {f.kind: f for f in found}["vanishing"]
     assert "branch" in vanishing.layers and "in float32" in vanishing.message
+
+
+@pytest.mark.parametrize("every", [1, 5])
+def test_gradients_a_loop_stops_clearing_are_an_error_from_that_step(tmp_path, every):
+    """A loop that calls ``zero_grad()`` for 10 steps and then no more: an error from step 10 over every row.
+
+    The writer saw it (``torch/cleared.py``) and marked the layouts from then
+    on; the clean run's layouts carry no mark (their bytes are unchanged).
+    """
+    target = torch.randn(16, 4)
+    for name, clears_until in (("clean", 40), ("stops", 10)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the writer's own warning: tests/torch/test_optimizer.py
+            with GradientWriter(tmp_path / name, model, optimizer=optimizer, every_n_steps=every) as writer:
+                for step in range(40):
+                    if step < clears_until:
+                        optimizer.zero_grad()
+                    x = torch.randn(64, 16)
+                    nn.functional.mse_loss(model(x), torch.tanh(x @ target)).backward()
+                    writer.write(step)
+                    optimizer.step()
+        st, ctx, eid = store.local_store(str(tmp_path))
+        found = {f.kind: f for f in queries.findings(st, ctx, eid, name)}
+        layouts = [s.content for s in st.run(ctx, eid, name).layouts("stats", "layer")]
+        if name == "clean":
+            assert "not_cleared" not in found
+            assert not any("gradients_not_cleared" in c for c in layouts)
+            continue
+        f = found["not_cleared"]
+        assert f.severity == "error" and f.layers == ["0", "2", "4"]
+        # Step 10's backward added into step 9's gradient: the first step written after it (windowed: the write of
+        # steps 6-10) is the first marked; 39 is the last write (windowed: the partial window at close).
+        assert f.steps == [10, 39]
+        assert "Call optimizer.zero_grad() once per step, before backward()" in f.message
