@@ -12,8 +12,9 @@ then calls ``_backend_update_step(grads, variables, learning_rate)``: the
 gradients the update applies, the same point the TensorFlow callback reads
 (its ``_all_reduce_sum_gradients`` is called from there). The callback hooks
 that method on the optimizer instance for the fit; the hook reads the
-gradients, the weights before the update and after it (``.value`` inside the
-scope), and calls the original.
+gradients and the weights after the update (``.value`` inside the scope)
+and calls the original; the weights before are the step's input state's
+(by then the optimizer's decoupled weight decay has changed the variables).
 
 Where the statistics live. Keras' loop passes a fixed state, four lists of
 variables, from call to call, and donates it; an extra variable would have to
@@ -171,10 +172,9 @@ class _Session:
             capture = session.capture
             if capture is None:  # a trace that is not this fit's step
                 return original(grads, trainable_variables, learning_rate)
-            before = [v.value for v in trainable_variables]
             out = original(grads, trainable_variables, learning_rate)
             after = [v.value for v in trainable_variables]
-            capture.append((list(grads), list(trainable_variables), before, after))
+            capture.append((list(grads), list(trainable_variables), after))
             return out
 
         return update_step
@@ -182,6 +182,7 @@ class _Session:
     def _step(self, state, monitor, data):
         """Keras' train step and the monitor's, in one trace."""
         self.capture = capture = []
+        weights = list(state[0])  # the trainable variables' values the step starts from
         try:
             logs, state = type(self.model).train_step(self.model, state, data)
         finally:
@@ -191,10 +192,18 @@ class _Session:
             # through the optimizer: nothing to record, the monitor unchanged.
             self.recorded = False
             return logs, state, monitor
-        grads, variables, before, after = capture[0]
+        grads, variables, after = capture[0]
         rows = [self.index[id(v)] for v in variables]
         order = np.argsort(rows)
-        grads, before, after = ([xs[i] for i in order] for xs in (grads, before, after))
+        grads, after = ([xs[i] for i in order] for xs in (grads, after))
+        # The weights before the step are its input state's (the order of
+        # ``model.trainable_variables``, the rows'), not what the hook could
+        # read: the optimizer's decoupled weight decay (AdamW,
+        # ``weight_decay=``) has changed them by then. So ``weight_norm`` is
+        # of the weights the gradient was taken at and ``update_norm`` the
+        # whole step's change, decay included, as the TensorFlow and torch
+        # callbacks measure them.
+        before = weights
         applied = [a - b for a, b in zip(after, before)]
         # One array per row (a Keras model has no stacked leaves): axes 0.
         grads, before, applied = ([(x, 0) for x in xs] for xs in (grads, before, applied))

@@ -26,6 +26,15 @@ FITS = keras_fits.fits(
     window={"steps_per_execution": 2},
     # The JAX side's step not jitted.
     scaled={"run_eagerly": True},
+    # Decoupled weight decay: Keras' JAX optimizer decays the weights before
+    # the update step it hands the gradients to; the update and the weights
+    # the gradient was taken at must still be the whole step's, as on TensorFlow.
+    decay={
+        "optimizer": "AdamW",
+        "optimizer_args": {"learning_rate": 0.01, "weight_decay": 0.5},
+        "callback": {},
+        "epochs": 1,
+    },
 )
 
 
