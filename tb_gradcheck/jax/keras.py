@@ -12,9 +12,9 @@ then calls ``_backend_update_step(grads, variables, learning_rate)``: the
 gradients the update applies, the same point the TensorFlow callback reads
 (its ``_all_reduce_sum_gradients`` is called from there). The callback hooks
 that method on the optimizer instance for the fit; the hook reads the
-gradients and the weights after the update (``.value`` inside the scope)
-and calls the original; the weights before are the step's input state's
-(by then the optimizer's decoupled weight decay has changed the variables).
+gradients and calls the original. The weights before and after the update
+are the step's input and output states' (around the hook, weight decay,
+constraints and the EMA overwrite would be missed).
 
 Where the statistics live. Keras' loop passes a fixed state, four lists of
 variables, from call to call, and donates it; an extra variable would have to
@@ -172,10 +172,8 @@ class _Session:
             capture = session.capture
             if capture is None:  # a trace that is not this fit's step
                 return original(grads, trainable_variables, learning_rate)
-            out = original(grads, trainable_variables, learning_rate)
-            after = [v.value for v in trainable_variables]
-            capture.append((list(grads), list(trainable_variables), after))
-            return out
+            capture.append((list(grads), list(trainable_variables)))
+            return original(grads, trainable_variables, learning_rate)
 
         return update_step
 
@@ -192,19 +190,20 @@ class _Session:
             # through the optimizer: nothing to record, the monitor unchanged.
             self.recorded = False
             return logs, state, monitor
-        grads, variables, after = capture[0]
+        grads, variables = capture[0]
         rows = [self.index[id(v)] for v in variables]
-        order = np.argsort(rows)
-        grads, after = ([xs[i] for i in order] for xs in (grads, after))
-        # The weights before the step are its input state's (the order of
-        # ``model.trainable_variables``, the rows'), not what the hook could
-        # read: the optimizer's decoupled weight decay (AdamW,
-        # ``weight_decay=``) has changed them by then. So ``weight_norm`` is
-        # of the weights the gradient was taken at and ``update_norm`` the
-        # whole step's change, decay included, as the TensorFlow and torch
-        # callbacks measure them.
+        grads = [grads[i] for i in np.argsort(rows)]
+        # The weights before and after are the step's input and output
+        # states' (in the order of ``model.trainable_variables``, the rows'),
+        # not what the hook could read around the update step: the
+        # optimizer's decoupled weight decay (AdamW, ``weight_decay=``) has
+        # changed the variables before it, and constraints and the EMA
+        # overwrite (``use_ema``, ``ema_overwrite_frequency``) change them
+        # after it. So ``weight_norm`` is of the weights the gradient was
+        # taken at and ``update_norm`` the whole step's change, as the
+        # TensorFlow and torch callbacks measure them.
         before = weights
-        applied = [a - b for a, b in zip(after, before)]
+        applied = [a - b for a, b in zip(state[0], before)]
         # One array per row (a Keras model has no stacked leaves): axes 0.
         grads, before, applied = ([(x, 0) for x in xs] for xs in (grads, before, applied))
         new = transform.advance(monitor, grads, before, applied)

@@ -35,6 +35,13 @@ FITS = keras_fits.fits(
         "callback": {},
         "epochs": 1,
     },
+    # The EMA overwrites the weights after the update step, every 3rd step: part of the step's change.
+    ema={
+        "optimizer": "SGD",
+        "optimizer_args": {"learning_rate": 0.05, "use_ema": True, "ema_momentum": 0.5, "ema_overwrite_frequency": 3},
+        "callback": {},
+        "epochs": 1,
+    },
 )
 
 
