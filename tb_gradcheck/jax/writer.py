@@ -188,14 +188,15 @@ class GradientWriter:
 
     def _write(self, lay, held, step):
         s = lay.structure
-        n = len(s.variable_names)
+        # A norm of -1: the row had no gradient (``transform.advance``); NaN is a gradient's.
+        present = ~(held.norm < 0)
         reductions = rowstats.Reductions(
-            present=np.ones(n, bool),
-            norm=held.norm,
-            nonfinite=held.nonfinite,
-            max_abs=held.max_abs,
-            nonzero=held.nonzero,
-            dead=held.dead,
+            present=present,
+            norm=held.norm[present],
+            nonfinite=held.nonfinite[present],
+            max_abs=held.max_abs[present],
+            nonzero=held.nonzero[present],
+            dead=held.dead[np.repeat(present, np.asarray(lay.units, int))],
         )
         weights = held.weight if np.all(held.weight >= 0) else None
         windowed = lay.every_n_steps > 1
