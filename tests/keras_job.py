@@ -20,6 +20,8 @@ import warnings
 
 # The optimizer methods a GradientCallback may hold on any backend (the torch, JAX and TensorFlow hooks).
 HOOKS = ("apply", "_clip_gradients", "_backend_update_step", "_all_reduce_sum_gradients")
+# The model methods one may hold (the JAX callback's, to learn which variables the loss depends on).
+MODEL_HOOKS = ("compute_loss_and_updates",)
 # What each backend's callback refuses to follow, built from an SGD optimizer: a warning, no run written.
 REFUSED = {
     # A LossScaleOptimizer applies its inner optimizer inside a lax.cond on JAX.
@@ -33,12 +35,17 @@ class Raise(Exception):
     """The planted failure."""
 
 
-def build(keras, widths, start=None):
-    """Dense + ReLU, LayerNormalization, Dense + ReLU, Dense on Keras' backend; ``start``'s weights if given."""
+def build(keras, widths, start=None, stop_gradient=False):
+    """Dense + ReLU, LayerNormalization, Dense + ReLU, Dense on Keras' backend; ``start``'s weights if given.
+
+    ``stop_gradient``: the first Dense's output passes ``keras.ops.stop_gradient``, so no gradient reaches it.
+    """
     layers = [keras.Input((widths[0],))]
     for i, width in enumerate(widths[1:]):
         last = i == len(widths) - 2
         layers.append(keras.layers.Dense(width, activation=None if last else "relu", name=f"dense_{i}"))
+        if i == 0 and stop_gradient:
+            layers.append(keras.layers.Lambda(keras.ops.stop_gradient, name="stop"))
         if i == 0:
             layers.append(keras.layers.LayerNormalization(name="norm"))
     model = keras.Sequential(layers, name="mlp")
@@ -52,7 +59,7 @@ def fit(keras, start, config, log_dir=None, execution=True):
 
     ``config``: ``widths``, ``optimizer`` (a ``keras.optimizers`` name) and
     ``optimizer_args``, ``callback`` (its arguments), ``batch_size``,
-    ``epochs``; optionally ``loss_scale`` (``LossScaleOptimizer`` arguments:
+    ``epochs``; optionally ``stop_gradient`` (``build``), ``loss_scale`` (``LossScaleOptimizer`` arguments:
     the optimizer is wrapped in one), ``poison`` (rows of the targets made
     NaN), ``steps_per_execution`` and ``run_eagerly``. ``execution``: whether
     those last two apply (the TensorFlow side fits with Keras' defaults).
@@ -63,7 +70,7 @@ def fit(keras, start, config, log_dir=None, execution=True):
     if "poison" in config:
         y = y.copy()
         y[config["poison"]] = float("nan")
-    model = build(keras, config["widths"], start)
+    model = build(keras, config["widths"], start, config.get("stop_gradient", False))
     optimizer = getattr(keras.optimizers, config["optimizer"])(**config["optimizer_args"])
     if "loss_scale" in config:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, **config["loss_scale"])
@@ -91,8 +98,8 @@ def _same(a, b):
 
 
 def _hooked(model):
-    """The optimizer methods a GradientCallback still holds."""
-    return sorted(set(vars(model.optimizer)) & set(HOOKS))
+    """The optimizer (and model) methods a GradientCallback still holds."""
+    return sorted(set(vars(model.optimizer)) & set(HOOKS) | set(vars(model)) & set(MODEL_HOOKS))
 
 
 def _messages(caught):

@@ -12,8 +12,9 @@ then calls ``_backend_update_step(grads, variables, learning_rate)``: the
 gradients the update applies, the same point the TensorFlow callback reads
 (its ``_all_reduce_sum_gradients`` is called from there). The callback hooks
 that method on the optimizer instance for the fit; the hook reads the
-gradients, the weights before the update and after it (``.value`` inside the
-scope), and calls the original.
+gradients and calls the original. The weights before and after the update
+are the step's input and output states' (around the hook, weight decay,
+constraints and the EMA overwrite would be missed).
 
 Where the statistics live. Keras' loop passes a fixed state, four lists of
 variables, from call to call, and donates it; an extra variable would have to
@@ -54,6 +55,9 @@ from tb_gradcheck.keras.variables import unit_axes
 # Called by the JAX optimizer's ``_backend_apply_gradients`` with the
 # gradients after unscaling and clipping (keras/src/backend/jax/optimizer.py).
 HOOK = "_backend_update_step"
+# What Keras' JAX train_step differentiates: its trainable values pass
+# through ``_tap`` there, which learns which of them the loss depends on.
+LOSS_HOOK = "compute_loss_and_updates"
 
 
 class GradientCallback(callback.GradientCallback):
@@ -160,6 +164,7 @@ class _Session:
         self.state = transform.initial_state(lay, jnp.float32, count=self.micro // self.accumulate + 1)
         self.writer = GradientWriter(run_dir)
         self.capture = None  # set while the step is traced: what the hook hands over
+        self.reached = None  # set while the step is traced: per variable, whether a gradient reached it (``_tap``)
         self.hooks = hooks.Hooks()
         step = self._step
         self.jitted = step if (model.run_eagerly or not model.jit_compile) else jax.jit(step, donate_argnums=0)
@@ -171,34 +176,58 @@ class _Session:
             capture = session.capture
             if capture is None:  # a trace that is not this fit's step
                 return original(grads, trainable_variables, learning_rate)
-            before = [v.value for v in trainable_variables]
-            out = original(grads, trainable_variables, learning_rate)
-            after = [v.value for v in trainable_variables]
-            capture.append((list(grads), list(trainable_variables), before, after))
-            return out
+            capture.append((list(grads), list(trainable_variables)))
+            return original(grads, trainable_variables, learning_rate)
 
         return update_step
+
+    def _loss_hook(self, original):
+        session = self
+
+        def compute_loss_and_updates(trainable_variables, *args, **kwargs):
+            if session.capture is None or session.reached is not None:
+                return original(trainable_variables, *args, **kwargs)
+            session.reached = reached = []
+            return original(_tap(list(trainable_variables), reached), *args, **kwargs)
+
+        return compute_loss_and_updates
 
     def _step(self, state, monitor, data):
         """Keras' train step and the monitor's, in one trace."""
         self.capture = capture = []
+        self.reached = None
+        weights = list(state[0])  # the trainable variables' values the step starts from
         try:
             logs, state = type(self.model).train_step(self.model, state, data)
         finally:
             self.capture = None
+            reached, self.reached = self.reached, None
         if len(capture) != 1 or len(capture[0][0]) != len(self.index):
             # A train_step of the user's that applies no (or a partial) update
             # through the optimizer: nothing to record, the monitor unchanged.
             self.recorded = False
             return logs, state, monitor
-        grads, variables, before, after = capture[0]
+        grads, variables = capture[0]
         rows = [self.index[id(v)] for v in variables]
-        order = np.argsort(rows)
-        grads, before, after = ([xs[i] for i in order] for xs in (grads, before, after))
-        applied = [a - b for a, b in zip(after, before)]
+        grads = [grads[i] for i in np.argsort(rows)]
+        # The weights before and after are the step's input and output
+        # states' (in the order of ``model.trainable_variables``, the rows'),
+        # not what the hook could read around the update step: the
+        # optimizer's decoupled weight decay (AdamW, ``weight_decay=``) has
+        # changed the variables before it, and constraints and the EMA
+        # overwrite (``use_ema``, ``ema_overwrite_frequency``) change them
+        # after it. So ``weight_norm`` is of the weights the gradient was
+        # taken at and ``update_norm`` the whole step's change, as the
+        # TensorFlow and torch callbacks measure them.
+        before = weights
+        applied = [a - b for a, b in zip(state[0], before)]
         # One array per row (a Keras model has no stacked leaves): axes 0.
         grads, before, applied = ([(x, 0) for x in xs] for xs in (grads, before, applied))
-        new = transform.advance(monitor, grads, before, applied)
+        # Rows the loss does not depend on get no gradient (MISSING), as on
+        # TensorFlow and torch, where theirs is None; unknown (a train_step
+        # that differentiates another function): every row has one.
+        present = tuple(reached[0]) if reached and len(reached[0]) == len(self.index) else None
+        new = transform.advance(monitor, grads, before, applied, present=present)
         if self.accumulate > 1:
             # Keras' JAX optimizer runs the update at every micro-step and
             # keeps it only at the k-th (a lax.cond on its values): so does the monitor.
@@ -231,8 +260,9 @@ class _Session:
         return None if any(v is None for v in values) else values
 
     def attach(self):
-        """Hooks the optimizer's ``HOOK`` for this fit."""
+        """Hooks the optimizer's ``HOOK`` and the model's ``compute_loss_and_updates`` for this fit."""
         self.hooks.replace(self.optimizer, HOOK, self._hook)
+        self.hooks.replace(self.model, LOSS_HOOK, self._loss_hook)
 
     def detach(self):
         self.hooks.restore()
@@ -240,3 +270,25 @@ class _Session:
     def close(self):
         """Writes the window under way (with the weights, when the fit does not hold them) and closes the writer."""
         self.writer.close(self.weights())
+
+
+def _tap(values, reached):
+    """``values`` unchanged, and, when the backward pass reaches them, per value whether a gradient flows into it.
+
+    The backward rule is told which cotangents are symbolic zeros (JAX's
+    own record that no path from the loss leads there: a head without a
+    loss, a ``stop_gradient``) and appends the flags to ``reached`` while the
+    step is traced. It passes the cotangents on as they are, so the
+    gradients are bit for bit those without it.
+    """
+
+    def forward(values):
+        return [v.value for v in values], None
+
+    def backward(_, cotangents):
+        reached.append([not isinstance(c, jax.custom_derivatives.SymbolicZero) for c in cotangents])
+        return (cotangents,)
+
+    tap = jax.custom_vjp(lambda values: values)
+    tap.defvjp(forward, backward, symbolic_zeros=True)
+    return tap(values)

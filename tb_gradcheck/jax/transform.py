@@ -42,7 +42,7 @@ class Held(NamedTuple):
     """The reductions of the last written step, rows in depth order (``layout.Layout``).
 
     ``step``: the monitor's count at that step (-1 before the first).
-    ``norm``, ``max_abs``: float ``[V]``; ``nonzero``, ``nonfinite``: integer
+    ``norm``, ``max_abs``: float ``[V]`` (``norm`` -1: no gradient, ``advance``); ``nonzero``, ``nonfinite``: integer
     ``[V]``; ``dead``: bool ``[sum of units]``; ``weight``: ``[V]`` weight
     norms before the update (-1 when the optimizer was not given params);
     ``update``: ``[V]`` norms of the wrapped optimizer's updates (-1 when it
@@ -187,7 +187,7 @@ def initial_state(lay, dtype, count=0, inner=None):
     return MonitorState(lay, jnp.asarray(count, jnp.int32), _empty_held(lay, dtype, window), window, inner)
 
 
-def advance(state, grads, weights=None, applied=None, inner=None):
+def advance(state, grads, weights=None, applied=None, inner=None, present=None):
     """The ``MonitorState`` after one step: its reductions taken, held if the step is written, added to the window.
 
     Traced inside the step (``jit``); nothing is read to the host.
@@ -201,26 +201,34 @@ def advance(state, grads, weights=None, applied=None, inner=None):
         or None (``weight_norm`` MISSING).
       applied: The updates the optimizer made, in the same form, or None.
       inner: The wrapped optimizer's new state, or None to keep the state's.
+      present: Per row, whether it has a gradient (a static tuple of bools),
+        or None for all. A row without one (the loss does not depend on its
+        parameter: a head without a loss, a path behind ``stop_gradient``) is
+        held with norm -1, which the writer stores as MISSING, as the
+        TensorFlow and PyTorch writers store a variable whose gradient is None;
+        its gradient, zeros, is not measured as a dead one.
     """
     lay = state.layout
     inner = state.inner if inner is None else inner
     count = state.count
+    s = lay.structure
+    present = np.ones(len(lay.names), bool) if present is None else np.asarray(present, bool)
     take = _taker(lay, grads, weights, applied, state.held)
     if lay.every_n_steps == 1:
-        held = take()._replace(step=count)
+        held = _absent(take(), present)._replace(step=count)
         return MonitorState(lay, count + 1, held, None, inner)
     due = count % lay.every_n_steps == 0
     sums, magnitudes = (_in_rows(lay, v) for v in zip(*[_quick_part(g, axes) for g, axes in grads]))
     skipped = jax.eval_shape(take)
     taken = jax.lax.cond(due | ~reductions.in_band(sums, magnitudes), take, lambda: _quick(skipped, sums))
-    s = lay.structure
+    taken = _absent(taken, present)
     columns = running.step_columns(
         jnp,
         taken.norm,
         taken.nonfinite.astype(taken.norm.dtype),
-        jnp.ones(len(lay.names), bool),
+        jnp.asarray(present),
         jnp.asarray(s.layer_matrix()),
-        jnp.ones(len(s.layer_names), bool),
+        jnp.asarray((s.layer_matrix() & present).any(axis=1)),
     )
     window = running.add(jnp, state.window, columns.astype(state.window.sum.dtype))
     fresh = _empty_window(lay, state.window.sum.dtype)
@@ -323,6 +331,13 @@ def _taker(lay, grads, weights, applied, template):
         )
 
     return take
+
+
+def _absent(held, present):
+    """``held`` with norm -1 (no gradient) in the rows ``present`` (bool ``[R]``, NumPy) leaves out."""
+    if present.all():
+        return held
+    return held._replace(norm=jnp.where(jnp.asarray(present), held.norm, -1.0).astype(held.norm.dtype))
 
 
 def _missing(n, dtype):

@@ -103,6 +103,8 @@ class GradientWriter:
             # Here, not only where a written step reads it: a state refused
             # now is not kept for close() to trip on.
             _check_scalar_count(jax.tree_util.tree_leaves(state)[0])
+        if periods is None and _guards(tree):
+            warnings.warn(f"tb_gradcheck: {_INSIDE_APPLY_IF_FINITE}", stacklevel=2)
         self._periods[structure] = {state.layout.every_n_steps for state in states}
         self._latest[structure] = (tree, step)
         for state in states:
@@ -111,10 +113,15 @@ class GradientWriter:
                 continue
             count, held = fetch(state)
             if int(held.step) != step or int(count) != step + 1:
+                guard = _guards(tree).get(id(state))
+                hint = ""
+                if guard is not None:
+                    skipped = int(np.asarray(jax.device_get(guard.total_notfinite)).ravel()[0])
+                    hint = f"; {skipped} steps skipped so far: {_INSIDE_APPLY_IF_FINITE}"
                 raise ValueError(
                     "Expected `step` to be the index of the update just made, counted from 0 as the monitor "
                     f"counts its updates (it writes when that index is a multiple of every_n_steps; the last "
-                    f"update it made was number {int(count) - 1}). Received: step={step}"
+                    f"update it made was number {int(count) - 1}{hint}). Received: step={step}"
                 )
             self._write(lay, held, step)
 
@@ -188,14 +195,15 @@ class GradientWriter:
 
     def _write(self, lay, held, step):
         s = lay.structure
-        n = len(s.variable_names)
+        # A norm of -1: the row had no gradient (``transform.advance``); NaN is a gradient's.
+        present = ~(held.norm < 0)
         reductions = rowstats.Reductions(
-            present=np.ones(n, bool),
-            norm=held.norm,
-            nonfinite=held.nonfinite,
-            max_abs=held.max_abs,
-            nonzero=held.nonzero,
-            dead=held.dead,
+            present=present,
+            norm=held.norm[present],
+            nonfinite=held.nonfinite[present],
+            max_abs=held.max_abs[present],
+            nonzero=held.nonzero[present],
+            dead=held.dead[np.repeat(present, np.asarray(lay.units, int))],
         )
         weights = held.weight if np.all(held.weight >= 0) else None
         windowed = lay.every_n_steps > 1
@@ -230,6 +238,31 @@ class GradientWriter:
     def _stats(self, lay, slabs, step):
         n_layers = len(lay.structure.layer_names)
         self._log.stats(self._content(lay), slabs[:, :n_layers], slabs[:, n_layers:], step)
+
+
+# A monitor inside ``optax.apply_if_finite`` never records a step that it skips: apply_if_finite puts
+# the inner state, the monitor's with it, back as it was, so the NaN is lost and the monitor's count
+# falls one behind the step at each one.
+_INSIDE_APPLY_IF_FINITE = (
+    "a monitor inside optax.apply_if_finite does not see the steps it skips (a non-finite gradient is put "
+    "back with its state: the NaN is not recorded) and its count of updates falls behind the training step "
+    "at the first one. Wrap it in the monitor instead, which records every step, NaN included: "
+    "tb_gradcheck.jax.monitor(optax.apply_if_finite(optimizer, max_consecutive_errors))."
+)
+
+
+def _guards(tree):
+    """``{id(MonitorState): the ApplyIfFiniteState around it}`` for each monitor inside an ``optax.apply_if_finite``."""
+    import optax
+
+    out = {}
+    kinds = (MonitorState, optax.ApplyIfFiniteState)
+    for node in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, kinds)):
+        if isinstance(node, optax.ApplyIfFiniteState):
+            for state in jax.tree_util.tree_leaves(node.inner_state, is_leaf=lambda x: isinstance(x, MonitorState)):
+                if isinstance(state, MonitorState):
+                    out[id(state)] = node
+    return out
 
 
 def find_states(opt_state):

@@ -156,6 +156,44 @@ def test_a_step_that_is_not_the_monitors_count_is_refused_at_a_write(tmp_path):
     writer.close()  # twice is fine
 
 
+def apply_if_finite_run(tx, logdir, poisoned=2, steps=4):
+    """``steps`` SGD steps on a linear model, the loss NaN at step ``poisoned``, written every step into ``logdir``."""
+    params = {"dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.zeros(2)}}
+    x, y = jnp.arange(12.0).reshape(4, 3) / 10, jnp.ones((4, 2))
+    state = tx.init(params)
+
+    @jax.jit
+    def step(params, state, poison):
+        grads = jax.grad(lambda p: jnp.mean((x @ p["dense"]["kernel"] + p["dense"]["bias"] - y) ** 2) * poison)(params)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    with tj.GradientWriter(logdir) as writer:
+        for s in range(steps):
+            params, state = step(params, state, jnp.float32(np.nan if s == poisoned else 1.0))
+            writer.write(state, s)
+
+
+def test_a_monitor_inside_apply_if_finite_is_warned_of_at_its_first_write_and_named_when_its_count_falls_behind(
+    tmp_path,
+):
+    # apply_if_finite puts its inner state back at a step it skips: a
+    # monitor in there never records the NaN, and from then on its count is
+    # one behind the training step. Said at the first write, before any NaN,
+    # and again in the error at the first write after one.
+    with pytest.warns(UserWarning, match=r"inside optax.apply_if_finite.*monitor\(optax.apply_if_finite"):
+        with pytest.raises(ValueError, match=r"number 1; 1 steps skipped so far: a monitor inside optax.apply_if"):
+            apply_if_finite_run(optax.apply_if_finite(tj.monitor(optax.sgd(0.1)), 3), tmp_path / "inside")
+    # The monitor around it records every step, the NaN at its step.
+    apply_if_finite_run(tj.monitor(optax.apply_if_finite(optax.sgd(0.1), 3)), tmp_path / "around")
+    layers = read_events(tmp_path / "around")
+    assert [s for s, _, _ in layers] == [0, 1, 2, 3]
+    nonfinite = [layer[0, 0, COL["grad_nonfinite"]] for _, layer, _ in layers]
+    assert nonfinite[2] == 8 and nonfinite[0] == nonfinite[1] == nonfinite[3] == 0  # every element of kernel and bias
+    update = stats_content(tmp_path / "around")["columns"].index("update_norm")
+    assert layers[2][1][0, 0, update] == 0 and layers[3][1][0, 0, update] > 0  # the NaN step was skipped
+
+
 def test_a_pmap_replicated_state_is_refused_with_the_way_to_pass_one_replica(tmp_path):
     # What pmap returns: every leaf with a leading device axis (two devices
     # here, stacked by hand: the shape is what the writer sees).

@@ -20,12 +20,38 @@ from keras_fits import RTOL
 from reference_stats import layer_groups
 from reference_stats import reference
 from tb_gradcheck.core import metadata
+from tb_gradcheck.core import rowstats
 
 FITS = keras_fits.fits(
     # Two steps per call on the JAX side (the loop over a call's steps is the callback's).
     window={"steps_per_execution": 2},
     # The JAX side's step not jitted.
     scaled={"run_eagerly": True},
+    # Decoupled weight decay: Keras' JAX optimizer decays the weights before
+    # the update step it hands the gradients to; the update and the weights
+    # the gradient was taken at must still be the whole step's, as on TensorFlow.
+    decay={
+        "optimizer": "AdamW",
+        "optimizer_args": {"learning_rate": 0.01, "weight_decay": 0.5},
+        "callback": {},
+        "epochs": 1,
+    },
+    # No gradient reaches dense_0 (behind a stop_gradient), in a window of
+    # 4 over 6 steps: its rows are MISSING, as TensorFlow's (a None
+    # gradient), not the zero gradient of a dead layer.
+    stopped={
+        "optimizer": "SGD",
+        "optimizer_args": {"learning_rate": 0.05},
+        "callback": {"every_n_steps": 4},
+        "stop_gradient": True,
+    },
+    # The EMA overwrites the weights after the update step, every 3rd step: part of the step's change.
+    ema={
+        "optimizer": "SGD",
+        "optimizer_args": {"learning_rate": 0.05, "use_ema": True, "ema_momentum": 0.5, "ema_overwrite_frequency": 3},
+        "callback": {},
+        "epochs": 1,
+    },
 )
 
 
@@ -84,3 +110,19 @@ def test_jax_backend_rows_equal_a_float64_twin_of_the_same_gradients(runs):
         # SGD: the update is the learning rate times the gradient.
         np.testing.assert_allclose(variable[0, :, update_col], [0.05 * np.linalg.norm(g[n]) for n in names], rtol=RTOL)
         weights = [w[n] - 0.05 * g[n] for n in names]
+
+
+def test_a_layer_no_gradient_reaches_is_missing_not_a_dead_layer(runs):
+    # Keras' JAX trainer hands the optimizer zeros for dense_0 (jax.grad
+    # has no None); its rows must say "no gradient", as TensorFlow's do,
+    # not a layer whose every unit is dead.
+    root, _ = runs
+    run = root / "stopped" / "train"
+    content = stats_content(run)
+    dense = content["layer"]["rows"].index("mlp/dense_0")
+    columns = [content["columns"].index(c) for c in ("grad_norm", "grad_zero_fraction", "dead_unit_fraction")]
+    layers = read_events(run)
+    assert [s for s, _, _ in layers] == [4, 6]  # a window of 4, then the partial one
+    for _, layer, _ in layers:
+        np.testing.assert_array_equal(layer[:, dense][:, columns], rowstats.MISSING)
+        assert np.all(layer[:, dense + 1][:, columns[0]] > 0)  # the layers after it have their gradient
