@@ -30,7 +30,9 @@ write is *cut off* there: it gets no gradient, and its writes say nothing
 of its own units. It is never "recovered": if
 it was dying, mostly dead or silent before it was cut off it is named so
 (with the step it was cut off from), and otherwise it is left to the
-silent layer, whose evidence counts it (``layers_cut_off_behind``).
+silent layer, whose evidence counts it (``layers_cut_off_behind``). Where
+its outputs were measured (``act_dead_fraction``) its units are known
+there anyway, and it is judged by them.
 """
 
 import numpy as np
@@ -87,10 +89,23 @@ def dead(v, t, sparse):
     later = np.flip(np.logical_or.accumulate(np.flip(whole, axis=1), axis=1), axis=1)
     cut_off = whole & np.concatenate([later[:, 1:], np.zeros((s, 1), bool)], axis=1)
     cause = whole & ~cut_off  # the layer a write's cut-off layers are behind
+    no_gradient = cut_off.copy()  # what the silent layers' evidence counts, whatever else is known
+    fraction = v.dead
+    if v.dead_by_output is not None:
+        # Where its outputs were measured, a cut-off layer's own units are
+        # known: a ReLU unit with no positive output on the batch is one its
+        # own ReLU gives no gradient, the share its gradient would show if
+        # the layers after it passed any. There it is judged by them, so a
+        # chain of dead layers names each, not only the one nearest the output.
+        with np.errstate(invalid="ignore"):
+            seen = cut_off & (v.dead_by_output >= 0) & (v.dead_by_output <= 1)
+        fraction = np.where(seen, v.dead_by_output, v.dead)
+        cut_off &= ~seen
+        whole = np.where(seen, fraction >= 1, whole)
     valid = here.copy()
     here &= ~cut_off
     whole &= ~cut_off
-    share = np.where(here, v.dead, np.nan)
+    share = np.where(here, fraction, np.nan)
     # The lowest share over the trailing window, not the share at one write:
     # a trained ReLU unit can be selective (active on 2% of the inputs is
     # silent on a batch of 64 one time in four), but a dead unit is silent on
@@ -145,9 +160,9 @@ def dead(v, t, sparse):
         e = {
             "state": state,
             "start_dead_unit_fraction": float(start[confirmed, j]),
-            "median_dead_unit_fraction": float(np.median(v.dead[shown, j])),
+            "median_dead_unit_fraction": float(np.median(fraction[shown, j])),
             "lowest_dead_unit_fraction": float(np.min(lowest[shown, j])),
-            "max_dead_unit_fraction": float(np.max(v.dead[shown, j])),
+            "max_dead_unit_fraction": float(np.max(fraction[shown, j])),
             "fraction_of_steps": float(shown.sum() / here[:, j].sum()),
             "first_step": int(v.steps[onset]),
             "confirmed_at_step": int(steps[0]),
@@ -167,7 +182,7 @@ def dead(v, t, sparse):
             flags[tail : last_valid[j] + 1, j] = True
         evidence[name] = e
         severity[name] = "warning" if state in SICK else "info"
-    cut_rows = rules.flagged_columns(cut_off)
+    cut_rows = rules.flagged_columns(no_gradient)
     if evidence:
         # For each named layer, the layers it cut off: those without any
         # gradient at a write where it was the wholly silent layer nearest
@@ -175,8 +190,8 @@ def dead(v, t, sparse):
         # One product over the writes, not a loop over pairs of rows (2,000
         # rows x 10,000 steps).
         named = [j for j, name in enumerate(v.rows) if name in evidence]
-        together = cut_off[:, cut_rows].T.astype(np.float32) @ cause[:, named].astype(np.float32) > 0
-        cutting = cause[:, named] & cut_off.any(axis=1)[:, None]
+        together = no_gradient[:, cut_rows].T.astype(np.float32) @ cause[:, named].astype(np.float32) > 0
+        cutting = cause[:, named] & no_gradient.any(axis=1)[:, None]
         for i, (k, count) in enumerate(zip(named, together.sum(axis=0))):
             evidence[v.rows[k]]["layers_cut_off_behind"] = int(count)
             if count:

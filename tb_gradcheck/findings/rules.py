@@ -78,6 +78,8 @@ class StatsView:
         self.nonfinite_elements, _, _ = self._pick("grad_nonfinite", ("last",))
         self.ratio, _, _ = self._pick("grad_to_weight", ("mean", "last"))
         self.dead, _, _ = self._pick(DEAD_UNITS, ("last",))
+        # The share of a ReLU layer's units with no positive output in the write step's batch (activations=True).
+        self.dead_by_output, _, _ = self._pick("act_dead_fraction", ("last",))
         self.weight_norm, _, _ = self._pick("weight_norm", ("last",))
         # ||w_after - w_before|| / ||w_before|| at the write step, when the writer bracketed the update.
         self.update, _, _ = self._pick("update_to_weight", ("last",))

@@ -79,6 +79,37 @@ def test_dead_finding_gives_the_dead_by_output_fraction(tmp_path, capsys):
     assert "By output, 100% of units had no positive value." in dead["message"]
 
 
+def test_each_dead_layer_of_a_chain_is_named_by_its_own_outputs(tmp_path, capsys):
+    """Layers 2, 4 and 6 have no positive output for any input; layer 0's units live.
+
+    By gradient only layer 6 shows its units: none passes a gradient, so the
+    layers before it get none and are cut off. Their outputs show their own
+    units: 2 and 4 are as dead as 6 (fixing 6 alone leaves them dead), 0 is
+    alive, and still no gradient reaches the three layers before 6.
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(8, 8), nn.ReLU())], nn.Linear(8, 1))
+    with torch.no_grad():
+        for i in (2, 4, 6):
+            model[i].bias.fill_(-100.0)
+    torch.manual_seed(1)
+    x = torch.randn(64, 8)
+    silent = {}
+    for i in (1, 3, 5, 7):  # the ReLUs after layers 0, 2, 4, 6, on the run's inputs
+        model[i].register_forward_hook(
+            lambda m, a, out, i=i: silent.__setitem__(i - 1, float((out <= 0).all(0).float().mean()))
+        )
+    with torch.no_grad():
+        model(x)
+    assert silent[0] < 0.5 and silent[2] == silent[4] == silent[6] == 1.0  # the premise, on the units' outputs
+    _fit(tmp_path, model, x, torch.randn(64, 1), steps=12)
+    dead = _report(capsys, tmp_path)["dead"]
+    assert dead["layers"] == ["2", "4", "6"]
+    assert {n: e["state"] for n, e in dead["evidence"].items()} == {"2": "silent", "4": "silent", "6": "silent"}
+    assert dead["evidence"]["6"]["layers_cut_off_behind"] == 3
+    assert "no gradient reaches the 3 layers before it" in dead["message"]
+
+
 def test_a_disagreement_between_gradient_and_output_is_said(tmp_path, capsys):
     # Layer 0's ReLU passes positive outputs, but layer 2's weights are zero and frozen: no gradient reaches
     # layer 0's units, which the gradient view calls dead and the output view alive.
