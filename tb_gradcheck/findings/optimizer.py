@@ -211,10 +211,14 @@ def _not_learning(run, stats, t, dead, outside=frozenset()):
         log_ratio = np.where(here, np.log10(ratio), np.nan)  # 0 -> -inf: no update at all
     slow, pace = _slow_network(ratio, here, t)
     others = windows.median_of_others(log_ratio)  # each layer's yardstick: the other layers' median
+    weights, no_weights = _column(stats, "weight_norm")
     evidence, unheld, held = {}, {}, {}
     for j, name in enumerate(stats.rows):
         present = here[:, j]
         if not present.any():
+            continue
+        # Wholly outside (its update 0), yet its weights moved: by something this run does not follow (_moved).
+        if name in outside and not ratio[present, j].any() and _moved(weights, no_weights, j):
             continue
         # Outside the groups (the writer saw it, so no "intended freeze";
         # a layer only some of whose parameters are left out is named too).
@@ -259,6 +263,16 @@ def _not_learning(run, stats, t, dead, outside=frozenset()):
         f.message = describe(f)
         out.append(f)
     return out
+
+
+def _moved(weights, missing, j):
+    """Whether layer ``j``'s weights changed between writes (stored norms): another optimizer (a GAN's other
+    network), an EMA or a hand-written update moved it. Unmoved weights give the same norm bit for bit at every
+    write; a change above 1e-6 of it (eight roundings of the stored float32) is movement."""
+    if weights is None:
+        return False
+    norms = weights[~missing[:, j] & np.isfinite(weights[:, j]), j]
+    return len(norms) > 1 and float(norms.max() - norms.min()) > 1e-6 * float(norms.max())
 
 
 # The reason of a layer the optimizer does not update (``_frozen``).
