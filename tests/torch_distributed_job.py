@@ -24,10 +24,29 @@ class Net(torch.nn.Module):
         self.embed = torch.nn.Embedding(11, 6)  # rows sharded; units (columns) split across ranks' rows
         self.hidden = torch.nn.Linear(6, 7)  # 7 output units: 4 on rank 0, 3 on rank 1 under Shard(0)
         self.norm = torch.nn.LayerNorm(7)
+        self.experts = Experts()  # 3 experts: 2 on rank 0, 1 on rank 1 under Shard(0)
         self.head = torch.nn.Linear(7, 3)
 
     def forward(self, tokens):
-        return self.head(self.norm(torch.relu(self.hidden(self.embed(tokens).mean(dim=1)))))
+        return self.head(self.experts(self.norm(torch.relu(self.hidden(self.embed(tokens).mean(dim=1))))))
+
+
+class Experts(torch.nn.Module):
+    """Hugging Face's stacked experts layout, [experts, out, in] (``num_experts``, ``is_transposed=False``).
+
+    Every expert takes every example (no routing: the test is of the units), and expert 1's output 2 is
+    multiplied by 0: one dead unit of the 21 (expert, output) units, whose expert is sharded onto rank 1.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.num_experts, self.is_transposed = 3, False
+        self.weight = torch.nn.Parameter(torch.randn(3, 7, 7) * 0.3)
+
+    def forward(self, h):
+        mask = torch.ones(3, 7)
+        mask[1, 2] = 0.0
+        return h + (torch.einsum("eoi,bi->beo", self.weight, h) * mask).mean(1)
 
 
 def batch(step):
@@ -72,7 +91,7 @@ def _rank(rank, mode, logdir, port):
     else:
         from torch.distributed.fsdp import fully_shard
 
-        for module in (model.embed, model.hidden, model.head):
+        for module in (model.embed, model.hidden, model.experts, model.head):
             fully_shard(module)
         fully_shard(model)
     train(model, logdir, rank, 2)

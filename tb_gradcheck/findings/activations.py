@@ -46,6 +46,11 @@ class ActivationThresholds:
         few-fold; outputs a hundred times their start are the growth that
         precedes a divergence (attention logits rising step after step
         before the loss blows up: Dehghani et al. 2023, Wortsman et al. 2023).
+        A layer that starts below unit scale has its growth counted from
+        unit scale (RMS 1): a branch small by design at initialisation
+        (LayerScale at 1e-5 or 1e-6, MoE experts weighted by a router's
+        small probabilities, LoRA's zero B) rises toward unit scale as it
+        learns, which is no divergence; a divergence goes on past it.
       massive_abs: An output of at least this magnitude, and
       massive_ratio: at least this many times the layer's RMS, is massive:
         100 and 1000, the thresholds of Sun et al. (2024, "Massive
@@ -179,9 +184,14 @@ def _growth(run, stats, rms, t):
         if len(first) == t.min_writes:
             start[j] = np.median(first)
     # The trailing window's median against the start, once the run holds a start and a window after it.
-    orders = windows.through(logs, t.baseline_writes, windows.nanmedian) - start[None, :]
+    level = windows.through(logs, t.baseline_writes, windows.nanmedian)
+    orders = level - start[None, :]
+    # Counted from unit scale where a layer starts below it (log10 1 = 0): the premise is outputs held near unit
+    # scale, so a branch that starts orders below it by design (LayerScale's 1e-5 or 1e-6, MoE experts weighted by
+    # a router's small probabilities, LoRA's B = 0) and rises toward it as it learns is not diverging.
+    above_unit = level - np.maximum(start, 0.0)[None, :]
     ready = np.cumsum(seen, axis=0) >= 2 * t.min_writes
-    flags = ready & seen & (np.nan_to_num(orders, nan=-np.inf) >= t.activation_growth_orders)
+    flags = ready & seen & (np.nan_to_num(above_unit, nan=-np.inf) >= t.activation_growth_orders)
     return _finding("activation_growth", "warning", run, stats, flags, RMS, {"growth_orders": orders, "act_rms": rms})
 
 

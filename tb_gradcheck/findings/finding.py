@@ -74,6 +74,12 @@ def name_list(names, quote, limit=3):
     return f"{len(names)} layers ({', '.join(names[:limit])}, ...)"
 
 
+def span(values):
+    """The least and the greatest of ``values`` to two figures, or one number where they read the same."""
+    lo, hi = f"{min(values):.2g}", f"{max(values):.2g}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def count(n, noun):
     """``n`` and ``noun``, plural unless ``n`` is 1."""
     return f"{n} {noun}{'' if n == 1 else 's'}"

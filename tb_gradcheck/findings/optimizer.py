@@ -215,10 +215,14 @@ def _not_learning(run, stats, t, dead, outside=frozenset()):
         log_ratio = np.where(here, np.log10(ratio), np.nan)  # 0 -> -inf: no update at all
     slow, pace = _slow_network(ratio, here, t)
     others = windows.median_of_others(log_ratio)  # each layer's yardstick: the other layers' median
+    weights, no_weights = _column(stats, "weight_norm")
     evidence, unheld, held = {}, {}, {}
     for j, name in enumerate(stats.rows):
         present = here[:, j]
         if not present.any():
+            continue
+        # Wholly outside (its update 0), yet its weights moved: by something this run does not follow (_moved).
+        if name in outside and not ratio[present, j].any() and _moved(weights, no_weights, j):
             continue
         # Outside the groups (the writer saw it, so no "intended freeze";
         # a layer only some of whose parameters are left out is named too).
@@ -265,9 +269,18 @@ def _not_learning(run, stats, t, dead, outside=frozenset()):
     return out
 
 
-# The reason of a layer the optimizer does not update (``_frozen``).
+def _moved(weights, missing, j):
+    """Whether layer ``j``'s weights changed between writes (stored norms): another optimizer (a GAN's other
+    network), an EMA or a hand-written update moved it. Unmoved weights give the same norm bit for bit at every
+    write; a change above 1e-6 of it (eight roundings of the stored float32) is movement."""
+    if weights is None:
+        return False
+    norms = weights[~missing[:, j] & np.isfinite(weights[:, j]), j]
+    return len(norms) > 1 and float(norms.max() - norms.min()) > 1e-6 * float(norms.max())
+
+
+# The reason of a layer the optimizer does not update (``_frozen``); a layer no group holds has ``finding.OUTSIDE``.
 FROZEN = "frozen by the optimizer"
-# The reason of a layer the writer saw no parameter group hold (``outside_optimizer``).
 OUTSIDE = finding.OUTSIDE
 
 
@@ -366,14 +379,14 @@ def describe(found, quote=None):
             ("gets", "it", "its", "it never moves") if one else ("get", "them", "their", "they never move")
         )
         return (
-            f"{names} {verb} a gradient (norm {_span([x['median_grad_norm'] for x in e.values()])}) but no parameter "
+            f"{names} {verb} a gradient (norm {finding.span([x['median_grad_norm'] for x in e.values()])}) but no parameter "
             f"group of the optimizer holds {them} (or some of {their} parameters): {they}, steps "
             f"{found.steps[0]}-{found.steps[1]}. Pass {them} to the optimizer (or add_param_group), or set "
             f"requires_grad=False to freeze {them}."
         )
     if found.severity == "info":
         return (
-            f"{names} frozen by the optimizer: gradient norm {_span([x['median_grad_norm'] for x in e.values()])} "
+            f"{names} frozen by the optimizer: gradient norm {finding.span([x['median_grad_norm'] for x in e.values()])} "
             f"but an update of exactly 0 at every step, steps {found.steps[0]}-{found.steps[1]}: an intended freeze "
             "(a learning rate of 0, optax.set_to_zero), or a parameter group that misses it, which a PyTorch "
             "writer given the optimizer reports apart (information, not a problem if meant)."
@@ -384,8 +397,3 @@ def describe(found, quote=None):
         + (f"-{max(medians):.2g}" if len(medians) > 1 else "")
         + f" in most steps ({'; '.join(sorted({x['reason'] for x in e.values()}))})."
     )
-
-
-def _span(values):
-    lo, hi = f"{min(values):.2g}", f"{max(values):.2g}"
-    return lo if lo == hi else f"{lo}-{hi}"

@@ -89,7 +89,9 @@ def check_gradients(
         float64 twin: ``copy.deepcopy(model)`` cast to float64, called as
         ``loss_fn(twin, batch)`` with the batch's floating-point tensors cast
         to float64 and float64 as the default dtype (so tensors ``loss_fn``
-        makes are float64 too); the model itself is only read. The twin's
+        makes are float64 too), and its casts to float32 (``.float()``,
+        ``dtype=torch.float32``: Hugging Face's losses, RMSNorms and
+        attention softmax upcast so) made to float64; the model itself is only read. The twin's
         error bar is ~1e-7 of the derivative instead of ~3e-3, so errors
         that are a small share of the gradient are caught at the default
         cost. A float32 model also has its own gradient held against the
@@ -186,11 +188,13 @@ def _twin_check(loss_fn, model, batch, opts, only=None):
 
     def twin_fn():
         # Tensors loss_fn makes (torch.zeros, a constant) follow the
-        # default dtype: float64 here, or they would round the twin's loss.
+        # default dtype: float64 here, or they would round the twin's loss;
+        # and its casts to float32 are casts to float64 (_Float64Casts).
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)
         try:
-            return loss_fn(twin, batch64)
+            with _Float64Casts():
+                return loss_fn(twin, batch64)
         finally:
             torch.set_default_dtype(default)
 
@@ -212,6 +216,27 @@ def _twin_check(loss_fn, model, batch, opts, only=None):
             return float32_gap.own_gap(report, own, reference, layout)
         finally:
             own.restore_all()
+
+
+class _Float64Casts(torch.overrides.TorchFunctionMode):
+    """Inside the twin's loss, a cast to float32 is a cast to float64.
+
+    Code written for float16 and bfloat16 upcasts where precision matters:
+    Hugging Face's losses take ``logits.float()``, its RMSNorms
+    ``hidden_states.to(torch.float32)``, its eager attention
+    ``softmax(..., dtype=torch.float32)``. In a float64 twin each of these
+    rounds to float32 (a tiny Mixtral's twin returned a float32 loss, and 16
+    of its 19 rows were inconclusive at float32's noise; with the casts
+    widened, all 19 are ok, catching errors of 1e-6 of the derivative). What
+    those casts ask for is "at least float32", which float64 is.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.float:
+            func = torch.Tensor.double
+        args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        kwargs = {k: torch.float64 if v is torch.float32 else v for k, v in (kwargs or {}).items()}
+        return func(*args, **kwargs)
 
 
 def float64_twin(model):

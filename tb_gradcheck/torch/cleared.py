@@ -6,8 +6,8 @@ so far. It trains badly rather than not at all, and the statistics cannot
 tell it apart from a gradient that grows, so the writer, which sees the
 steps, says it.
 
-After each optimizer step ``Cleared.stepped`` notes one parameter's
-gradient, the sentinel: the tensor object and its version counter (every
+After each optimizer step ``Cleared.stepped`` notes the gradient of one
+parameter that optimizer holds, the sentinel: the tensor object and its version counter (every
 in-place change bumps it). A hook on that parameter runs at the next
 ``backward()`` before its gradient is added in. By then the gradient the
 optimizer applied was cleared (``zero_grad()`` sets it to None, or zeroes

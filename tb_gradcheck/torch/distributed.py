@@ -219,7 +219,9 @@ def _local_units(name, param, spec, local):
     n, world = int(param.shape[unit_axis]), mesh.size()
     per = -(-n // world)
     first = min(mesh.get_local_rank() * per, n)
-    return (first, int(local.shape[unit_axis]), spec.units)
+    # Units per index of the sharded axis: 1, or a stacked experts weight's outputs per expert (modules).
+    each = spec.units // n if unit_axis == 0 else 1
+    return (first * each, int(local.shape[unit_axis]) * each, spec.units)
 
 
 def _unit_axis(spec, shape):

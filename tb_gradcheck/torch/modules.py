@@ -45,6 +45,12 @@ parameters that only it uses. PyTorch stores outputs first, so:
   last axis too;
 - a ``ConvTransposeNd`` weight ``[in, out / groups, ...]``: its output
   channels, axis 1 within each group;
+- Hugging Face ``transformers``' stacked experts (a MoE layer's
+  ``experts``: Mixtral, Qwen-MoE, DeepSeek) ``[experts, out, in]``: one
+  unit per expert and output, as a ``Linear`` per expert would have.
+  Counted by expert, a dead output of a routed expert would be missed; an
+  expert no token was routed to has all its units without gradient. A
+  transposed layout (``is_transposed``: gpt-oss) keeps the first axis;
 - Hugging Face ``transformers``' ``Conv1D`` (GPT-2's attention and MLP
   projections), a transposed ``Linear`` whose weight is ``[in, out]`` and
   which says so with its ``nf`` (number of outputs): the last axis. Counted
@@ -124,8 +130,22 @@ def unit_spec(module, short_name, shape):
         per_group = shape[0] // groups
         rest = numel // max(shape[0] * shape[1], 1)
         return UnitSpec((groups, per_group, shape[1], rest), (1, 3), groups * shape[1])
+    if len(shape) == 3 and _stacked_experts(module, shape):
+        units = shape[0] * shape[1]
+        return UnitSpec((units, shape[2]), (1,), units)
     units = shape[0]
     return UnitSpec((units, numel // max(units, 1)), (1,), units)
+
+
+def _stacked_experts(module, shape):
+    """Whether a 3-D weight is Hugging Face's stacked experts ``[experts, out, in]`` (its MoE ``*Experts`` modules).
+
+    They say so: ``num_experts`` and ``is_transposed`` (False: outputs before
+    inputs), set by ``transformers``' ``use_experts_implementation``.
+    """
+    experts = getattr(module, "num_experts", None)
+    layout = getattr(module, "is_transposed", None)
+    return layout is False and isinstance(experts, int) and not isinstance(experts, bool) and shape[0] == experts
 
 
 def _outputs_last(module, shape):

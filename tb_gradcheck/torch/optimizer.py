@@ -176,11 +176,12 @@ class Follower:
             self._unheld_warned = True
             shown = ", ".join(unheld[:5]) + (f" and {len(unheld) - 5} more" if len(unheld) > 5 else "")
             one = len(unheld) == 1
-            verb, them, they = ("gets", "it", "it never moves") if one else ("get", "them", "they never move")
+            verb, them = ("gets", "it") if one else ("get", "them")
             warnings.warn(
                 f"tb_gradcheck: {shown} {verb} a gradient but no parameter group of the optimizer holds {them}, so "
-                f"{they}. Pass {them} to the optimizer (or add_param_group), or set requires_grad=False to "
-                f"freeze {them}.",
+                f"it never moves {them}. Pass {them} to the optimizer (or add_param_group), or set "
+                f"requires_grad=False to freeze {them}; if another optimizer steps {them} (a GAN's other network), "
+                "give that model a GradientWriter of its own: a writer follows one optimizer.",
                 stacklevel=5,  # the user's optimizer.step(): past this, _before, the compiler wrapper, the step hook
             )
 
@@ -209,7 +210,8 @@ class Follower:
     def _after(self, optimizer, args, kwargs):
         link = self._link
         if link.rows is not None and not link.closed:
-            self._cleared.stepped(link.rows.params)
+            # A parameter this optimizer holds: the gradient it has just applied.
+            self._cleared.stepped(p for group in optimizer.param_groups for p in group["params"])
         if self._snapshot is None or link.pending is None:
             self._snapshot = None
             return

@@ -138,22 +138,69 @@ class Scale(nn.Module):
         return x * self.weight
 
 
-def test_activations_growing_by_orders_are_found(tmp_path, capsys):
+@pytest.mark.parametrize("start, steps", [(1.0, 24), (1e-3, 30)])
+def test_activations_growing_by_orders_are_found(tmp_path, capsys, start, steps):
     # A LayerNorm after the growing layer keeps the loss and the gradients from growing with it: the forward
-    # view alone sees the growth.
+    # view alone sees the growth. From 1e-3 it is counted from unit scale, and found once it is 2 orders past it.
     model = nn.Sequential(Scale(16), nn.LayerNorm(16), nn.Linear(16, 1))
     x, y = torch.randn(32, 16), torch.randn(32, 1)
 
-    def grow(model, step):  # the weights double every step: the outputs too, 2**step
+    def grow(model, step):  # the weights double every step: the outputs too, start * 2**step
         with torch.no_grad():
-            model[0].weight.fill_(2.0**step)
+            model[0].weight.fill_(start * 2.0**step)
 
-    _fit(tmp_path, model, x, y, steps=24, lr=0.0, drive=grow)
+    _fit(tmp_path, model, x, y, steps=steps, lr=0.0, drive=grow)
     found = _report(capsys, tmp_path)
     assert "exploding" not in found
     growth = found["activation_growth"]
     assert growth["layers"] == ["0"] and growth["severity"] == "warning"
     assert growth["evidence"]["0"]["max_growth_orders"] >= 2
+
+
+class LayerScale(nn.Module):
+    """A residual branch scaled by a learned vector that starts tiny (CaiT, DeiT-III, ConvNeXt: 1e-5 or 1e-6)."""
+
+    def __init__(self, width, init=1e-6):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((width,), init))
+
+    def forward(self, x):
+        return x * self.gamma
+
+
+class ScaledBlock(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+        self.scale = LayerScale(width)
+
+    def forward(self, x):
+        return x + self.scale(self.fc2(nn.functional.gelu(self.fc1(self.norm(x)))))
+
+
+def test_a_layer_scale_rising_toward_unit_scale_is_not_growth(tmp_path, capsys):
+    # Adam moves each gamma by about the learning rate a step, so the branches' outputs rise from 1e-6 of their
+    # input's scale to about 0.1 while the loss falls: 2.4 orders above their first writes, all below unit scale.
+    # Counted from their start, every LayerScale was flagged as growing toward a divergence.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), ScaledBlock(32), ScaledBlock(32), nn.LayerNorm(32), nn.Linear(32, 1))
+    x = torch.randn(256, 8)
+    y = torch.sin(3 * x[:, :1]) * x[:, 1:2]
+    optimizer = torch.optim.Adam(model.parameters(), 1e-3)
+    losses = []
+    with GradientWriter(tmp_path, model, optimizer=optimizer, activations=True) as writer:
+        for step in range(150):
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            writer.write(step)
+            optimizer.step()
+            losses.append(loss.item())
+    # The premise: it learns, and the branches rose by over 2 orders without reaching unit scale.
+    assert losses[-1] < 0.5 * losses[0]
+    gamma = model[1].scale.gamma.detach().abs().mean().item()
+    assert 1e-2 < gamma < 0.5
+    assert "activation_growth" not in _report(capsys, tmp_path)
 
 
 def test_massive_activations_use_the_literatures_thresholds(tmp_path, capsys):

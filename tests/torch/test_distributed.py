@@ -5,7 +5,8 @@ process; DDP; FSDP2, every parameter a DTensor sharded on its first axis,
 7 units split 4 and 3), with a window of 2, ``clip_grad_norm_``, the
 optimizer's update and a NaN planted on one shard. Rank 0 writes; FSDP2's
 whole-parameter statistics come from one all-reduce of the shards' at each
-written step.
+written step. A stacked experts weight ``[experts, out, in]`` sharded by expert
+has its (expert, output) units counted across the shards.
 """
 
 import os
@@ -72,3 +73,6 @@ def test_two_processes_write_what_one_process_writes(single, tmp_path, mode):
     assert at_4[:, variables.index("head.weight"), columns.index("first_nonfinite_offset")][0] == 0.0  # Adam spread it
     dead = at_4[0, variables.index("embed.weight"), columns.index("dead_unit_fraction")]
     assert 0.0 <= dead <= 1.0
+    # Stacked experts [3, 7, 7], sharded by expert: one dead (expert, output) unit of 21, on rank 1's shard.
+    _, at_0, _ = read_events(tmp_path, "stats", "variable")[0]
+    assert at_0[0, variables.index("experts.weight"), columns.index("dead_unit_fraction")] == np.float32(1 / 21)

@@ -133,3 +133,41 @@ def test_t5_shared_table_is_a_row_under_the_embedding_that_runs_first_with_its_a
     (out,) = embedded  # the encoder's call only: the decoder's and the head's are other rows' business
     np.testing.assert_allclose(rows["encoder.embed_tokens"]["act_rms"], out.pow(2).mean().sqrt().item(), rtol=1e-5)
     np.testing.assert_allclose(rows["encoder.embed_tokens"]["act_max_abs"], out.abs().max().item(), rtol=1e-5)
+
+
+def test_mixtral_stacked_experts_units_are_each_experts_outputs(tmp_path):
+    """A ReLU Mixtral whose expert 0 has 5 gate rows at zero: those outputs of expert 0, and only they, are dead.
+
+    The experts' weights are stacked ``[experts, out, in]``; counted by expert
+    (the first axis), expert 0 is alive (its other outputs get gradients)
+    and the dead outputs inside it were never seen.
+    """
+    config = transformers.MixtralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=16,
+        hidden_act="relu",
+    )
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config)
+    experts = model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.shape == (4, 96, 32)  # [experts, gate and up outputs, in]
+    dead = [2, 7, 11, 30, 47]
+    with torch.no_grad():
+        experts.gate_up_proj[0, dead] = 0.0  # relu(0) = 0 passes no gradient, and its up output is multiplied by 0
+    grads = _train(model, _batch(), tmp_path, steps=1)
+    gate_up = grads["model.layers.0.mlp.experts.gate_up_proj"]
+    silent = (gate_up.abs().amax(dim=2) == 0).nonzero().tolist()
+    # The premise: every expert was routed to, and exactly the planted gate rows and their up rows are silent.
+    assert silent == [[0, i] for i in dead] + [[0, 48 + i] for i in dead]
+    _, variables, _ = _rows(tmp_path, "variable")
+    row = variables["model.layers.0.mlp.experts.gate_up_proj"]
+    np.testing.assert_allclose(row["dead_unit_fraction"], 2 * len(dead) / (4 * 96))
+    # down_proj's units are its outputs [experts, hidden]: the zero inputs from expert 0's dead units kill none.
+    assert variables["model.layers.0.mlp.experts.down_proj"]["dead_unit_fraction"] == 0.0

@@ -203,3 +203,51 @@ def test_gradients_a_loop_stops_clearing_are_an_error_from_that_step(tmp_path, e
         # steps 6-10) is the first marked; 39 is the last write (windowed: the partial window at close).
         assert f.steps == [10, 39]
         assert "Call optimizer.zero_grad() once per step, before backward()" in f.message
+
+
+def test_a_layer_another_optimizer_moves_is_not_said_to_never_move(tmp_path):
+    """A GAN in one writer that follows the generator's optimizer: the discriminator moves under its own.
+
+    No group of the followed optimizer holds the discriminator, so the
+    writer measures an update of 0 for it; its weights' norm, stored at
+    every write, changes all the same. "They never move" would be false.
+    """
+    torch.manual_seed(0)
+    gen, disc = (
+        nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)),
+        nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 1)),
+    )
+    both = nn.ModuleDict({"gen": gen, "disc": disc})
+    opt_gen, opt_disc = torch.optim.Adam(gen.parameters(), 1e-3), torch.optim.Adam(disc.parameters(), 1e-3)
+    bce = nn.BCEWithLogitsLoss()
+    start = disc[0].weight.detach().clone()
+    with pytest.warns(UserWarning, match=r"if another optimizer steps them \(a GAN's other network\)"):
+        with GradientWriter(tmp_path, both, optimizer=opt_gen) as writer:
+            for step in range(40):
+                real, fake = torch.randn(32, 2) + 2.0, gen(torch.randn(32, 4))
+                opt_disc.zero_grad()
+                (bce(disc(real), torch.ones(32, 1)) + bce(disc(fake.detach()), torch.zeros(32, 1))).backward()
+                opt_disc.step()
+                opt_gen.zero_grad()
+                bce(disc(fake), torch.ones(32, 1)).backward()  # also gives the discriminator a gradient
+                writer.write(step)
+                opt_gen.step()
+    assert not torch.equal(disc[0].weight.detach(), start)  # the premise: the discriminator moved
+    st, ctx, eid = store.local_store(tmp_path)
+    found = queries.findings(st, ctx, eid, next(iter(st.runs(ctx, eid))))
+    assert not [f for f in found if f.kind == "not_learning" and {"disc.0", "disc.2"} & set(f.layers)], [
+        f.message for f in found
+    ]
+
+
+def test_a_layer_partly_outside_the_groups_is_still_named(tmp_path):
+    """Layer 2's bias in no group, its weight in one: the layer's weights move, and it is named all the same."""
+
+    def groups(m):
+        held = [p for n, p in m.named_parameters() if n != "2.bias"]
+        return torch.optim.AdamW(held, lr=1e-3)
+
+    with pytest.warns(UserWarning, match=r"2\.bias gets a gradient but no parameter group"):
+        found = torch_fit(tmp_path, groups)
+    unheld = [f for f in found if f.kind == "not_learning" and f.severity == "warning"]
+    assert [f.layers for f in unheld] == [["2"]], [f.message for f in found]
