@@ -208,7 +208,11 @@ class GradientCallback(keras.callbacks.Callback):
     def _iterations(self):
         """The optimizer's update count, read once at a fit's start or end."""
         iterations = self.model.optimizer.iterations  # a tensor under gradient accumulation, else a variable
-        return int(getattr(iterations, "value", iterations))
+        value = getattr(iterations, "value", iterations)
+        try:
+            return int(value)
+        except TypeError:  # a tf.distribute variable (MirroredVariable), read eagerly here
+            return int(value.numpy())
 
     def _take_over(self, optimizer):
         """Detaches another callback still attached to ``optimizer`` (its run closed, its hooks put back)."""
