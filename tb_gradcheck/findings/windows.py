@@ -87,8 +87,10 @@ def median_of_others(values):
     """
     values = np.where(np.isfinite(values), values, np.nan)
     n = values.shape[1]
-    ordered = np.sort(values, axis=1)  # NaN last
-    rank = np.argsort(np.argsort(values, axis=1, kind="stable"), axis=1)  # each value's place in ``ordered``
+    order = np.argsort(values, axis=1, kind="stable")  # NaN last
+    ordered = np.take_along_axis(values, order, axis=1)
+    rank = np.empty_like(order)  # each value's place in ``ordered``: the inverse of the one sort
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(n), order.shape), axis=1)
     inside = ~np.isnan(values)  # a finite value of its own, left out of its median
     others = np.sum(inside, axis=1, keepdims=True) - inside
 
