@@ -79,7 +79,8 @@ def train(run, logdir, steps, check_every, seed=0):
     x = jnp.asarray(rng.normal(size=(64, 10)), jnp.float32)
     batch = (x, jnp.sin(x[:, :1]) + 0.1 * jnp.asarray(rng.normal(size=(64, 1)), jnp.float32))
     model, loss_fn = make_model(run, seed)
-    order = tj.depth_order(lambda m: m(x), model)  # hidden before output, as the forward pass reads them
+    # Hidden before output, as the loss reads them (and what it has no gradient path to, if anything: MISSING rows).
+    order = tj.depth_order(loss_fn, model, batch)
     optimizer = nnx.Optimizer(model, tj.monitor(optax.sgd(1e-3), order=order), wrt=nnx.Param)
 
     @nnx.jit

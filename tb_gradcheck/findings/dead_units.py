@@ -236,10 +236,13 @@ def describe(f, quote):
         # Every unit, every write: the stored numbers cannot say why. Units
         # dead behind a ReLU look the same as a path after the layer that
         # multiplies its gradient by 0 (a zero gate, a branch scaled by 0,
-        # a saturated tanh), so the sentence names both.
+        # a saturated tanh), so the sentence names both; and JAX's zeros for
+        # a parameter the loss does not use, where no depth_order of the
+        # loss has marked it (tb_gradcheck.jax.reach).
         return (
             f"No gradient through {names}: every unit gets an exactly zero gradient on whole batches, "
-            f"steps {first}-{last} (dead units, or a path after it that multiplies the gradient by 0){after}."
+            f"steps {first}-{last} (dead units, a path after it that multiplies the gradient by 0, or, in JAX, "
+            f"no path from the loss, which jax.grad fills with zeros: a depth_order of the loss tells){after}."
         )
     how = []
     if those(DYING):

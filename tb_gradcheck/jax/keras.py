@@ -45,6 +45,7 @@ import numpy as np
 from tb_gradcheck.core import structure
 from tb_gradcheck.core import validate
 from tb_gradcheck.jax import layout
+from tb_gradcheck.jax import reach
 from tb_gradcheck.jax import transform
 from tb_gradcheck.jax.writer import GradientWriter
 from tb_gradcheck.keras import callback
@@ -56,7 +57,7 @@ from tb_gradcheck.keras.variables import unit_axes
 # gradients after unscaling and clipping (keras/src/backend/jax/optimizer.py).
 HOOK = "_backend_update_step"
 # What Keras' JAX train_step differentiates: its trainable values pass
-# through ``_tap`` there, which learns which of them the loss depends on.
+# through ``reach.tap`` there, which learns which of them the loss depends on.
 LOSS_HOOK = "compute_loss_and_updates"
 
 
@@ -164,7 +165,7 @@ class _Session:
         self.state = transform.initial_state(lay, jnp.float32, count=self.micro // self.accumulate + 1)
         self.writer = GradientWriter(run_dir)
         self.capture = None  # set while the step is traced: what the hook hands over
-        self.reached = None  # set while the step is traced: per variable, whether a gradient reached it (``_tap``)
+        self.reached = None  # set while the step is traced: per variable, whether a gradient reached it (``reach.tap``)
         self.hooks = hooks.Hooks()
         step = self._step
         self.jitted = step if (model.run_eagerly or not model.jit_compile) else jax.jit(step, donate_argnums=0)
@@ -188,7 +189,7 @@ class _Session:
             if session.capture is None or session.reached is not None:
                 return original(trainable_variables, *args, **kwargs)
             session.reached = reached = []
-            return original(_tap(list(trainable_variables), reached), *args, **kwargs)
+            return original(reach.tap(list(trainable_variables), reached), *args, **kwargs)
 
         return compute_loss_and_updates
 
@@ -270,25 +271,3 @@ class _Session:
     def close(self):
         """Writes the window under way (with the weights, when the fit does not hold them) and closes the writer."""
         self.writer.close(self.weights())
-
-
-def _tap(values, reached):
-    """``values`` unchanged, and, when the backward pass reaches them, per value whether a gradient flows into it.
-
-    The backward rule is told which cotangents are symbolic zeros (JAX's
-    own record that no path from the loss leads there: a head without a
-    loss, a ``stop_gradient``) and appends the flags to ``reached`` while the
-    step is traced. It passes the cotangents on as they are, so the
-    gradients are bit for bit those without it.
-    """
-
-    def forward(values):
-        return [v.value for v in values], None
-
-    def backward(_, cotangents):
-        reached.append([not isinstance(c, jax.custom_derivatives.SymbolicZero) for c in cotangents])
-        return (cotangents,)
-
-    tap = jax.custom_vjp(lambda values: values)
-    tap.defvjp(forward, backward, symbolic_zeros=True)
-    return tap(values)

@@ -40,6 +40,7 @@ import jax
 from jax.extend import core
 
 from tb_gradcheck.core import structure
+from tb_gradcheck.jax import reach
 from tb_gradcheck.jax import stacks
 
 # Path components that name no module: the Linen collection that holds the
@@ -63,6 +64,8 @@ class Layout:
       stacks: Per row, its leaf's stacked leading dimensions (``stacks``),
         ``()`` for a leaf that is one row; ``shapes`` are the rows' own.
       slices: Per row, its slice's flat index in those dimensions (0 if none).
+      reached: Per row, whether the loss has a gradient path to its
+        parameter (``depth_order``'s ``unreached``), or ``()``: every row.
     """
 
     names: tuple
@@ -74,6 +77,7 @@ class Layout:
     updates: bool
     stacks: tuple = ()
     slices: tuple = ()
+    reached: tuple = ()
 
     @property
     def structure(self):
@@ -119,7 +123,7 @@ def natural_key(parts):
     return tuple(tuple((0, int(t)) if t.isdigit() else (1, t) for t in re.split(r"(\d+)", p) if t) for p in parts)
 
 
-def make(params, every_n_steps, updates=False, order=None, unit_axes=None, stacked=None, found=None):
+def make(params, every_n_steps, updates=False, order=None, unit_axes=None, stacked=None, found=None, unreached=()):
     """The ``Layout`` of a parameter pytree.
 
     Args:
@@ -138,6 +142,8 @@ def make(params, every_n_steps, updates=False, order=None, unit_axes=None, stack
       found: ``{name prefix: axes}`` of the stacks ``depth_order`` found, or
         None; those under which no leaf of this pytree lies are passed over
         (a whole model's, as ``order``).
+      unreached: Names of parameters the loss has no gradient path to
+        (``depth_order``'s); names not in this pytree are passed over.
 
     Raises:
       ValueError: An empty pytree; ``order`` listing names the pytree does
@@ -193,15 +199,23 @@ def make(params, every_n_steps, updates=False, order=None, unit_axes=None, stack
         updates=bool(updates),
         stacks=tuple(dims for _, _, _, _, dims in rows),
         slices=tuple(flat for _, flat, _, _, _ in rows),
+        reached=tuple(names[leaf] not in unreached for leaf, _, _, _, _ in rows) if set(unreached) & set(names) else (),
     )
 
 
 class DepthOrder(list):
-    """Parameter names in depth order (a list), with ``stacked``: the ``{prefix: reverse flags}`` of the leaves scanned over."""
+    """Parameter names in depth order (a list), with what else the trace found.
 
-    def __init__(self, names, stacked):
+    Attributes:
+      stacked: ``{prefix: reverse flags}`` of the leaves scanned over.
+      unreached: Names of the parameters a loss has no gradient path to
+        (``reach``); empty where ``fn`` returns no scalar loss.
+    """
+
+    def __init__(self, names, stacked, unreached=()):
         super().__init__(names)
         self.stacked = stacked
+        self.unreached = tuple(unreached)
 
 
 def depth_order(fn, params, *args, **kwargs):
@@ -222,24 +236,35 @@ def depth_order(fn, params, *args, **kwargs):
     says which (``{name prefix: reverse flags}``, ``stacks``); ``monitor``
     then gives each slice a row of its own.
 
+    Given the loss (``fn`` returns a scalar, or a ``(loss, aux)`` pair as
+    for ``value_and_grad(has_aux=True)``), it also finds the parameters the
+    loss has no gradient path to (``reach``: a head the loss never uses, a
+    branch behind ``stop_gradient``), listed in ``unreached``. ``jax.grad``
+    gives them zeros, which would read as a layer whose every unit is dead;
+    ``monitor`` stores their gradient rows as MISSING instead, as TensorFlow
+    and PyTorch store a variable whose gradient is None. Given the forward
+    pass, it cannot know which outputs the loss uses, and every parameter
+    counts as reached.
+
     ``params`` may be an NNX module: then ``fn`` takes the module, and
     the names are those of its ``nnx.Param`` state.
 
     Example:
 
-        order = tb_gradcheck.jax.depth_order(model.apply, params, x)  # Linen
-        order = tb_gradcheck.jax.depth_order(lambda m: m(x), model)  # NNX
+        order = tb_gradcheck.jax.depth_order(loss_fn, params, x, y)  # Linen: loss_fn(params, x, y)
+        order = tb_gradcheck.jax.depth_order(lambda m: loss_fn(m(x), y), model)  # NNX
         tx = tb_gradcheck.jax.monitor(optax.adam(1e-3), order=order)
 
     Returns:
-      A ``DepthOrder``: a list of names with a ``stacked`` dict.
+      A ``DepthOrder``: a list of names with ``stacked`` and ``unreached``.
     """
     rebuild = nnx_rebuild(params)
     if rebuild is not None:  # an NNX module: trace over its parameters' State, as nnx.grad differentiates it
         params, merge = rebuild
-        closed = jax.make_jaxpr(lambda p: fn(merge(p), *args, **kwargs))(params)
+        call = lambda p: fn(merge(p), *args, **kwargs)  # noqa: E731
     else:
-        closed = jax.make_jaxpr(lambda p: fn(p, *args, **kwargs))(params)
+        call = lambda p: fn(p, *args, **kwargs)  # noqa: E731
+    closed = jax.make_jaxpr(call)(params)
     parts = path_names(params)
     names = ["/".join(p) for p in parts]
     first, views = {}, {}
@@ -250,7 +275,12 @@ def depth_order(fn, params, *args, **kwargs):
         flags = {tuple(r for _, r in path) for path in seen}
         if len(flags) == 1 and () not in flags:
             paths[leaf] = seen[0]
-    return DepthOrder([names[i] for i in sorted(first, key=first.get)], stacks.infer(parts, paths))
+    unreached = reach.unreached(call, params) or ()
+    return DepthOrder(
+        [names[i] for i in sorted(first, key=first.get)],
+        stacks.infer(parts, paths),
+        [n for n, no_path in zip(names, unreached) if no_path],
+    )
 
 
 def nnx_rebuild(obj):

@@ -114,7 +114,10 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
         the last, mean, max, min and sum of the gradient norm and NaN/Inf
         count over the N steps, as ``tb_gradcheck.GradientWriter`` does.
       order: Parameter names in depth order (``depth_order``), or None for
-        the natural order of their paths (``layout``). A whole model's
+        the natural order of their paths (``layout``). A ``depth_order`` of
+        the loss also says which parameters it has no gradient path to:
+        their gradient rows are MISSING (``jax.grad``'s zeros there are not
+        measured as a dead layer). A whole model's
         order serves a monitor that sees part of it (inside
         ``optax.masked`` or ``optax.multi_transform``): the names it does
         not see are passed over.
@@ -147,12 +150,13 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
     # of (optax.masked): make passes over stacks not in this pytree. What
     # the caller names must be there.
     found = stacks.normalise(getattr(order, "stacked", None)) if stacked is None else {}
+    unreached = tuple(getattr(order, "unreached", ()))
     stacked = stacks.normalise(stacked)
     order = None if order is None else tuple(order)
     unit_axes = dict(unit_axes or {})
 
     def init(params):
-        lay = layout.make(params, every_n_steps, optimizer is not None, order, unit_axes, stacked, found)
+        lay = layout.make(params, every_n_steps, optimizer is not None, order, unit_axes, stacked, found, unreached)
         inner = optimizer.init(params) if optimizer is not None else optax.EmptyState()
         return initial_state(lay, _float_dtype(jax.tree_util.tree_leaves(params)), inner=inner)
 
@@ -164,7 +168,7 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
         if optimizer is not None:
             updates, inner = optimizer.update(updates, inner, params, **extra_args)
         applied = _rows(updates, lay, "updates") if optimizer is not None else None
-        return updates, advance(state, grads, weights, applied, inner)
+        return updates, advance(state, grads, weights, applied, inner, lay.reached or None)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
