@@ -17,6 +17,8 @@ Used twice: ``depth_order`` traces the user's loss function through it once
 taps its train step's trainable values (``tap``).
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 
@@ -73,7 +75,15 @@ def unreached(fn, params):
     def loss(leaves):
         return loss_of(fn(jax.tree_util.tree_unflatten(treedef, tap(list(leaves), reached))))
 
-    jax.make_jaxpr(jax.grad(loss))(leaves)
+    try:
+        jax.make_jaxpr(jax.grad(loss))(leaves)
+    except Exception as e:  # noqa: BLE001 - the order is still good; only this extra is lost, and said
+        warnings.warn(
+            f"depth_order could not differentiate its function ({type(e).__name__}: {e}); every parameter is "
+            "measured, and one the loss has no gradient path to reads as zeros (a dead layer), not MISSING.",
+            stacklevel=3,
+        )
+        return None
     if len(reached) != 1 or len(reached[0]) != len(leaves):
         return None
     return [not r for r in reached[0]]

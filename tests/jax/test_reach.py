@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 import tb_gradcheck.jax as tj
@@ -102,6 +103,17 @@ def test_depth_order_of_the_loss_lists_what_it_has_no_path_to():
     assert pair.unreached == order.unreached
     # The forward pass returns both heads: which one the loss uses is not known, so nothing is unreached.
     assert tj.depth_order(lambda p: Linen().apply(p, x), params).unreached == ()
+
+
+def test_a_loss_reverse_mode_cannot_differentiate_keeps_its_order_and_says_what_is_lost():
+    params = {"a": jnp.ones(3), "b": jnp.ones(3)}
+
+    def loss(p):  # a while_loop with a traced bound: jax.grad refuses it
+        return jax.lax.while_loop(lambda c: c[1] < 3, lambda c: (c[0] * p["a"].sum(), c[1] + 1), (1.0, 0))[0]
+
+    with pytest.warns(UserWarning, match="could not differentiate its function .*while_loop.*not MISSING"):
+        order = tj.depth_order(loss, params)
+    assert list(order) == ["a"] and order.unreached == ()
 
 
 def test_a_head_without_a_loss_and_a_probe_behind_stop_gradient_are_missing_not_dead(tmp_path):
