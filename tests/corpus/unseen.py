@@ -57,19 +57,21 @@ def _jax_fit(run_dir, params, activation, batches, optimizer):
 
     import tb_gradcheck.jax as tj
 
-    names = [k for k in params if k != "out"]
+    names = [k for k in params if k not in ("out", "aux")]
 
     def forward(p, x):
+        """The output, and an auxiliary head's (the loss never uses it) where ``params`` has one."""
         for name in names:
             x = activation(x @ p[name]["kernel"] + p[name]["bias"])
-        return x @ p["out"]["kernel"] + p["out"]["bias"]
+        aux = x @ p["aux"]["kernel"] + p["aux"]["bias"] if "aux" in p else None
+        return x @ p["out"]["kernel"] + p["out"]["bias"], aux
 
     def loss_fn(p, x, y):
-        return jnp.mean((forward(p, x) - y) ** 2)
+        return jnp.mean((forward(p, x)[0] - y) ** 2)
 
     params = jax.tree.map(jnp.asarray, params)
     x0 = jnp.zeros((1, params[names[0]]["kernel"].shape[0]), jnp.float32)
-    tx = tj.monitor(optimizer, order=tj.depth_order(forward, params, x0))
+    tx = tj.monitor(optimizer, order=tj.depth_order(loss_fn, params, x0, jnp.zeros((1, 1), jnp.float32)))
     state = tx.init(params)
 
     @jax.jit
@@ -105,6 +107,25 @@ def jax_mlp_adam(run_dir, seed=0):
     return {"loss_first": first, "loss_last": last}, [
         ("no loss is NaN or Inf", bool(np.isfinite(losses).all())),
         ("the loss fell by half or more", last <= 0.5 * first),
+    ]
+
+
+@scenario()
+def jax_unused_aux_head(run_dir, seed=0):
+    """The healthy plain-JAX ReLU MLP with a second head the loss never uses (a pooler a masked language model skips, an auxiliary output computed for logging). ``jax.grad`` gives that head zeros, not None; the order is ``depth_order`` of the loss, which finds it has no gradient path, so its rows say "no gradient" as TensorFlow's and PyTorch's do, not a dead layer. The loss falls by more than half; no finding."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    x, y = _regression(seed)
+    params = _jax_mlp_params(seed, [64] * 3, 16, lambda n: math.sqrt(2.0 / n))
+    params["aux"] = {"kernel": np.full((64, 8), 0.1, np.float32), "bias": np.zeros(8, np.float32)}
+    losses, params, loss_fn, _ = _jax_fit(run_dir, params, jax.nn.relu, _batches(x, y, 64, 300, seed), optax.adam(1e-3))
+    first, last = head_tail(losses)
+    aux = jax.grad(loss_fn)(params, jnp.asarray(x), jnp.asarray(y))["aux"]
+    return {"loss_first": first, "loss_last": last}, [
+        ("the loss fell by half or more", last <= 0.5 * first),
+        ("jax.grad gives the auxiliary head exact zeros", all(not np.any(g) for g in jax.tree.leaves(aux))),
     ]
 
 
