@@ -3,8 +3,10 @@
 What is recorded (``metadata.ACTIVATION_STAT_COLUMNS``, the sums
 ``rowstats.ACTIVATION_SUMS``). A layer row is the module that owns the row's
 parameters (``modules``); its output is what its ``forward`` returns (a
-tuple's first tensor: ``MultiheadAttention``'s attention output, an LSTM's
-output sequence). Every call of the module in training mode at a recorded
+tuple's first tensor: an LSTM's output sequence). A ``MultiheadAttention``
+returns its ``out_proj``'s output, never calling that Linear: the output is
+``out_proj``'s row's, and the attention's own row has none (``_output_rows``).
+Every call of the module in training mode at a recorded
 step counts: gradient accumulation's micro-batches and a module used twice
 add up. A module in eval mode (a validation pass between training steps)
 is not counted.
@@ -77,6 +79,24 @@ def _kind(activation):
     if isinstance(activation, _RELUS):
         return "relu"
     return "tanh" if isinstance(activation, torch.nn.Tanh) else "sigmoid"
+
+
+def _output_rows(model, owners):
+    """``{module path: the row whose output its forward returns}``: a row module's own, with one exception.
+
+    ``nn.MultiheadAttention`` applies its ``out_proj`` inside its functional
+    forward and never calls that Linear's ``forward``: what it returns is
+    ``out_proj``'s output, which is that row's; its own row (the packed q, k,
+    v projections) has an output no hook sees, so its columns are MISSING.
+    """
+    rows = {path: path for path in owners}
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.MultiheadAttention):
+            out_proj = f"{path}.out_proj" if path else "out_proj"
+            rows.pop(path, None)
+            if rows.pop(out_proj, None) is not None:
+                rows[path] = out_proj
+    return rows
 
 
 def _first_tensor(output):
@@ -157,12 +177,14 @@ class Recorder:
                     if child_path in owners and isinstance(following, _RELUS + _SQUASHES):
                         after[child_path] = _kind(following)
                         claimed.add(id(following))
+        rows = _output_rows(model, owners)
         for path, module in model.named_modules():
-            if path in owners:
+            row = rows.get(path)
+            if row is not None:
                 axis = 1 if isinstance(module, _CHANNELS_FIRST) else -1
-                handle = module.register_forward_hook(self._row_hook(path, axis, after.get(path)))
+                handle = module.register_forward_hook(self._row_hook(row, axis, after.get(path)))
                 self._handles.append(handle)
-                self._row_hooks[path] = handle
+                self._row_hooks[row] = handle
             elif isinstance(module, _RELUS + _SQUASHES) and id(module) not in claimed:
                 self._handles.append(module.register_forward_hook(self._follower_hook(_kind(module))))
 

@@ -86,7 +86,12 @@ class Twin:
     def __init__(self, model, paths):
         self.calls = {}
         for path in paths:
-            model.get_submodule(path).register_forward_hook(self._hook(path))
+            module = model.get_submodule(path)
+            if isinstance(module, nn.MultiheadAttention):
+                # Its output is its out_proj's, applied inside its functional forward: that row's output.
+                module.register_forward_hook(self._hook(f"{path}.out_proj"))
+            elif not path.endswith("out_proj"):
+                module.register_forward_hook(self._hook(path))
 
     def _hook(self, path):
         def hook(module, args, output):
@@ -156,8 +161,8 @@ def test_activation_columns_equal_float64_statistics_of_the_same_outputs(tmp_pat
     for step in written:
         for path, want in expected[step].items():
             got = stored[step][path]
-            if want is None:  # MultiheadAttention's out_proj: its weight is used, its forward never runs
-                assert path.endswith("out_proj") and all(got[c] == -1.0 for c in ACT), (path, got)
+            if want is None:  # MultiheadAttention's own row: its q, k, v projections stay inside its forward
+                assert path.endswith("self_attn") and all(got[c] == -1.0 for c in ACT), (path, got)
                 continue
             for c in ACT:
                 np.testing.assert_allclose(got[c], want[c], rtol=RTOL, err_msg=f"{name} step {step} {path} {c}")
