@@ -258,6 +258,11 @@ def depth_order(fn, params, *args, **kwargs):
     Returns:
       A ``DepthOrder``: a list of names with ``stacked`` and ``unreached``.
     """
+    if not callable(fn):
+        raise TypeError(
+            "Expected `fn` to be the loss (or forward pass) called as fn(params, *args, **kwargs). "
+            f"Received: {type(fn).__name__}"
+        )
     rebuild = nnx_rebuild(params)
     if rebuild is not None:  # an NNX module: trace over its parameters' State, as nnx.grad differentiates it
         params, merge = rebuild

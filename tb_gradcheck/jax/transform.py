@@ -135,7 +135,7 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
       (with the wrapped optimizer's state inside it).
 
     Raises:
-      TypeError: ``optimizer`` is not a GradientTransformation; ``stacked`` is not a dict of prefixes.
+      TypeError: ``optimizer`` is not a GradientTransformation, ``order`` a list of names, ``stacked`` a dict.
       ValueError: ``every_n_steps`` is not a positive integer.
     """
     from tb_gradcheck.core import validate
@@ -152,6 +152,11 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
     found = stacks.normalise(getattr(order, "stacked", None)) if stacked is None else {}
     unreached = tuple(getattr(order, "unreached", ()))
     stacked = stacks.normalise(stacked)
+    if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
+        raise TypeError(
+            "Expected `order` to be a list of parameter names (tb_gradcheck.jax.depth_order's) or None. "
+            f"Received: {type(order).__name__} {str(order)[:80]!r}"
+        )
     order = None if order is None else tuple(order)
     unit_axes = dict(unit_axes or {})
 

@@ -218,6 +218,10 @@ def test_arguments_are_checked_where_they_are_given():
         tj.monitor("adam")
     with pytest.raises(ValueError, match="unknown names"):
         tj.monitor(order=["nope/kernel"]).init({"a": {"kernel": jnp.zeros(2)}})
+    with pytest.raises(TypeError, match=r"list of parameter names .* Received: str 'a/kernel'"):
+        tj.monitor(order="a/kernel")
+    with pytest.raises(TypeError, match="Expected `fn` to be the loss .* Received: dict"):
+        tj.depth_order({"a": jnp.zeros(2)}, {"a": jnp.zeros(2)})
     with pytest.raises(ValueError, match="unit_axes"):
         tj.monitor(unit_axes={"nope": 2}).init({"a": {"kernel": jnp.zeros(2)}})
     state = tj.monitor().init({"a": {"kernel": jnp.zeros((2, 3))}})
