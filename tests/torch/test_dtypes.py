@@ -8,12 +8,14 @@ float64 from the ``.grad`` the optimizer applies.
 """
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 from conftest import read_events
 from conftest import stats_content
 from tb_gradcheck.torch import GradientWriter
+from tests.torch.test_writer import DEVICES
 from tests.torch.test_writer import _rows
 
 torch.set_num_threads(1)
@@ -42,16 +44,17 @@ def _twin(g, units_axis0=True):
     }
 
 
-def test_complex_parameters_statistics_are_their_moduli(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_complex_parameters_statistics_are_their_moduli(tmp_path, device):
     torch.manual_seed(0)
-    model = _Complex()
+    model = _Complex().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     writer = GradientWriter(str(tmp_path), model, optimizer=optimizer)
-    x = torch.randn(16, 4, dtype=torch.cfloat)
+    x = torch.randn(16, 4, dtype=torch.cfloat, device=device)
     optimizer.zero_grad()
     model(x).abs().pow(2).mean().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.cpu().clone() for n, p in model.named_parameters()}
+    weights = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
     # The premise: a gradient whose largest part is not its largest modulus, and one unit dead.
     g = grads["lin.weight"]
     assert float(g.abs().max()) > float(torch.view_as_real(g).abs().max()) * 1.01
@@ -64,7 +67,7 @@ def test_complex_parameters_statistics_are_their_moduli(tmp_path):
         want = _twin(grad)
         want["weight_norm"] = float(weights[name].to(torch.complex128).abs().pow(2).sum().sqrt())
         want["update_norm"] = float(
-            (model.get_parameter(name).detach() - weights[name]).to(torch.complex128).abs().pow(2).sum().sqrt()
+            (model.get_parameter(name).detach().cpu() - weights[name]).to(torch.complex128).abs().pow(2).sum().sqrt()
         )
         for column, value in want.items():
             np.testing.assert_allclose(variables[name][column], value, rtol=1e-6, err_msg=f"{name} {column}")
@@ -75,12 +78,13 @@ def test_complex_parameters_statistics_are_their_moduli(tmp_path):
     np.testing.assert_allclose(layers["lin"]["dead_unit_fraction"], 1 / 3)
 
 
-def test_complex_nonfinite_elements_are_counted_in_every_step_of_a_window(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_complex_nonfinite_elements_are_counted_in_every_step_of_a_window(tmp_path, device):
     """A NaN in either part makes the element non-finite: flagged between writes, counted at the written step."""
     torch.manual_seed(0)
-    model = _Complex()
+    model = _Complex().to(device)
     writer = GradientWriter(str(tmp_path), model, every_n_steps=2)
-    x = torch.randn(16, 4, dtype=torch.cfloat)
+    x = torch.randn(16, 4, dtype=torch.cfloat, device=device)
     for step in (1, 2):  # one window, written at 2
         model.zero_grad()
         model(x).abs().pow(2).mean().backward()
