@@ -12,7 +12,8 @@ with the same definitions as TensorFlow's in-graph ``tb_gradcheck.tensorflow.sta
 - ``grad_zero_fraction``: exact zeros over the elements that have a gradient (NaN counts as nonzero);
 - ``grad_nonfinite``: NaN and Inf elements;
 - ``dead_unit_fraction``: units whose every gradient element is exactly 0, over the units; a layer's unit j is dead
-  when it is dead in every present parameter with the layer's unit count (``tb_gradcheck.tensorflow.units``);
+  when it is dead in every present parameter with the layer's unit count (``tb_gradcheck.tensorflow.units``); pruned
+  units are left out (``deadunits``);
 - ``weight_norm``: the L2 norm of the weights, a layer's as for grad_norm;
 - the activation columns, from a layer's forward outputs (``activation_values``).
 
@@ -24,6 +25,7 @@ import math
 
 import numpy as np
 
+from tb_gradcheck.core import deadunits
 from tb_gradcheck.core import metadata
 
 # Stored in every gradient column of a row without a gradient; distinct from NaN, which is data.
@@ -45,6 +47,7 @@ class Reductions:
       nonfinite: ``[P]`` NaN and Inf element counts.
       dead: bool ``[sum of the present parameters' units]``: per unit, in
         parameter order, whether its every element is exactly 0; or None.
+      pruned: None, or bool like ``dead``: the unit is masked out (``deadunits``).
     """
 
     present: np.ndarray
@@ -53,6 +56,7 @@ class Reductions:
     max_abs: np.ndarray = None
     nonzero: np.ndarray = None
     dead: np.ndarray = None
+    pruned: np.ndarray = None
 
 
 def combine_norms(norms, structure):
@@ -103,7 +107,7 @@ def rows(reductions, structure, weight_norms=None, onset=False):
     norm_v, max_v = spread(r.norm), spread(r.max_abs)
     zeros_v = spread(sizes[where] - np.asarray(r.nonzero, np.float64))
     nonfinite_v = spread(r.nonfinite)
-    dead_v, dead_l = _dead_fractions(np.asarray(r.dead, bool), where, structure)
+    dead_v, dead_l = deadunits.fractions(np.asarray(r.dead, bool), where, structure, r.pruned)
     present_l = np.bincount(seg, present, n_layer) > 0
     max_l = np.full(n_layer, 0.0)
     np.maximum.at(max_l, seg, np.where(np.isnan(max_v), 0.0, max_v))
@@ -232,37 +236,6 @@ def with_last_columns(slabs, columns):
     extra = np.full(slabs.shape[:2] + (np.shape(columns)[1],), MISSING, np.float32)
     extra[0] = columns
     return np.concatenate([slabs, extra], axis=2)
-
-
-def _dead_fractions(dead, where, structure):
-    """Dead-unit fraction of each present parameter ``[P]``, and of each layer ``[L]`` (MISSING where undefined)."""
-    units = np.asarray([structure.variable_units[i] for i in where], int)
-    n_layer = len(structure.layer_names)
-    if len(dead) != units.sum():
-        raise ValueError(
-            "Expected one dead flag per unit of the present parameters. "
-            f"Received: {len(dead)} flags for {int(units.sum())} units"
-        )
-    starts = np.concatenate([[0], np.cumsum(units)]).astype(int)
-    # Whole arrays, not a NumPy call per parameter: this runs at every written step.
-    cumulative = np.concatenate([[0], np.cumsum(dead, dtype=np.int64)])
-    dead_v = np.where(units > 0, (cumulative[starts[1:]] - cumulative[starts[:-1]]) / np.maximum(units, 1), 0.0)
-    # A layer's unit j is dead when it is dead in every present parameter of
-    # the layer with the layer's unit count; a layer none of whose present
-    # parameters has that count has no fraction.
-    layer_of = np.asarray(structure.layer_of)[np.asarray(where, int)]
-    layer_units = np.asarray(structure.layer_units, int)
-    match = units == layer_units[layer_of] if len(where) else np.zeros(0, bool)
-    offsets = np.concatenate([[0], np.cumsum(layer_units)]).astype(int)
-    slots = np.concatenate([offsets[layer] + np.arange(u) for layer, u in zip(layer_of[match], units[match])] or [[]])
-    flags = np.concatenate([dead[s:e] for s, e in zip(starts[:-1][match], starts[1:][match])] or [[]])
-    total = int(offsets[-1])
-    alive = np.bincount(slots.astype(int), ~flags.astype(bool), minlength=total)
-    all_dead = alive == 0  # in every matching parameter; a layer with none is blanked below
-    slot_layer = np.repeat(np.arange(n_layer), layer_units)
-    dead_l = np.bincount(slot_layer, all_dead, n_layer) / np.maximum(layer_units, 1)
-    covered = np.bincount(layer_of[match], minlength=n_layer) > 0
-    return dead_v, np.where(covered, dead_l, MISSING)
 
 
 def _assemble(norm, max_abs, zeros, nonfinite, dead, size, present, onset):

@@ -182,15 +182,18 @@ class Recorder:
             row = rows.get(path)
             if row is not None:
                 axis = 1 if isinstance(module, _CHANNELS_FIRST) else -1
-                handle = module.register_forward_hook(self._row_hook(row, axis, after.get(path)))
+                handle = module.register_forward_hook(self._row_hook(module, row, axis, after.get(path)))
                 self._handles.append(handle)
                 self._row_hooks[row] = handle
             elif isinstance(module, _RELUS + _SQUASHES) and id(module) not in claimed:
                 self._handles.append(module.register_forward_hook(self._follower_hook(_kind(module))))
 
-    def _row_hook(self, path, axis, follower):
+    def _row_hook(self, owner, path, axis, follower):
         def hook(module, args, output):
-            if not self.armed:
+            # ``copy.deepcopy`` of the model copies its hooks: an EMA or SWA copy (``AveragedModel``), a
+            # teacher or target network made after the writer calls this hook with its own module. Its outputs
+            # are not the model's.
+            if not self.armed or module is not owner:
                 return
             self.ran = True  # this step's forward ran the hooks (``at_write`` warns of a graph that skips them)
             if not module.training or _in_backward():

@@ -160,7 +160,8 @@ def step_slabs(pending, values, structure, window=None):
         nonfinite=values.get("nonfinite", np.zeros(0)),  # elements, of the present parameters
         max_abs=values.get("max_abs", np.zeros(0)),
         nonzero=values.get("nonzero", np.zeros(0)),
-        dead=values.get("unit_nonzero", np.zeros(0)) == 0,
+        dead=values.get("unit_nonzero", np.zeros(0)) <= 0,
+        pruned=values.get("unit_nonzero", np.zeros(0)) < 0,  # step.py's mark: masked out whole (its gradient is 0)
     )
     layer, variable = rowstats.rows(stats, structure, values["weight"], onset=window is not None)
     if window is not None:

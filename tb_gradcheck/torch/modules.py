@@ -62,6 +62,7 @@ a ``Linear``'s bias, or its weight without one.
 """
 
 import dataclasses
+import sys
 import warnings
 
 import torch
@@ -219,12 +220,14 @@ class Parameters:
       params: The parameters, in the same order.
       specs: Their ``UnitSpec``s.
       structure: The ``structure.Structure`` of the rows.
+      masks: ``[(row index, module, mask buffer name)]``: the rows ``torch.nn.utils.prune`` masks (``pruned``).
     """
 
     names: list
     params: list
     specs: list
     structure: structure.Structure
+    masks: list = dataclasses.field(default_factory=list)
 
 
 def parameters(model, order=None):
@@ -249,12 +252,15 @@ def parameters(model, order=None):
     ranked = sorted(range(len(found)), key=lambda i: (sort_key(order, owners[i], first[owners[i]]), i))
     names = [found[i][0] for i in ranked]
     params = [found[i][1] for i in ranked]
-    specs = []
+    specs, masks = [], []
     for i in ranked:
         name, p = found[i]
         owner = owners[i]
         module = model.get_submodule(owner) if owner != name else model
         specs.append(unit_spec(module, name.rsplit(".", 1)[-1], global_shape(p)))
+        mask = _prune_mask(module, name.rsplit(".", 1)[-1], p)
+        if mask is not None:
+            masks.append((len(specs) - 1, module, mask))
     # A module named by its index in a container (nn.Sequential's 0, 2, 4) says nothing by its name: its
     # class goes into the layout, so the tab and the report can say "2 (Linear)".
     classes = {}
@@ -275,7 +281,27 @@ def parameters(model, order=None):
             [s.units for s in specs],
             module_classes=classes,
         ),
+        masks,
     )
+
+
+def _prune_mask(module, short_name, param):
+    """The name of the buffer that masks ``param`` (``torch.nn.utils.prune``: ``weight_orig`` and ``weight_mask``), or None.
+
+    Pruning keeps the parameter as ``<name>_orig`` and the mask as the
+    buffer ``<name>_mask``, and a forward pre-hook (a ``BasePruningMethod``)
+    sets ``<name> = <name>_orig * <name>_mask``: a masked element's gradient
+    is 0 by construction. Pruning again (iteratively) replaces the buffer:
+    it is read by name at each written step.
+    """
+    if not short_name.endswith("_orig"):
+        return None
+    prune = sys.modules.get("torch.nn.utils.prune")  # not imported: nothing is pruned
+    mask = short_name[: -len("_orig")] + "_mask"
+    held = module._buffers.get(mask) if prune is not None else None
+    if held is None or tuple(held.shape) != tuple(param.shape):
+        return None
+    return mask if any(isinstance(h, prune.BasePruningMethod) for h in module._forward_pre_hooks.values()) else None
 
 
 def holders(model):

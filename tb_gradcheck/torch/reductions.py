@@ -90,6 +90,12 @@ def _by_group(tensors, reduce):
 def _l2(group):
     if CPU_WAYS and group[0].device.type == "cpu" and group[0].dtype == torch.float32:
         return (cpu_norms.l2(group),)  # no float64 copy of the model per step (cpu_norms says why)
+    if group[0].dtype.is_complex:
+        # ||z|| over |z|^2 = re^2 + im^2, summed in complex128's float64 parts: the float32 parts' squares are
+        # never lost, as below (a complex128 tensor's parts are float64: its squares can leave the range).
+        if group[0].dtype == torch.complex128:
+            return _l2([torch.view_as_real(t) for t in group])
+        return (torch._foreach_norm(group, 2, dtype=torch.complex128),)
     if group[0].dtype != F64:
         return (torch._foreach_norm(group, 2, dtype=F64),)
     # float64: the squares could leave float64's range; the scaled norm is exact at every magnitude.
@@ -208,6 +214,10 @@ def extras(tensors, specs, constants, sparse=None, cpu=None):
     non-finite gradients (``step_norms``).
     """
     sparse = sparse or [None] * len(tensors)
+    # A complex gradient's statistics are its moduli's: |z| is 0 exactly where z is, NaN or Inf exactly where a
+    # part is, and its largest |z| is the largest modulus (not a part's). One real copy, at a written step.
+    tensors = [t.abs() if t.is_complex() else t for t in tensors]
+    sparse = [r.abs() if r is not None and r.is_complex() else r for r in sparse]
     cpu = tensors[0].device.type == "cpu" if cpu is None else cpu
     magnitudes = None if cpu else torch._foreach_abs(tensors)  # one copy, multi-tensor; NaN stays NaN
     units = _cpu_unit_maxima(tensors, specs, sparse) if cpu else unit_maxima(magnitudes, specs, sparse)

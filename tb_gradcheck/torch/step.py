@@ -88,17 +88,44 @@ class StepReductions:
         """
         group = self._group
 
+        masks = [] if group.sharded else [(i, getattr(module, name)) for i, module, name in rows.masks]
+
         def compute():
             out = {}
             if where:
                 specs = [group.spec(rows, i) for i in where]
                 out.update(reductions.extras(tensors, specs, self.constants, coalesced))
+                if masks:
+                    out["unit_nonzero"] = _mark_pruned(out["unit_nonzero"], masks, where, specs)
             out["weight"] = group.weight_norms(rows.params, device)
             return out
 
         if coalesced is None and self._graphed(tensors, device):
-            key = (graphs.key(where, tensors), tuple(map(_DATA_PTR, rows.params)))
-            static = self.graphs.outputs("written", key, tensors + list(rows.params), compute)
+            masked = [m for _, m in masks]  # pruning again replaces a mask: its address is part of the key
+            key = (graphs.key(where, tensors), tuple(map(_DATA_PTR, rows.params + masked)))
+            static = self.graphs.outputs("written", key, tensors + list(rows.params) + masked, compute)
             if static is not None:
                 return dict(static)
         return compute()
+
+
+def _mark_pruned(units, masks, where, specs):
+    """``units`` (each unit's largest |g|) with -1 at the units that a pruning mask zeroes whole (``core/deadunits``).
+
+    ``masks``: ``[(parameter index, its mask)]`` (``modules.Parameters.masks``). A
+    unit is pruned where its every mask element is 0 (the mask's units,
+    reduced as the gradient's are); its gradient is then 0 by construction.
+    The host reads -1 as pruned: a largest |g| is never negative.
+    """
+    position = {i: k for k, i in enumerate(where)}
+    starts = [0]
+    for spec in specs:
+        starts.append(starts[-1] + spec.units)
+    units = units.clone()
+    for index, mask in masks:
+        k = position.get(index)
+        if k is not None:
+            kept = reductions.unit_maxima([mask.abs()], [specs[k]], [None]).to(units.device)
+            part = units[starts[k] : starts[k + 1]]
+            units[starts[k] : starts[k + 1]] = torch.where(kept == 0, -1.0, part)
+    return units

@@ -343,3 +343,39 @@ def test_a_graph_compiled_before_the_hooks_skips_them_and_the_writer_says_so(tmp
         assert caught == [] and all(r > 0 for r in rms)
     finally:
         torch._dynamo.reset()  # leave no graph of this test's to the next
+
+
+def test_a_deep_copy_made_after_the_writer_is_not_recorded_as_the_model(tmp_path):
+    """An EMA copy (``AveragedModel``, a deep copy) made after the writer carries its hooks: its calls are not counted.
+
+    The copy runs in training mode on another batch each step (a BYOL
+    target, ``swa_utils.update_bn``): counted as the model's own calls, its
+    outputs moved ``act_rms`` from the model's 0.6 to 4.2 and its dead
+    fraction to the copy's.
+    """
+    from torch.optim import swa_utils
+
+    torch.manual_seed(0)
+    model = mlp()
+    writer = GradientWriter(str(tmp_path), model, activations=True)
+    teacher = swa_utils.AveragedModel(model, multi_avg_fn=swa_utils.get_ema_multi_avg_fn(0.9))
+    assert teacher.module[0]._forward_hooks  # the premise: the writer's hook went along with the copy
+    seen = {}
+    model[0].register_forward_hook(lambda m, a, out: seen.setdefault(m.training, []).append(out.detach().double()))
+    x = torch.randn(32, 6)
+    for step in range(3):
+        seen.clear()
+        model.zero_grad()
+        model(x).square().mean().backward()
+        with torch.no_grad():
+            teacher(10 * x - 3)  # training mode, other outputs
+        writer.write(step)
+        teacher.update_parameters(model)
+    writer.close()
+    ((_, slabs, _),) = read_events(tmp_path, "stats", "layer")[-1:]
+    content = stats_content(tmp_path)
+    row = dict(zip(content["columns"], slabs[0, content["layer"]["rows"].index("0")]))
+    (own,) = seen[True]
+    want = activation_reference(own.numpy().ravel(), units=own.numpy())
+    for column in ("act_rms", "act_max_abs", "act_dead_fraction"):
+        np.testing.assert_allclose(row[column], want[column], rtol=RTOL, err_msg=column)
