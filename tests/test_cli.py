@@ -59,6 +59,19 @@ def test_report_prints_nothing_on_stderr_no_tensorflow_start_up_noise(logdir):
     assert "vanishing" in out.stdout
 
 
+def test_python_dash_m_tb_gradcheck_is_the_command_too(logdir):
+    """``python -m tb_gradcheck`` where the venv's scripts are not on PATH: the same command, the same exit code."""
+    env = {k: v for k, v in os.environ.items() if k not in QUIET_VARS}
+    out = subprocess.run(
+        [sys.executable, "-m", "tb_gradcheck", "report", str(logdir), "--fail-on", "warning"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 1 and "vanishing" in out.stdout and out.stderr == "", out.stderr[-2000:]
+
+
 def test_report_text_names_layers_plainly_and_escapes_bidi_characters_visibly(logdir):
     out = cli("report", logdir)
     message = next(line for line in out.stdout.splitlines() if "Vanishing gradients in" in line)
