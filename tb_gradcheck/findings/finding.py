@@ -111,6 +111,9 @@ BELOW_FLOAT32 = "below what moves float32 weights"
 BEHIND_OTHERS = "orders of magnitude below the other layers"
 # The reason of a layer the writer saw no parameter group hold (``outside_optimizer``).
 OUTSIDE = "no parameter group of the optimizer holds it"
+# The reason of every layer of a network whose weights never move (``still``): no update is applied, which no
+# gradient, exploding or not, causes; it never follows from another finding.
+STILL = "no layer's weights moved"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,7 +298,7 @@ def _reason_follows(found, evidence, cause, rules):
     """Whether the reason of one layer of ``found`` (its ``evidence``) is one that follows from ``cause``."""
     follows = rules[cause.kind].kinds
     reasons = None if follows is None else follows[found.kind]
-    return reasons is None or evidence.get("reason") in reasons
+    return evidence.get("reason") != STILL and (reasons is None or evidence.get("reason") in reasons)
 
 
 def _cause_of(causes, able, layer, evidence, rules, depth):

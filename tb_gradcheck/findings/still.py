@@ -23,7 +23,7 @@ import numpy as np
 from tb_gradcheck.findings import finding
 
 KIND = "not_learning"
-STILL = "no layer's weights moved"
+STILL = finding.STILL
 
 
 def find(run, stats, t, found):
