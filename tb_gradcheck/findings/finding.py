@@ -111,6 +111,9 @@ BELOW_FLOAT32 = "below what moves float32 weights"
 BEHIND_OTHERS = "orders of magnitude below the other layers"
 # The reason of a layer the writer saw no parameter group hold (``outside_optimizer``).
 OUTSIDE = "no parameter group of the optimizer holds it"
+# The reason of every layer of a network whose weights never move (``still``): no update is applied, which no
+# gradient, exploding or not, causes; it never follows from another finding.
+STILL = "no layer's weights moved"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +149,9 @@ class Follows:
 # that reason: its update is its gradient's, too small to move float32
 # weights or far behind the other layers' (a layer the optimizer leaves
 # out, or a whole network at too small a learning rate, does not learn for
-# another reason). A body whose gradient is orders below a head that the
+# another reason). A unit whose tanh or sigmoid output saturates gets a gradient of exactly 0 (the derivative
+# rounds to 0 in float32): a saturated layer's units without gradient are its saturated units, not ReLU units
+# that died or idle. A body whose gradient is orders below a head that the
 # optimizer leaves out vanishes because of it: the head keeps its small
 # initial weights, and the backward signal into the body passes through
 # them (a head that does not learn for its gradient's sake is itself in the
@@ -155,7 +160,10 @@ class Follows:
 # and what a vanishing body caused goes with it under the head.
 FOLLOWS = (
     (Follows("non_finite", "error"), Follows("exploding", "error"), Follows("not_cleared", "error")),
-    (Follows("vanishing", "warning", {"not_learning": (BELOW_FLOAT32, BEHIND_OTHERS)}),),
+    (
+        Follows("vanishing", "warning", {"not_learning": (BELOW_FLOAT32, BEHIND_OTHERS)}),
+        Follows("saturated", "warning", {"dead": None}),
+    ),
     (Follows("not_learning", "warning", {"vanishing": None}, cause_reasons=(OUTSIDE,), reach="above"),),
 )
 # The kinds whose error is a cause of every weaker finding.
@@ -295,7 +303,7 @@ def _reason_follows(found, evidence, cause, rules):
     """Whether the reason of one layer of ``found`` (its ``evidence``) is one that follows from ``cause``."""
     follows = rules[cause.kind].kinds
     reasons = None if follows is None else follows[found.kind]
-    return reasons is None or evidence.get("reason") in reasons
+    return evidence.get("reason") != STILL and (reasons is None or evidence.get("reason") in reasons)
 
 
 def _cause_of(causes, able, layer, evidence, rules, depth):

@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 from tb_gradcheck.findings import finding
+from tb_gradcheck.findings import still
 from tb_gradcheck.findings import uncleared
 from tb_gradcheck.findings import windows
 
@@ -125,8 +126,8 @@ def find(run, stats, thresholds=None, dead=(), outside_optimizer=(), not_cleared
     t = _thresholds(thresholds)
     if stats is None or not len(stats.steps):
         return []
-    found = _clipping(run, stats, t) + _not_learning(run, stats, t, set(dead), set(outside_optimizer))
-    return found + uncleared.find(run, stats, not_cleared_after)
+    found = still.find(run, stats, t, _not_learning(run, stats, t, set(dead), set(outside_optimizer)))
+    return _clipping(run, stats, t) + found + uncleared.find(run, stats, not_cleared_after)
 
 
 def _thresholds(given):
@@ -361,8 +362,8 @@ def _slow_evidence(ratio, present, slow, pace, steps, t):
 
 def describe(found, quote=None):
     """The sentence of a ``clipping`` or ``not_learning`` finding, names passed through ``quote`` (``diagnose.describe``)."""
-    if found.kind == uncleared.KIND:
-        return uncleared.describe(found, quote)
+    if found.kind == uncleared.KIND or still.ours(found):
+        return (uncleared if found.kind == uncleared.KIND else still).describe(found, quote)
     quote = quote or finding.isolate
     e = found.evidence
     names = finding.name_list(found.layers, quote)

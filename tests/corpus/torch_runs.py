@@ -54,12 +54,12 @@ def silent(model, activation, x):
     return (seen[0] <= 0).all(dim=0).numpy()
 
 
-def _fit(run_dir, model, batches, optimizer, before_step=None, clears_until=None):
+def _fit(run_dir, model, batches, optimizer, before_step=None, clears_until=None, steps_until=None):
     """MSE training written with the optimizer; ``(losses, per-step gradient norms, writer warnings)``.
 
     ``before_step(step)`` runs before each step (a learning-rate change).
     ``clears_until``: the loop calls ``zero_grad()`` before this step only
-    (None: at every step).
+    (None: at every step). ``steps_until``: the same for ``optimizer.step()``.
     """
     losses, norms = [], []
     with warnings.catch_warnings(record=True) as caught:
@@ -74,7 +74,8 @@ def _fit(run_dir, model, batches, optimizer, before_step=None, clears_until=None
                 loss.backward()
                 norms.append(math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters())))
                 writer.write(step)
-                optimizer.step()
+                if steps_until is None or step < steps_until:
+                    optimizer.step()
                 losses.append(float(loss.detach()))
     said = [str(w.message) for w in caught if "tb_gradcheck" in str(w.message)]
     return np.array(losses), np.array(norms), said
@@ -241,4 +242,37 @@ def zero_grad_dropped(run_dir):
         # The sum of 140 steps' gradients, which partly cancel: about 5x a fresh one here.
         ("the gradient applied at the end is twice or more a fresh one", numbers["applied_over_fresh_end"] >= 2),
         ("the writer warned", any("nothing cleared them" in w for w in said)),
+    ]
+
+
+STOPS_STEPPING = 60
+
+
+@scenario(Expect("not_learning", ("dense_0", "dense_1", "dense_2", "out"), steps=(STOPS_STEPPING, STOPS_STEPPING)))
+def optimizer_step_dropped(run_dir):
+    """A tanh MLP trained with Adam whose loop stops calling optimizer.step() at step 60 (a refactor that moved it under a condition that no longer holds): backward() still runs, so every gradient is real and of its usual size, and the weights never move again. Only the weights show it: each layer's stored norm is the same at every write from step 60 on."""
+    torch.manual_seed(9)
+    x, y = _regression(9)
+    model = _mlp([64] * 3, nn.Tanh, he=False)
+    optimizer = torch.optim.Adam(model.parameters(), 1e-3)
+    kept = {}
+
+    def before_step(step):
+        if step == STOPS_STEPPING:
+            kept.update({n: p.detach().clone() for n, p in model.named_parameters()})
+
+    losses, norms, _ = _fit(
+        run_dir, model, _batches(x, y, 64, 200, 9), optimizer, before_step, steps_until=STOPS_STEPPING
+    )
+    numbers = {
+        "loss_before": float(np.mean(losses[STOPS_STEPPING - 10 : STOPS_STEPPING])),
+        "loss_end": float(np.mean(losses[-10:])),
+        "grad_norm_ratio_end_over_before": float(
+            np.median(norms[-20:]) / np.median(norms[STOPS_STEPPING - 20 : STOPS_STEPPING])
+        ),
+    }
+    return numbers, [
+        ("no weight moved from step 60 on", all(torch.equal(kept[n], p) for n, p in model.named_parameters())),
+        ("the loss was falling before step 60", numbers["loss_before"] < 0.9 * float(np.mean(losses[:10]))),
+        ("the gradient kept its size (within 3x)", 1 / 3 <= numbers["grad_norm_ratio_end_over_before"] <= 3),
     ]

@@ -242,3 +242,24 @@ def _as_finding(body):
         body["evidence"],
         labels={"0": "0 (Linear)"},
     )
+
+
+def test_units_without_gradient_in_a_saturated_tanh_layer_are_its_saturated_units_not_idle_relu_units(tmp_path, capsys):
+    """Pixel values 0-255 fed unnormalised into a tanh MLP: the first layer's pre-activations are in the hundreds.
+
+    tanh's derivative rounds to exactly 0 in float32 there, so most of its units get no gradient on whole
+    batches. That is the saturation (one cause, one finding), not "idle units, common in healthy ReLU networks".
+    """
+    torch.manual_seed(0)
+    x = (128 + 40 * torch.randn(64, 32)).round().clamp(0, 255)  # pixels around mid-grey
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+    saturated = (model[1](model[0](x)).abs() > 0.99).float().mean()
+    assert saturated > 0.5  # the premise, measured on the outputs
+    _fit(tmp_path, model, x, torch.randn(64, 1), steps=30, lr=1e-3)
+    found = _report(capsys, tmp_path)
+    assert "dead" not in found, found.get("dead", {}).get("message")
+    sat = found["saturated"]
+    assert sat["layers"] == ["0"]
+    (dead,) = [c for c in sat["consequences"] if c["kind"] == "dead"]
+    assert dead["layers"] == ["0"] and dead["evidence"]["0"]["median_dead_unit_fraction"] > 0.25
+    assert "It explains what followed: dead units in" in sat["message"]

@@ -397,8 +397,8 @@ def test_a_layer_that_no_gradient_reaches_is_left_to_the_dead_layer_after_it(tmp
 def _findings_of_units(run_dir, silent, steps=80, size=1.0, units=8):
     """One Dense-like kernel ``[4, units]`` (its own layer); at step s the units ``silent(s)`` get a zero gradient.
 
-    Every other element of the gradient is ``size``; the weights are ones.
-    Returns ``{kind: [finding]}``.
+    Every other element of the gradient is ``size``; the weights start at ones and grow by 1e-4 of themselves
+    per step (a run whose weights never move is a finding of its own: ``still``). Returns ``{kind: [finding]}``.
     """
     from tb_gradcheck.reader import queries
     from tb_gradcheck.reader import store
@@ -409,6 +409,7 @@ def _findings_of_units(run_dir, silent, steps=80, size=1.0, units=8):
             g = np.full((4, units), size, np.float32)
             g[:, list(silent(step))] = 0.0
             writer.write([tf.constant(g)], [kernel], step)
+            kernel.assign(kernel * 1.0001)
     s, ctx, eid = store.local_store(run_dir.parent)
     matrix = queries.matrix(s, ctx, eid, s.run(ctx, eid, run_dir.name), "stats", "layer")
     found = {}

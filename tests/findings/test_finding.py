@@ -46,6 +46,21 @@ def test_a_layer_the_optimizer_leaves_out_does_not_follow_from_vanishing():
     assert not out[0].consequences and len(out) == 3
 
 
+def test_weights_that_never_move_follow_from_no_other_finding():
+    """No update applied is its own cause: an explosion on the same layers and steps does not explain it."""
+    exploding = _finding(
+        "exploding", "error", ["a"], max_norm=1e6, baseline_norm=1.0, rise_orders=6.0,
+        growth_orders_half_window=None, outcome="sustained",
+    )  # fmt: skip
+    still = _finding(
+        "not_learning", "warning", ["a", "b"], weight_norm=1.0, median_grad_norm=1.0, writes_unchanged=100,
+        reason=finding.STILL,
+    )  # fmt: skip
+    out = _attach([exploding, still])
+    assert [(f.kind, f.layers) for f in out] == [("exploding", ["a"]), ("not_learning", ["a", "b"])]
+    assert "No weights move" in out[1].message and not out[0].consequences
+
+
 def test_not_learning_before_the_gradient_vanished_does_not_follow_from_it():
     out = _attach([_vanishing(["a"], first=50), _not_learning(["a"], first=10)])
     assert not out[0].consequences and [f.kind for f in out] == ["vanishing", "not_learning"]

@@ -251,3 +251,47 @@ def test_a_layer_partly_outside_the_groups_is_still_named(tmp_path):
         found = torch_fit(tmp_path, groups)
     unheld = [f for f in found if f.kind == "not_learning" and f.severity == "warning"]
     assert [f.layers for f in unheld] == [["2"]], [f.message for f in found]
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+@pytest.mark.parametrize("follow", [True, False], ids=["optimizer_followed", "no_optimizer"])
+def test_a_loop_that_never_calls_optimizer_step_is_a_warning_that_no_weights_move(tmp_path, follow):
+    """Gradients computed at every step, ``optimizer.step()`` left out: the gradients are healthy, the weights stay."""
+    model = _mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    target = torch.randn(16, 4)
+    before = [p.detach().clone() for p in model.parameters()]
+    with GradientWriter(tmp_path, model, optimizer=optimizer if follow else None) as writer:
+        for step in range(30):
+            x = torch.randn(64, 16)
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), torch.tanh(x @ target)).backward()
+            writer.write(step)  # and no optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))  # the premise: nothing moved
+    st, ctx, eid = store.local_store(tmp_path)
+    found = queries.findings(st, ctx, eid, next(iter(st.runs(ctx, eid))))
+    (still,) = [f for f in found if f.severity != "info"]
+    assert still.kind == "not_learning" and still.severity == "warning" and still.metric == "weight_norm"
+    assert still.layers == ["0", "2", "4"] and still.steps == [0, 29]
+    assert "No weights move" in still.message and "optimizer.step()" in still.message
+    assert all(e["writes_unchanged"] == 30 and e["median_grad_norm"] > 0 for e in still.evidence.values())
+
+
+def test_a_whole_network_at_learning_rate_0_is_a_warning_not_frozen_information(tmp_path):
+    """Every group at learning rate 0: not an intended freeze of a part (that is information), nothing learns."""
+    found = torch_fit(tmp_path, lambda m: torch.optim.SGD(m.parameters(), lr=0.0), steps=30)
+    (still,) = found
+    assert still.kind == "not_learning" and still.severity == "warning" and still.layers == ["0", "2", "4", "6"]
+    assert "update of exactly 0" in still.message
+    assert all(e["median_update_to_weight"] == 0 for e in still.evidence.values())
+
+
+@pytest.mark.parametrize("make", [torch.optim.Adam, torch.optim.SGD], ids=["adam", "sgd"])
+def test_a_loop_that_steps_gets_no_still_weights_warning(tmp_path, make):
+    """The control: the same loop with optimizer.step(), Adam and SGD at 1e-3 (SGD slow, but moving)."""
+    found = torch_fit(tmp_path, lambda m: make(m.parameters(), lr=1e-3), steps=30)
+    assert not [f for f in found if f.kind == "not_learning"], [f.message for f in found]
