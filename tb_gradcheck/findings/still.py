@@ -16,6 +16,20 @@ changes the stored norm of some layer between any two writes. This rule
 needs *every* layer that gets a gradient to keep its norm, for a whole
 window of writes: a part of the network frozen on purpose (``set_to_zero``,
 a group at learning rate 0, a frozen backbone) leaves the rest moving.
+
+A schedule that anneals to 0 is not such a loop. At the end of a cosine or
+linear decay to 0 (or after repeated plateau reductions) the updates
+shrink until float32 stops resolving them in any layer's norm: a healthy
+run of 20,000 steps with a cosine schedule to 0, written every step, held
+its weights' norms bit for bit over its last 220 writes. Its motion faded
+into that stillness, by orders, over the writes before it. A loop that
+does not apply its updates stops at once, at its first step or at the
+line that was dropped, after moving at its usual pace. So a stretch that
+follows writes whose largest relative change of a layer's norm had fallen
+``FADE_ORDERS`` orders below the run's typical change (the median over
+its moving writes before), or to a few units in float32's last place (a
+run slow all along reaches that floor with less to fall), is a fade, not
+this finding.
 """
 
 import numpy as np
@@ -24,6 +38,14 @@ from tb_gradcheck.findings import finding
 
 KIND = "not_learning"
 STILL = finding.STILL
+# Orders by which the motion just before a still stretch must have fallen
+# below the run's typical motion for the stillness to be an annealed end.
+FADE_ORDERS = 2
+# Moving writes just before a stretch whose motion is compared to the typical one.
+RECENT_WRITES = 3
+# A relative change of a norm of a few units in float32's last place (2**-23
+# each): motion at the limit of what float32 resolves, however slow the run.
+LAST_PLACES = 4 * 2.0**-23
 
 
 def find(run, stats, t, found):
@@ -89,6 +111,9 @@ def _still(stats, t):
             tiny = ~no_update[:-1] & (update[:-1] > 0) & (update[:-1] < t.not_learning_floor)
         same &= ~(both & tiny)
     still = both.any(axis=1) & same.all(axis=1)  # [S - 1]: write i + 1 holds write i's weights
+    with np.errstate(invalid="ignore", divide="ignore"):
+        change = np.where(both, np.abs(weights[1:] - weights[:-1]) / np.abs(weights[:-1]), 0.0)
+    motion = np.nan_to_num(change, nan=0.0, posinf=0.0).max(axis=1, initial=0.0)  # [S - 1]
     best = None
     i = 0
     while i < len(still):
@@ -98,7 +123,8 @@ def _still(stats, t):
         j = i
         while j < len(still) and still[j]:
             j += 1
-        if j - i >= t.slow_pace_writes and (best is None or j - i >= best[1] - best[0]):
+        long_enough = j - i >= t.slow_pace_writes and (best is None or j - i >= best[1] - best[0])
+        if long_enough and not _faded(motion[:i]):
             best = (i, j)
         i = j
     if best is None:
@@ -124,6 +150,20 @@ def _still(stats, t):
             e["median_update_to_weight"] = float(np.median(u)) if len(u) else None
         evidence[stats.rows[k]] = e
     return int(steps[i]), int(steps[j]), layers, evidence
+
+
+def _faded(before):
+    """Whether the motion before a still stretch (per write, the largest relative change of a norm) faded into it.
+
+    The last ``RECENT_WRITES`` moving writes against the median of all the
+    moving writes before the stretch; none before it (still from the first
+    write) is no fade.
+    """
+    moving = before[before > 0]
+    if not len(moving):
+        return False
+    recent = moving[-RECENT_WRITES:].max()
+    return bool(recent < np.median(moving) * 10.0**-FADE_ORDERS or recent <= LAST_PLACES)
 
 
 def ours(found):

@@ -102,3 +102,45 @@ def test_tensorflow_loop_without_apply_gradients(tmp_path, apply):
     else:
         assert [f.severity for f in still] == ["warning"] and len(still[0].layers) == 2
         assert "No weights move" in still[0].message and still[0].steps == [0, STEPS - 1]
+
+
+def test_a_schedule_annealed_to_zero_is_a_fade_not_weights_that_never_move(tmp_path):
+    """Cosine to 0 over 4,000 steps, written every step: the last ~40 writes hold every norm bit for bit (float32
+    no longer resolves the updates), after a motion that faded into it by orders; a healthy run, no finding.
+    Then the same run with optimizer.step() dropped from step 3,000: stopped at once, at its usual pace."""
+    import torch
+
+    from tb_gradcheck.torch import GradientWriter
+
+    def run(logdir, stops_at=None):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 4000, eta_min=0.0)
+        x = torch.randn(256, 4)
+        y = x[:, :1] * 2 - x[:, 1:2]
+        norms = []
+        with GradientWriter(logdir, model) as writer:
+            for step in range(4000):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                if stops_at is None or step < stops_at:
+                    optimizer.step()
+                schedule.step()
+                writer.write(step)
+                norms.append([float(p.detach().norm()) for p in model.parameters()])
+        return float(loss), norms
+
+    loss, norms = run(tmp_path / "annealed")
+    # Premise: it learned, and its weights' float32 norms stopped changing over its last 20+ steps.
+    assert loss < 1e-3 and norms[-25] == norms[-1]
+    assert [f.kind for f in findings(tmp_path / "annealed")] == []
+    run(tmp_path / "dropped", stops_at=3000)
+    (f,) = findings(tmp_path / "dropped")
+    assert (
+        f.kind == "not_learning"
+        and f.severity == "warning"
+        and 2999 <= f.steps[0] <= 3000
+        and "No weights move" in f.message
+    )
