@@ -198,6 +198,7 @@ class EventFile:
         )
         self.path = os.path.join(logdir, name)
         self._file = open(self.path, "wb")
+        run_directory.own_file(self.path)
         source = event_pb2.SourceMetadata(writer="tb_gradcheck")
         self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2", source_metadata=source))
         self.flush()

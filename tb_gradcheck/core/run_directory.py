@@ -17,7 +17,12 @@ through the trainer's own logger first (``announced``).
 
 The steps written to a run directory are followed per process too: a step
 below one written there before hides the earlier points in TensorBoard, and
-is warned once (``step_written``, ``starts_again``).
+is warned once (``step_written``, ``starts_again``). At a process's first
+write to a run, the gradient steps other processes left there are read
+(``earlier_steps``): a job resumed from a checkpoint writes some again, and
+is told once which of the earlier points TensorBoard now drops
+(``resumed``), at INFO; a run started again at or before the earlier first
+step hides all of them, and is warned.
 """
 
 import logging
@@ -25,6 +30,7 @@ import os
 import tempfile
 import warnings
 
+from tb_gradcheck.core import earlier_steps
 from tb_gradcheck.core import validate
 
 logger = logging.getLogger("tb_gradcheck")
@@ -37,6 +43,8 @@ if not logging.getLogger().hasHandlers():
 _announced = set()
 _last_steps = {}  # a run directory (absolute path) -> the last step this process wrote there
 _rewound = set()  # the run directories whose steps went back, said once each
+_scanned = set()  # the run directories whose earlier processes' steps were read (at this process's first write)
+_own_files = set()  # the event files this process opened (``own_file``): not an earlier process's
 
 
 def prepare(value, name, owner):
@@ -123,14 +131,71 @@ def _warn_rewound(path, first, last):
         warnings.warn(rewound(path, first, last), stacklevel=4)
 
 
+def own_file(path):
+    """Notes an event file this process writes, which ``resuming`` does not take for an earlier process's."""
+    _own_files.add(os.path.abspath(path))
+
+
+def resumed(path, step, earlier):
+    """``(level, message)`` for a process whose first write to ``path`` is at ``step``, or None.
+
+    Args:
+      path: The run directory.
+      step: This process's first written step.
+      earlier: ``(first, last)`` gradient steps other processes wrote there
+        (``earlier_steps.scan``), or None.
+    """
+    if earlier is None or step > earlier[1]:
+        return None  # nothing written there at or after this step: nothing is hidden
+    first, last = earlier
+    if step <= first:
+        return logging.WARNING, (
+            f"tb_gradcheck: {path} already holds gradient steps {first}-{last} written by an earlier process, and "
+            f"this process starts at step {step}. TensorBoard keeps, of a step written again, the later point and "
+            "drops every point at a step after it (its rule for a job restarted from a checkpoint), so all of the "
+            "earlier points are hidden in the Gradients tab (they stay in the files). If this is a new training, "
+            "give it a run directory of its own."
+        )
+    hidden = f"step {step}" if step == last else f"steps {step}-{last}"
+    return logging.INFO, (
+        f"tb_gradcheck: resuming the run {path}: it holds gradient steps {first}-{last} written by an earlier "
+        f"process, and this process writes from step {step}. TensorBoard shows this process's points from step "
+        f"{step} on and drops the earlier process's {hidden} (its rule for a job restarted from a checkpoint)."
+    )
+
+
+def resuming(path, step):
+    """At this process's first write to the run ``path`` (at ``step``): says what an earlier process left there.
+
+    Once per run directory and process; nothing for a remote path
+    (``gs://...``), whose files are not listed here. A warning when every
+    earlier point is hidden, else an INFO line (``resumed``).
+    """
+    key = os.path.abspath(path)
+    if key in _scanned or "://" in os.fspath(path):
+        return
+    _scanned.add(key)
+    said = resumed(path, int(step), earlier_steps.scan(key, skip=_own_files))
+    if said is None:
+        return
+    level, text = said
+    if level == logging.WARNING:
+        warnings.warn(text, stacklevel=4)
+    else:
+        logger.info(text)
+
+
 def step_written(path, step):
     """Notes that ``step`` was written to the run ``path`` by this process; warns if the run's steps went back.
 
     Warned once per run directory and process (``rewound``). A step
     written twice in a row (two models through one writer) is not a rewind.
+    The first write also reads what earlier processes wrote there (``resuming``).
     """
     key, step = os.path.abspath(path), int(step)
     last = _last_steps.get(key)
+    if last is None:
+        resuming(path, step)
     if last is not None and step < last:
         _warn_rewound(path, step, last)
     _last_steps[key] = step

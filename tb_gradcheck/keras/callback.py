@@ -166,6 +166,10 @@ class GradientCallback(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self._in_batch = True
+        if self._session is not None:
+            # Here, not at on_train_begin: BackupAndRestore, listed after this callback, restores the
+            # optimizer's iterations at its own on_train_begin. Said once per run directory and process.
+            run_directory.resuming(self.run_dir, self._iterations() + 1)
 
     def on_train_end(self, logs=None):
         self._finish()
