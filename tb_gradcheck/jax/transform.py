@@ -1,14 +1,11 @@
 """``monitor``: an optax ``GradientTransformation`` that takes per-layer gradient statistics inside ``jit``.
 
-It passes the gradients through unchanged (or, wrapping an optimizer, the
-optimizer's updates) and keeps in its own optax state what the host writer
-(``tb_gradcheck.jax.GradientWriter``) writes: the per-parameter reductions
-of the last written step (``Held``) and, with ``every_n_steps > 1``, the
-running window since the previous write (``tb_gradcheck.core.running``, the same
-code as the PyTorch writer's, in ``jax.numpy``). The state comes back with
-the step's outputs like any optax state, so nothing leaves the device at
-steps that are not written: no host callback, no transfer; the writer reads
-the held statistics at written steps only.
+It passes the gradients through unchanged (or, wrapping an optimizer, the optimizer's updates) and keeps
+in its own optax state what the host writer (``tb_gradcheck.jax.GradientWriter``) writes: the per-parameter
+reductions of the last written step (``Held``) and, with ``every_n_steps > 1``, the running window since the
+previous write (``tb_gradcheck.core.running``, the same code as the PyTorch writer's, in ``jax.numpy``). The
+state comes back with the step's outputs like any optax state, so nothing leaves the device at steps that are
+not written: no host callback, no transfer; the writer reads the held statistics at written steps only.
 
 A written step is one whose update index (the monitor's own count, from 0,
 kept in its state, so it survives a checkpoint) is a multiple of
@@ -33,6 +30,7 @@ import numpy as np
 import optax
 
 from tb_gradcheck.core import running
+from tb_gradcheck.jax import applied
 from tb_gradcheck.jax import layout
 from tb_gradcheck.jax import reductions
 from tb_gradcheck.jax import stacks
@@ -161,19 +159,20 @@ def monitor(optimizer=None, *, every_n_steps=1, order=None, unit_axes=None, stac
     unit_axes = dict(unit_axes or {})
 
     def init(params):
-        lay = layout.make(params, every_n_steps, optimizer is not None, order, unit_axes, stacked, found, unreached)
+        model = applied.model_params(params)  # an optax.lookahead's fast weights
+        lay = layout.make(model, every_n_steps, optimizer is not None, order, unit_axes, stacked, found, unreached)
         inner = optimizer.init(params) if optimizer is not None else optax.EmptyState()
         return initial_state(lay, _float_dtype(jax.tree_util.tree_leaves(params)), inner=inner)
 
     def update(updates, state, params=None, **extra_args):
         lay = state.layout
         grads = _rows(updates, lay, "gradients")
-        weights = None if params is None else _rows(params, lay, "params")
+        weights = None if params is None else _rows(applied.model_params(params), lay, "params")
         inner = state.inner
         if optimizer is not None:
             updates, inner = optimizer.update(updates, inner, params, **extra_args)
-        applied = _rows(updates, lay, "updates") if optimizer is not None else None
-        return updates, advance(state, grads, weights, applied, inner, lay.reached or None)
+        made = _rows(applied.change(updates, params), lay, "updates") if optimizer is not None else None
+        return updates, advance(state, grads, weights, made, inner, lay.reached or None)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
