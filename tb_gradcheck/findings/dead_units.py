@@ -80,6 +80,25 @@ def dead(v, t, sparse):
     here &= ~exempt[None, :]
     with np.errstate(invalid="ignore"):
         whole = here & (v.dead >= 1)
+    # A write at which every layer is wholly silent at once says nothing of
+    # any layer's units when the network has its gradient again at a later
+    # write: with no gradient anywhere, no gradient step moved a weight, so
+    # no unit came back to life; what changed was the batch or the loss
+    # (sample weights of 0 on a padded batch, every target masked, a loss at
+    # exactly 0). Those writes are left out. A network silent up to its last
+    # write is still read as the dead units of its layer nearest the output
+    # (a ReLU on the output), which it may be, unless the run has already
+    # shown silences as long that ended (the same padded tail in its last epoch).
+    measured = here.any(axis=1)
+    everything = measured & (whole | ~here).all(axis=1)
+    flowing = measured & ~everything
+    flows_later = np.concatenate([np.flip(np.logical_or.accumulate(np.flip(flowing)))[1:], [False]])
+    batch_without_gradient = everything & flows_later
+    tail = everything & ~flows_later & ~flowing  # the silence that lasts to the last write (or nothing)
+    if tail.any() and tail.sum() <= _longest_run(batch_without_gradient):
+        batch_without_gradient |= tail
+    here &= ~batch_without_gradient[:, None]
+    whole &= ~batch_without_gradient[:, None]
     # A wholly silent layer behind a later wholly silent one says nothing of
     # its own units: no gradient reaches it. Its writes are the later
     # layer's (in a chain, the one nearest the output is the cause: a
@@ -286,6 +305,15 @@ def _info_sentence(f, names, quote, those, shares):
     if idle:
         text += f"; idle units in {finding.name_list(idle, quote)}"
     return text + " (information, not a problem)."
+
+
+def _longest_run(flags):
+    """The longest run of True in a 1-D bool array (0 if none)."""
+    best = length = 0
+    for flag in flags:
+        length = length + 1 if flag else 0
+        best = max(best, length)
+    return best
 
 
 def _start(share, here, count):

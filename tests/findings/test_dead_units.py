@@ -83,3 +83,15 @@ def test_a_dying_layer_then_cut_off_is_named_dying_and_counted_by_the_silent_lay
     assert e["last_step"] == 79 and "then cut off from step 50 behind last" in diagnose.describe(f, str)
     f, e = dead["last"]
     assert e["state"] == "silent" and e["layers_cut_off_behind"] == 1
+
+
+def test_a_whole_network_without_gradient_on_some_batches_is_the_loss_not_dead_units(tmp_path):
+    """Every layer wholly silent at once on the last 6 batches of each 20-step epoch (sample weights 0 on padding),
+    the gradient back at each epoch's start: no gradient step moved a weight, so no unit came back to life; the
+    batches had no loss gradient. No dead finding. The same silence kept to the last write is still the last
+    layer's dead units, the layers behind it cut off."""
+    dead, _ = _dead_of(tmp_path / "r", lambda step: (range(16), range(16)) if step % 20 >= 14 else ((), ()))
+    assert dead == {}
+    dead, _ = _dead_of(tmp_path / "r2", lambda step: (range(16), range(16)) if step >= 54 else ((), ()))
+    f, e = dead["last"]
+    assert f.severity == "warning" and e["state"] == "silent" and e["layers_cut_off_behind"] == 1
