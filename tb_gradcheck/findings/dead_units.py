@@ -80,23 +80,19 @@ def dead(v, t, sparse):
     here &= ~exempt[None, :]
     with np.errstate(invalid="ignore"):
         whole = here & (v.dead >= 1)
-    # A write at which every layer is wholly silent at once says nothing of
-    # any layer's units when the network has its gradient again at a later
-    # write: with no gradient anywhere, no gradient step moved a weight, so
-    # no unit came back to life; what changed was the batch or the loss
-    # (sample weights of 0 on a padded batch, every target masked, a loss at
-    # exactly 0). Those writes are left out. A network silent up to its last
-    # write is still read as the dead units of its layer nearest the output
-    # (a ReLU on the output), which it may be, unless the run has already
-    # shown silences as long that ended (the same padded tail in its last epoch).
-    measured = here.any(axis=1)
-    everything = measured & (whole | ~here).all(axis=1)
-    flowing = measured & ~everything
-    flows_later = np.concatenate([np.flip(np.logical_or.accumulate(np.flip(flowing)))[1:], [False]])
-    batch_without_gradient = everything & flows_later
-    tail = everything & ~flows_later & ~flowing  # the silence that lasts to the last write (or nothing)
-    if tail.any() and tail.sum() <= _longest_run(batch_without_gradient):
-        batch_without_gradient |= tail
+    # A write at which every layer is wholly silent at once, while the layer
+    # nearest the output had most of its units alive at the next write (or,
+    # at the end of the run, the last write) with a gradient, says nothing of
+    # any layer's units: with no gradient anywhere no gradient step moved a
+    # weight in between, so those units did not die and come back; the batch
+    # or the loss gave no gradient (sample weights of 0 on a padded batch,
+    # every target masked, a loss at exactly 0). Those writes are left out.
+    # A layer already mostly dead whose last live units are silent on a batch
+    # is its dead units, and a network silent up to its last write is still
+    # read as its output layer's dead units (a ReLU on the output), unless the
+    # run has already shown silences as long that ended (the same padded tail
+    # in its last epoch).
+    batch_without_gradient = _batches_without_gradient(here, whole, v.dead, t.dead_mostly)
     here &= ~batch_without_gradient[:, None]
     whole &= ~batch_without_gradient[:, None]
     # A wholly silent layer behind a later wholly silent one says nothing of
@@ -305,6 +301,30 @@ def _info_sentence(f, names, quote, those, shares):
     if idle:
         text += f"; idle units in {finding.name_list(idle, quote)}"
     return text + " (information, not a problem)."
+
+
+def _batches_without_gradient(here, whole, dead, mostly):
+    """Per write, whether every layer was wholly silent there because the batch gave no gradient (``dead``'s comment)."""
+    s = len(here)
+    measured = here.any(axis=1)
+    everything = measured & (whole | ~here).all(axis=1)
+    flowing = np.flatnonzero(measured & ~everything)
+    out = np.zeros(s, bool)
+    tail = []
+    for w in np.flatnonzero(everything):
+        row = np.flatnonzero(here[w])[-1]  # the measured layer nearest the output
+        k = np.searchsorted(flowing, w)
+        if k < len(flowing):
+            out[w] = _mostly_alive(here, dead, flowing[k], row, mostly)
+        elif k > 0 and _mostly_alive(here, dead, flowing[k - 1], row, mostly):
+            tail.append(w)
+    if tail and len(tail) <= _longest_run(out):
+        out[tail] = True
+    return out
+
+
+def _mostly_alive(here, dead, w, row, mostly):
+    return bool(here[w, row] and dead[w, row] < mostly)
 
 
 def _longest_run(flags):
