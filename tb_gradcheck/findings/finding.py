@@ -94,6 +94,14 @@ CONSEQUENCE_NAMES = {
 }
 
 
+def last_slab(stats, name):
+    """float64 ``[S, R]`` of column ``name``'s ``last`` slab and its missing mask; ``(None, None)`` without it."""
+    if name not in stats.columns or "last" not in stats.aggregates:
+        return None, None
+    values, missing = stats.slab(name, "last")
+    return values.astype(np.float64), missing
+
+
 def isolate(name):
     """A layer name as a Unicode bidi isolate (FSI ... PDI) inside a message.
 

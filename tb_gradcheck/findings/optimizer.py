@@ -137,16 +137,9 @@ def _thresholds(given):
     return OptimizerThresholds(**{n: getattr(given, n) for n in names if given is not None and hasattr(given, n)})
 
 
-def _column(stats, name):
-    if name not in stats.columns or "last" not in stats.aggregates:
-        return None, None
-    values, missing = stats.slab(name, "last")
-    return values.astype(np.float64), missing
-
-
 def _clipping(run, stats, t):
-    before, before_missing = _column(stats, "grad_norm_before_clip")
-    applied, applied_missing = _column(stats, "grad_norm")
+    before, before_missing = finding.last_slab(stats, "grad_norm_before_clip")
+    applied, applied_missing = finding.last_slab(stats, "grad_norm")
     if before is None:
         return []
     here = ~before_missing & ~applied_missing & np.isfinite(before) & np.isfinite(applied)
@@ -196,11 +189,11 @@ def _clipping(run, stats, t):
 
 
 def _not_learning(run, stats, t, dead, outside=frozenset()):
-    ratio, missing = _column(stats, "update_to_weight")
+    ratio, missing = finding.last_slab(stats, "update_to_weight")
     if ratio is None:
         return []
     here = ~missing & np.isfinite(ratio)
-    grad, no_gradient = _column(stats, "grad_norm")
+    grad, no_gradient = finding.last_slab(stats, "grad_norm")
     if no_gradient is not None:
         # A layer the loss does not reach (a head without a loss, a branch
         # not in use) gets no gradient, so it moves 0. That is no finding,
@@ -210,13 +203,13 @@ def _not_learning(run, stats, t, dead, outside=frozenset()):
     # learning rate) says nothing about any one layer.
     moving = (here & (ratio > 0)).any(axis=1)
     here &= moving[:, None]
-    to_weight, _ = _column(stats, "grad_to_weight")
+    to_weight, _ = finding.last_slab(stats, "grad_to_weight")
     frozen = _frozen(ratio, here, grad, no_gradient, to_weight, t)
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratio = np.where(here, np.log10(ratio), np.nan)  # 0 -> -inf: no update at all
     slow, pace = _slow_network(ratio, here, t)
     others = windows.median_of_others(log_ratio)  # each layer's yardstick: the other layers' median
-    weights, no_weights = _column(stats, "weight_norm")
+    weights, no_weights = finding.last_slab(stats, "weight_norm")
     evidence, unheld, held = {}, {}, {}
     for j, name in enumerate(stats.rows):
         present = here[:, j]

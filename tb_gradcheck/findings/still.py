@@ -80,13 +80,6 @@ def find(run, stats, t, found):
     return kept + [f]
 
 
-def _column(stats, name):
-    if name not in stats.columns or "last" not in stats.aggregates:
-        return None, None
-    values, missing = stats.slab(name, "last")
-    return values, missing
-
-
 def _still(stats, t):
     """``(first step, last step, layers, evidence)`` of the weights' longest unbroken stillness, or None.
 
@@ -97,15 +90,15 @@ def _still(stats, t):
     (an update float32 rounds away, which ``not_learning`` names): such a
     write is not counted here.
     """
-    weights, no_weights = _column(stats, "weight_norm")
-    grad, no_grad = _column(stats, "grad_norm")
+    weights, no_weights = finding.last_slab(stats, "weight_norm")
+    grad, no_grad = finding.last_slab(stats, "grad_norm")
     if weights is None or grad is None or len(stats.steps) <= t.slow_pace_writes:
         return None
     with np.errstate(invalid="ignore"):
         here = ~no_weights & ~no_grad & np.isfinite(weights) & np.isfinite(grad) & (grad > 0)
     both = here[1:] & here[:-1]
     same = np.where(both, weights[1:] == weights[:-1], True)
-    update, no_update = _column(stats, "update_to_weight")
+    update, no_update = finding.last_slab(stats, "update_to_weight")
     if update is not None:
         with np.errstate(invalid="ignore"):
             tiny = ~no_update[:-1] & (update[:-1] > 0) & (update[:-1] < t.not_learning_floor)
