@@ -269,7 +269,7 @@ def depth_order(fn, params, *args, **kwargs):
         call = lambda p: fn(merge(p), *args, **kwargs)  # noqa: E731
     else:
         call = lambda p: fn(p, *args, **kwargs)  # noqa: E731
-    closed = jax.make_jaxpr(call)(params)
+    closed, out_shape = jax.make_jaxpr(call, return_shape=True)(params)
     parts = path_names(params)
     names = ["/".join(p) for p in parts]
     first, views = {}, {}
@@ -280,7 +280,7 @@ def depth_order(fn, params, *args, **kwargs):
         flags = {tuple(r for _, r in path) for path in seen}
         if len(flags) == 1 and () not in flags:
             paths[leaf] = seen[0]
-    unreached = reach.unreached(call, params) or ()
+    unreached = reach.unreached(call, params, out_shape) or ()
     return DepthOrder(
         [names[i] for i in sorted(first, key=first.get)],
         stacks.infer(parts, paths),

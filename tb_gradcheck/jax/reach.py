@@ -58,17 +58,17 @@ def loss_of(out):
     return out
 
 
-def unreached(fn, params):
+def unreached(fn, params, out_shape):
     """Per leaf of ``params`` (flattening order), whether the scalar loss ``fn(params)`` has no gradient path to it.
 
     Traced once (``jax.make_jaxpr`` of its gradient); nothing runs. Returns
-    None where it cannot say: ``fn`` returns no scalar loss (``loss_of``), or
-    a leaf is not a floating array (not differentiated).
+    None where it cannot say: ``fn``'s output (``out_shape``, the shapes of
+    the trace the caller already made) holds no scalar loss (``loss_of``),
+    or a leaf is not a floating array (not differentiated).
     """
     leaves, treedef = jax.tree_util.tree_flatten(params)
-    if not leaves or not all(jnp.issubdtype(getattr(x, "dtype", None) or jnp.int32, jnp.inexact) for x in leaves):
-        return None
-    if loss_of(jax.eval_shape(fn, params)) is None:
+    floating = [getattr(x, "dtype", None) is not None and jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves]
+    if not leaves or not all(floating) or loss_of(out_shape) is None:
         return None
     reached = []
 
