@@ -41,6 +41,11 @@ if not logging.getLogger().hasHandlers():
     logger.propagate = False
 
 _announced = set()
+# What TensorBoard's loaders do with a step written again, said by both warnings about it.
+_TENSORBOARD_KEEPS = (
+    "TensorBoard keeps, of a step written again, the later point and drops every point at a step after it "
+    "(its rule for a job restarted from a checkpoint)"
+)
 _last_steps = {}  # a run directory (absolute path) -> the last step this process wrote there
 _rewound = set()  # the run directories whose steps went back, said once each
 _scanned = set()  # the run directories whose earlier processes' steps were read (at this process's first write)
@@ -116,9 +121,8 @@ def announce(path):
 def rewound(path, first, last):
     """The warning for a write at step ``first`` into the run ``path`` after step ``last`` (``first <= last``)."""
     return (
-        f"tb_gradcheck: the steps written to {path} went back, to {first} after {last}. TensorBoard keeps, of a step "
-        "written again, the later point and drops every point at a step after it (its rule for a job restarted "
-        f"from a checkpoint), so steps {first}-{last} written before are hidden in the Gradients tab. Expected "
+        f"tb_gradcheck: the steps written to {path} went back, to {first} after {last}. {_TENSORBOARD_KEEPS}, so "
+        f"steps {first}-{last} written before are hidden in the Gradients tab. Expected "
         "steps that keep growing: a global step, not a batch's index in its epoch; a second fit with a new "
         "optimizer (compile() after unfreezing layers) starts at step 1 again, so give it a log_dir of its own."
     )
@@ -151,9 +155,8 @@ def resumed(path, step, earlier):
     if step <= first:
         return logging.WARNING, (
             f"tb_gradcheck: {path} already holds gradient steps {first}-{last} written by an earlier process, and "
-            f"this process starts at step {step}. TensorBoard keeps, of a step written again, the later point and "
-            "drops every point at a step after it (its rule for a job restarted from a checkpoint), so all of the "
-            "earlier points are hidden in the Gradients tab (they stay in the files). If this is a new training, "
+            f"this process starts at step {step}. {_TENSORBOARD_KEEPS}, so all of the earlier points are hidden in "
+            "the Gradients tab (they stay in the files). If this is a new training, "
             "give it a run directory of its own."
         )
     hidden = f"step {step}" if step == last else f"steps {step}-{last}"
